@@ -1,0 +1,25 @@
+"""scikit-learn's handwritten digits (1,797 8x8 images shipped inside the package): no download."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import TensorDataset
+
+
+def load(cfg: Any) -> tuple[TensorDataset, TensorDataset]:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    images, labels = load_digits(return_X_y=True)
+    # A fixed stratified split, independent of trainer.seed, so every run tests on the same images.
+    x_train, x_val, y_train, y_val = train_test_split(
+        images, labels, test_size=cfg.val_fraction, stratify=labels, random_state=0
+    )
+    return _tensors(x_train, y_train, cfg), _tensors(x_val, y_val, cfg)
+
+
+def _tensors(images, labels, cfg: Any) -> TensorDataset:
+    x = torch.as_tensor(images, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0  # pixels are 0..16
+    x = (x - cfg.mean[0]) / cfg.std[0]
+    return TensorDataset(x, torch.as_tensor(labels, dtype=torch.long))

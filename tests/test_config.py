@@ -1,0 +1,70 @@
+"""Config composition and the checks train.py runs before any process starts."""
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from errors import ConfigError
+from train import check
+from tests.conftest import compose_config, run_train
+
+
+def test_default_config_composes_to_the_embedded_dataset():
+    cfg = compose_config()
+    assert cfg.dataset.name == "digits"
+    assert cfg.strategy.name == "single"
+    assert cfg.model.in_channels == cfg.dataset.channels == 1
+
+
+def test_a_typo_in_a_schema_key_fails_at_composition():
+    with pytest.raises((ConfigCompositionException, ConfigKeyError)):
+        compose_config("trainer.epoch=3")
+
+
+def test_a_wrong_type_fails_at_composition():
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        compose_config("trainer.epochs=many")
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["trainer.gpus=4"], ["trainer.devices=4", "0 are visible", "trainer.accelerator=cpu"]),
+        (["trainer.accelerator=gpu"], ["trainer.devices=1", "trainer.accelerator=cpu"]),
+        (["trainer.accelerator=cpu", "trainer.devices=2"], ["strategy=single", "strategy=ddp"]),
+        (["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=3"], ["trainer.batch_size=64", "multiple of 3"]),
+        (["trainer.epochs=0"], ["trainer.epochs=0"]),
+        (["trainer.accelerator=tpu"], ["trainer.accelerator=tpu", "auto, gpu or cpu"]),
+        (["trainer.resume=/nonexistent/last.pt"], ["trainer.resume=/nonexistent/last.pt", "no such file"]),
+    ],
+)
+def test_check_names_the_key_and_the_fix(overrides, words):
+    with pytest.raises(ConfigError) as error:
+        check(compose_config(*overrides))
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_gpus_shorthand_means_gpu_accelerator():
+    with pytest.raises(ConfigError, match="asks for 2 GPU"):
+        check(compose_config("trainer.gpus=2", "strategy=ddp"))
+
+
+def test_cpu_ddp_plan():
+    plan = check(compose_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"))
+    assert (plan.accelerator, plan.devices, plan.process_group) == ("cpu", 2, True)
+
+
+def test_train_py_rejects_more_gpus_than_visible_in_one_line(run_dir):
+    result = run_train(run_dir, "trainer.gpus=4")
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: trainer.devices=4"), result.stderr
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_train_py_rejects_an_unknown_key_before_training(run_dir):
+    result = run_train(run_dir, "trainer.epoch=3")
+    assert result.returncode != 0
+    assert "epoch" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,39 @@
+"""Every model trains on every dataset: channels, classes and size come from the dataset config."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import models
+from distributed.context import make_context
+from training.run import train
+from tests.conftest import compose_config
+
+MODELS = ["simple_cnn", "mnist_net", "resnet18", "resnet50"]
+DATASETS = ["digits", "synthetic"]
+TINY = ["trainer.epochs=1", "trainer.batch_size=4", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1",
+        "trainer.progress_bar=false", "dataset.train_size=16", "dataset.val_size=8"]
+
+
+def _tiny(dataset: str) -> list[str]:
+    # digits has a fixed size; synthetic is shrunk to a few samples
+    return [o for o in TINY if dataset == "synthetic" or not o.startswith("dataset.")]
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_every_model_trains_on_every_dataset(model, dataset, tmp_path):
+    cfg = compose_config(f"model={model}", f"dataset={dataset}", *_tiny(dataset))
+    ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
+    torch.manual_seed(cfg.trainer.seed)
+    before = models.build(cfg.model).state_dict()
+    trained = train(ctx, cfg, tmp_path, {"model": model, "dataset": dataset, "strategy": "single"})
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert math.isfinite(metrics["train_loss"]) and metrics["steps"] == 2
+    changed = [k for k, v in trained.state_dict().items() if v.is_floating_point() and not torch.equal(v, before[k])]
+    assert changed, "two optimizer steps changed no parameter"
+    x = torch.zeros(3, cfg.dataset.channels, cfg.dataset.image_size, cfg.dataset.image_size)
+    assert trained.eval()(x).shape == (3, cfg.dataset.num_classes)

@@ -1,0 +1,75 @@
+"""`python train.py` as people run it: the default job, DDP on CPU, resume."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.conftest import run_train
+
+pytestmark = pytest.mark.slow
+
+SCALARS = {"train/loss", "train/acc", "val/loss", "val/acc", "lr", "throughput/samples_per_s"}
+
+
+def _metrics(run_dir):
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def _weights(path):
+    return torch.load(path, weights_only=True)["model"]
+
+
+def test_default_job_learns_digits(run_dir):
+    result = run_train(run_dir)
+    assert result.returncode == 0, result.stderr
+    metrics = _metrics(run_dir)
+    assert metrics["val_acc"] >= 0.95, metrics
+    assert (metrics["model"], metrics["dataset"], metrics["strategy"], metrics["world_size"]) == (
+        "mnist_net", "digits", "single", 1)
+    assert "epoch 15/15" in (run_dir / "train.log").read_text()
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    assert SCALARS <= set(events.Tags()["scalars"])
+    assert events.Scalars("val/acc")[-1].value == pytest.approx(metrics["val_acc"])
+    best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)
+    assert best["best"] == pytest.approx(metrics["best_val_acc"])
+
+
+def test_ddp_on_cpu_writes_from_rank_zero_only(tmp_path):
+    outputs = tmp_path / "outputs"
+    result = run_train(
+        outputs / "${now:%H-%M-%S-%f}",  # each process that made its own dir would show here
+        "strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.epochs=2",
+    )
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = outputs.iterdir()
+    metrics = _metrics(run_dir)
+    assert (metrics["strategy"], metrics["world_size"]) == ("ddp", 2)
+    assert metrics["val_acc"] > 0.5
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best.pt", "last.pt"]
+    assert len(list((run_dir / "tb").iterdir())) == 1
+    assert not any(key.startswith("module.") for key in _weights(run_dir / "checkpoints" / "last.pt"))
+    log = (run_dir / "train.log").read_text()
+    assert log.count("epoch 2/2") == 1 and "[rank 1]" not in log
+
+
+def test_resume_continues_as_if_never_stopped(tmp_path):
+    # 1,437 training images at batch 64: 23 steps per epoch, so max_steps=46 stops after epoch 2.
+    whole, first, rest = tmp_path / "whole", tmp_path / "first", tmp_path / "rest"
+    assert run_train(whole, "trainer.epochs=3").returncode == 0
+    assert run_train(first, "trainer.epochs=3", "trainer.max_steps=46").returncode == 0
+    stopped = torch.load(first / "checkpoints" / "last.pt", weights_only=True)
+    assert (stopped["epoch"], stopped["step"]) == (2, 46)
+    result = run_train(rest, "trainer.epochs=3", f"trainer.resume={first / 'checkpoints' / 'last.pt'}")
+    assert result.returncode == 0, result.stderr
+    assert "from epoch 3" in (rest / "train.log").read_text()
+    resumed = torch.load(rest / "checkpoints" / "last.pt", weights_only=True)
+    uninterrupted = torch.load(whole / "checkpoints" / "last.pt", weights_only=True)
+    assert (resumed["epoch"], resumed["step"]) == (3, 69)
+    for key, value in uninterrupted["model"].items():
+        assert torch.equal(resumed["model"][key], value), key
+    assert resumed["scheduler"] == uninterrupted["scheduler"]
+    assert _metrics(rest)["val_acc"] == _metrics(whole)["val_acc"]

@@ -1,0 +1,1 @@
+"""The training loop and everything rank 0 writes: logs, TensorBoard, metrics, checkpoints."""

@@ -1,0 +1,169 @@
+"""Epochs of training and evaluation. Metrics are all-reduced; only rank 0 reports and saves."""
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from data import Loaders
+from distributed.context import DistContext
+from distributed.strategy import unwrap
+from training.checkpoint import Checkpointer, TrainState
+from training.metrics import Accumulator, Averages
+from training.reporting import Reporter
+
+log = logging.getLogger("train")
+
+
+@dataclass
+class Batches:
+    """Where a batch goes and how many of them an epoch takes."""
+
+    ctx: DistContext
+    limit: int | None
+
+    def take(self, loader: Any):
+        for i, (x, y) in enumerate(loader):
+            if self.limit is not None and i >= self.limit:
+                return
+            yield x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
+
+    def count(self, loader: Any) -> int:
+        return len(loader) if self.limit is None else min(len(loader), self.limit)
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """Dropout/augmentation randomness from (seed, epoch, rank): a resumed run draws the same."""
+    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
+
+
+def fit(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    loaders: Loaders,
+    ctx: DistContext,
+    trainer: Any,
+    state: TrainState,
+    reporter: Reporter,
+    checkpointer: Checkpointer,
+) -> dict[str, Any]:
+    """Train from `state.epoch` to `trainer.epochs` (or `max_steps`); return the final figures."""
+    samples_per_s: list[float] = []
+    train = val = None
+    while state.epoch < trainer.epochs and not _done(state, trainer):
+        epoch = state.epoch
+        train, speed = train_epoch(model, optimizer, loaders, ctx, trainer, state, reporter)
+        val = evaluate(model, loaders.val, Batches(ctx, trainer.limit_val_batches), ctx)
+        samples_per_s.append(speed)
+        if scheduler is not None:
+            scheduler.step()
+        state.epoch = epoch + 1
+        improved = val.acc > state.best_val_acc
+        state.best_val_acc = max(state.best_val_acc, val.acc)
+        reporter.scalars(state.step, {"val/loss": val.loss, "val/acc": val.acc, "throughput/samples_per_s": speed})
+        log.info(
+            "epoch %d/%d  train loss %.4f acc %.4f  val loss %.4f acc %.4f  %.0f samples/s",
+            epoch + 1, trainer.epochs, train.loss, train.acc, val.loss, val.acc, speed,
+        )
+        if improved:
+            checkpointer.save("best.pt", state)
+        checkpointer.save("last.pt", state)
+    if val is None:
+        log.info("nothing to train: the checkpoint already finished epoch %d of %d", state.epoch, trainer.epochs)
+        return {}
+    # The first epoch pays for warm-up (allocator, lazy init); report the steady state after it.
+    steady = samples_per_s[1:] or samples_per_s
+    return {
+        "val_acc": val.acc,
+        "val_loss": val.loss,
+        "best_val_acc": state.best_val_acc,
+        "train_loss": train.loss,
+        "train_acc": train.acc,
+        "train_samples_per_s": statistics.median(steady),
+        "epochs": state.epoch,
+        "steps": state.step,
+    }
+
+
+def train_epoch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loaders: Loaders,
+    ctx: DistContext,
+    trainer: Any,
+    state: TrainState,
+    reporter: Reporter,
+) -> tuple[Averages, float]:
+    loaders.train_sampler.set_epoch(state.epoch)
+    torch.manual_seed(epoch_seed(trainer.seed, state.epoch, ctx.rank))
+    model.train()
+    batches = Batches(ctx, trainer.limit_train_batches)
+    window, total = Accumulator(ctx.device), Accumulator(ctx.device)
+    steps_in_window = 0
+    bar = tqdm(
+        total=batches.count(loaders.train),
+        desc=f"epoch {state.epoch + 1}",
+        disable=not (ctx.is_main and trainer.progress_bar),
+        leave=False,
+        dynamic_ncols=True,
+    )
+    start = time.perf_counter()
+    for x, y in batches.take(loaders.train):
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        window.update(loss, logits, y)
+        state.step += 1
+        steps_in_window += 1
+        bar.update()
+        if state.step % trainer.log_every_n_steps == 0:
+            _report_window(window, total, ctx, reporter, state.step, optimizer, bar)
+            steps_in_window = 0
+        if _done(state, trainer):
+            break
+    if steps_in_window:
+        _report_window(window, total, ctx, reporter, state.step, optimizer, bar)
+    elapsed = time.perf_counter() - start  # the all-reduce above synchronised the device
+    bar.close()
+    averages = total.averages()
+    return averages, averages.samples / elapsed
+
+
+def _report_window(
+    window: Accumulator, total: Accumulator, ctx: DistContext, reporter: Reporter, step: int, optimizer, bar
+) -> None:
+    window.all_reduce(ctx)
+    total.add(window)
+    averages = window.averages()
+    window.reset()
+    lr = optimizer.param_groups[0]["lr"]
+    reporter.scalars(step, {"train/loss": averages.loss, "train/acc": averages.acc, "lr": lr})
+    bar.set_postfix(loss=f"{averages.loss:.4f}", acc=f"{averages.acc:.3f}", refresh=False)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: Any, batches: Batches, ctx: DistContext) -> Averages:
+    """Loss and accuracy over every rank's validation shard, summed across ranks."""
+    net = unwrap(model)  # DDP's forward would try to sync buffers; shards may differ in length
+    net.eval()
+    sums = Accumulator(ctx.device)
+    for x, y in batches.take(loader):
+        logits = net(x)
+        sums.update(F.cross_entropy(logits, y), logits, y)
+    net.train()
+    return sums.all_reduce(ctx).averages()
+
+
+def _done(state: TrainState, trainer: Any) -> bool:
+    return trainer.max_steps is not None and state.step >= trainer.max_steps

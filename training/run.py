@@ -1,0 +1,62 @@
+"""One rank's whole life: join the group, build data/model/strategy, train, leave (also on error)."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+import models
+from data import build_loaders
+from distributed import context
+from distributed.context import DistContext
+from distributed.strategy import unwrap, wrap
+from training.checkpoint import Checkpointer, TrainState
+from training.loop import fit
+from training.reporting import Reporter, configure_logging
+
+log = logging.getLogger("train")
+
+
+def run(ctx: DistContext, cfg: DictConfig, run_dir: str, labels: dict[str, str]) -> None:
+    """The worker every launcher starts once per device. `labels` name the chosen config options."""
+    configure_logging(ctx, Path(run_dir))
+    context.init(ctx, cfg.launcher.timeout_s)
+    finished = False
+    try:
+        train(ctx, cfg, Path(run_dir), labels)
+        finished = True
+    finally:
+        context.shutdown(ctx, clean=finished)
+
+
+def train(ctx: DistContext, cfg: DictConfig, run_dir: Path, labels: dict[str, str]) -> nn.Module:
+    """Build everything from `cfg`, train, report; return the trained (unwrapped) model."""
+    from hydra.utils import instantiate
+
+    start = time.perf_counter()
+    trainer = cfg.trainer
+    torch.manual_seed(trainer.seed)  # the same initial weights on every rank
+    loaders = build_loaders(cfg.dataset, cfg.data, ctx, trainer.batch_size, trainer.seed)
+    model = wrap(models.build(cfg.model).to(ctx.device), cfg.strategy, ctx)
+    optimizer = instantiate(cfg.optimizer, model.parameters())
+    scheduler = instantiate(cfg.scheduler, optimizer) if cfg.scheduler.get("_target_") else None
+    checkpointer = Checkpointer(ctx, run_dir / "checkpoints", model, optimizer, scheduler, OmegaConf.to_yaml(cfg))
+    state = checkpointer.restore(Path(trainer.resume)) if trainer.resume else TrainState()
+    log.info(
+        "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d",
+        labels["model"], labels["dataset"], labels["strategy"], ctx.world_size, ctx.device.type,
+        trainer.batch_size, state.epoch + 1,
+    )
+    reporter = Reporter(ctx, run_dir)
+    try:
+        metrics = fit(model, optimizer, scheduler, loaders, ctx, trainer, state, reporter, checkpointer)
+        if metrics:
+            reporter.write_metrics(
+                {**metrics, **labels, "world_size": ctx.world_size, "wall_s": time.perf_counter() - start}
+            )
+    finally:
+        reporter.close()
+    return unwrap(model)
