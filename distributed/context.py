@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -73,3 +74,8 @@ def shutdown(ctx: DistContext, clean: bool) -> None:
     dist.destroy_process_group()
 
 
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """Dropout/augmentation randomness from (seed, epoch, rank): a resumed run draws the same."""
+    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])

@@ -7,14 +7,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
 from data import Loaders
-from distributed.context import DistContext
+from distributed.context import DistContext, epoch_seed
 from distributed.strategy import unwrap
 from training.checkpoint import Checkpointer, TrainState
 from training.metrics import Accumulator, Averages
@@ -38,11 +37,6 @@ class Batches:
 
     def count(self, loader: Any) -> int:
         return len(loader) if self.limit is None else min(len(loader), self.limit)
-
-
-def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """Dropout/augmentation randomness from (seed, epoch, rank): a resumed run draws the same."""
-    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
 
 
 def fit(
