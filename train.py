@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+import data
 from distributed.launch import LaunchPlan, launch, plan_launch
 from errors import ConfigError
 from training.run import run
@@ -35,6 +36,7 @@ def check(cfg: DictConfig) -> LaunchPlan:
         )
     if trainer.resume is not None and not Path(trainer.resume).is_file():
         raise ConfigError(f"trainer.resume={trainer.resume}: no such file; give an existing checkpoint path")
+    data.check(cfg.dataset, cfg.data)
     return plan
 
 

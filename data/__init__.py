@@ -2,38 +2,149 @@
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, TensorDataset, get_worker_info
 
-from distributed.context import DistContext
+from distributed.context import DistContext, epoch_seed
+from errors import ConfigError
 
-# dataset name -> module with `load(cfg) -> (train, val)`; imported on use to keep start-up lean.
-_MODULES = {"digits": "data.digits", "synthetic": "data.synthetic"}
+if TYPE_CHECKING:
+    from data.device_loader import DeviceLoader
+
+# dataset name -> module with `load(cfg) -> (train, val)` datasets for DataLoaders, and where the
+# split fits in memory `arrays(cfg) -> (train, val)` ImageArrays for the device loader; file-based
+# ones add `files(root)`, `download(root)`, `read(root)`. Imported on use to keep start-up lean.
+_MODULES = {
+    "digits": "data.digits",
+    "synthetic": "data.synthetic",
+    "mnist": "data.mnist",
+    "cifar10": "data.cifar10",
+    "imagefolder": "data.imagefolder",
+}
+LOADERS = ("dataloader", "device")
+
+
+def dataset_module(name: str) -> ModuleType:
+    if name not in _MODULES:
+        raise ConfigError(f"dataset.name={name}: choose one of {', '.join(_MODULES)}")
+    return importlib.import_module(_MODULES[name])
 
 
 def load_datasets(dataset: Any) -> tuple[Dataset, Dataset]:
-    return importlib.import_module(_MODULES[dataset.name]).load(dataset)
+    return dataset_module(dataset.name).load(dataset)
+
+
+def check(dataset: Any, data: Any) -> None:
+    """What train.py can find wrong before any process starts: loader choice, files, folders."""
+    from data import download
+
+    module = dataset_module(dataset.name)
+    if data.loader not in LOADERS:
+        raise ConfigError(f"data.loader={data.loader}: choose dataloader or device")
+    if data.loader == "device" and not hasattr(module, "arrays"):
+        raise ConfigError(
+            f"data.loader=device holds the dataset in device memory, which dataset={dataset.name} does not "
+            "suit; use data.loader=dataloader"
+        )
+    if hasattr(module, "check"):
+        module.check(dataset)
+    if hasattr(module, "files"):
+        download.require(module, dataset)
+        if not download.missing(module, dataset):
+            module.read(download.dataset_root(dataset))  # a malformed file fails here, in one line
 
 
 @dataclass
 class Loaders:
-    train: DataLoader
-    val: DataLoader
+    train: DataLoader | DeviceLoader
+    val: DataLoader | DeviceLoader
     train_sampler: DistributedSampler  # call set_epoch(e) before each epoch
 
 
 def build_loaders(dataset: Any, data: Any, ctx: DistContext, global_batch: int, seed: int) -> Loaders:
     """Each rank gets `global_batch / world_size` per step; validation covers every sample once."""
-    train_set, val_set = load_datasets(dataset)
+    from data.download import prepare
+
+    module = dataset_module(dataset.name)
+    prepare(module, dataset, ctx)
     batch = global_batch // ctx.world_size
+    if data.loader == "device":
+        return _device_loaders(module, dataset, ctx, batch, seed)
+    train_set, val_set = module.load(dataset)
+    workers = num_workers(data, ctx, train_set)
     pin = ctx.device.type == "cuda" if data.pin_memory is None else data.pin_memory
-    options = dict(num_workers=data.num_workers, pin_memory=pin, persistent_workers=data.num_workers > 0)
+    options = dict(num_workers=workers, pin_memory=pin, persistent_workers=data.persistent_workers and workers > 0)
     # DistributedSampler at world size 1 is a seeded shuffle: single and DDP draw from one permutation.
     sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed)
-    train = DataLoader(train_set, batch_size=batch, sampler=sampler, **options)
+    train = DataLoader(EpochSeeded(train_set, seed, ctx.rank), batch_size=batch, sampler=EpochIndices(sampler), **options)
     # A strided shard without padding: every validation sample is counted exactly once globally.
     val_shard = Subset(val_set, range(ctx.rank, len(val_set), ctx.world_size))
     val = DataLoader(val_shard, batch_size=batch, shuffle=False, **options)
     return Loaders(train, val, sampler)
+
+
+def _device_loaders(module: ModuleType, dataset: Any, ctx: DistContext, batch: int, seed: int) -> Loaders:
+    from data.device_loader import DeviceLoader
+    from data.transforms import BatchTransform
+
+    train_set, val_set = module.arrays(dataset)
+    transform = BatchTransform(dataset, train_set.scale, ctx.device)
+    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed)
+    train = DeviceLoader(train_set, transform, batch, ctx.device, sampler, seed, ctx.rank)
+    val = DeviceLoader(val_set, transform, batch, ctx.device, range(ctx.rank, len(val_set), ctx.world_size))
+    return Loaders(train, val, sampler)
+
+
+def num_workers(data: Any, ctx: DistContext, train_set: Dataset, env: Mapping[str, str] = os.environ) -> int:
+    """`data.num_workers=null`: the CPUs of this task shared among the ranks that run in it, and
+    none for tensors already in memory (a worker would only copy them)."""
+    if data.num_workers is not None:
+        return data.num_workers
+    if isinstance(train_set, TensorDataset):
+        return 0
+    cpus = int(env.get("SLURM_CPUS_PER_TASK") or len(os.sched_getaffinity(0)))
+    # srun starts each rank as its own task with its own CPUs; otherwise our ranks share the task.
+    sharing = 1 if int(env.get("SLURM_NTASKS", "1")) > 1 else ctx.local_world_size
+    return max(1, cpus // sharing)
+
+
+class EpochIndices(Sampler):
+    """The sampler's indices, each paired with the epoch it was drawn for (see EpochSeeded)."""
+
+    def __init__(self, sampler: DistributedSampler) -> None:
+        self.sampler = sampler
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return ((index, self.sampler.epoch) for index in self.sampler)
+
+
+class EpochSeeded(Dataset):
+    """Reseeds each DataLoader worker at the start of every epoch from (seed, epoch, rank, worker).
+
+    Persistent workers are created once and would otherwise carry their random state across
+    epochs, so a run resumed at epoch e would augment differently from one that got there.
+    Without workers the training loop has already seeded this process for the epoch.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int, rank: int) -> None:
+        self.dataset, self.seed, self.rank = dataset, seed, rank
+        self.epoch: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: tuple[int, int]) -> Any:
+        index, epoch = item
+        worker = get_worker_info()
+        if worker is not None and epoch != self.epoch:
+            self.epoch = epoch
+            torch.manual_seed(epoch_seed(self.seed, epoch, self.rank) + worker.id)
+        return self.dataset[index]

@@ -6,13 +6,19 @@ from typing import Any
 import torch
 from torch.utils.data import TensorDataset
 
+from data.arrays import ImageArrays
 
-def load(cfg: Any) -> tuple[TensorDataset, TensorDataset]:
+
+def arrays(cfg: Any) -> tuple[ImageArrays, ImageArrays]:
     generator = torch.Generator().manual_seed(cfg.seed)
     return _random(cfg, cfg.train_size, generator), _random(cfg, cfg.val_size, generator)
 
 
-def _random(cfg: Any, size: int, generator: torch.Generator) -> TensorDataset:
+def load(cfg: Any) -> tuple[TensorDataset, TensorDataset]:
+    return tuple(TensorDataset(split.images, split.labels) for split in arrays(cfg))
+
+
+def _random(cfg: Any, size: int, generator: torch.Generator) -> ImageArrays:
     x = torch.randn(size, cfg.channels, cfg.image_size, cfg.image_size, generator=generator)
     y = torch.randint(0, cfg.num_classes, (size,), generator=generator)
-    return TensorDataset(x, y)
+    return ImageArrays(x, y, scale=1.0)  # already the network's input: no scaling, no normalisation

@@ -46,8 +46,10 @@ class LauncherConfig:
 
 @dataclass
 class DataConfig:
-    num_workers: int = 0
+    loader: str = "dataloader"  # dataloader (workers, per-sample transforms) | device (whole set on the device)
+    num_workers: Optional[int] = None  # None: this task's CPUs / local ranks (0 for in-memory tensors)
     pin_memory: Optional[bool] = None  # None: on when training on CUDA
+    persistent_workers: bool = True  # keep workers alive between epochs
 
 
 @dataclass

@@ -1,0 +1,55 @@
+"""`data.loader=device`: a split held whole on the training device, cut into batches there.
+
+No worker processes and no per-sample Python: one gather per batch, then crop/flip/normalise as
+batched tensor ops (the fastest CIFAR-10 trainers' recipe). Sharding reuses DistributedSampler,
+so each rank sees exactly the indices, in the order, that `data.loader=dataloader` would give it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+from torch.utils.data import DistributedSampler
+
+from data.arrays import ImageArrays
+from data.transforms import BatchTransform
+from distributed.context import epoch_seed
+
+
+class DeviceLoader:
+    def __init__(
+        self,
+        arrays: ImageArrays,
+        transform: BatchTransform,
+        batch_size: int,
+        device: torch.device,
+        order: DistributedSampler | range,
+        seed: int = 0,
+        rank: int = 0,
+    ) -> None:
+        """`order`: a DistributedSampler to train (reshuffled and re-augmented per epoch), or the
+        fixed indices of this rank's validation shard (no augmentation)."""
+        self.images = arrays.images.to(device)
+        self.labels = arrays.labels.to(device)
+        self.transform = transform
+        self.batch_size = batch_size
+        self.device = device
+        self.order = order
+        self.seed, self.rank = seed, rank
+
+    @property
+    def training(self) -> bool:
+        return isinstance(self.order, DistributedSampler)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.order) / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        generator = None
+        if self.training:
+            # (seed, epoch, rank): a resumed run draws the same crops and flips as an unbroken one.
+            generator = torch.Generator(self.device).manual_seed(epoch_seed(self.seed, self.order.epoch, self.rank))
+        indices = torch.as_tensor(list(self.order), dtype=torch.long).to(self.device, non_blocking=True)
+        for batch in indices.split(self.batch_size):
+            yield self.transform(self.images[batch], generator), self.labels[batch]

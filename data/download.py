@@ -1,0 +1,113 @@
+"""Dataset files in torchvision's layout under `dataset.root`, fetched once.
+
+In a run, rank 0 downloads what is missing while the others wait; on clusters whose compute nodes
+have no internet, fetch ahead of time on a login node:
+
+    python -m data.download dataset=cifar10 [dataset.root=/shared/datasets]
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch.distributed as dist
+
+from distributed.context import DistContext
+from errors import ConfigError
+
+DEFAULT_ROOT = Path(__file__).resolve().parent / "cache"  # git-ignored
+# Rank 0 may spend minutes on a download; the others must outwait it, not launcher.timeout_s.
+_DOWNLOAD_TIMEOUT = timedelta(minutes=30)
+
+
+def dataset_root(cfg: Any) -> Path:
+    return DEFAULT_ROOT if cfg.get("root") is None else Path(cfg.root)
+
+
+def missing(module: ModuleType, cfg: Any) -> list[Path]:
+    return [path for path in module.files(dataset_root(cfg)) if not path.is_file()]
+
+
+def prep_command(cfg: Any) -> str:
+    return f"python -m data.download dataset={cfg.name} dataset.root={dataset_root(cfg)}"
+
+
+def require(module: ModuleType, cfg: Any) -> None:
+    """Files missing and not to be downloaded: a one-line error naming the root and the fix."""
+    absent = missing(module, cfg)
+    if absent and not cfg.download:
+        raise ConfigError(
+            f"dataset.download=false and {dataset_root(cfg)} lacks {absent[0].relative_to(dataset_root(cfg))}"
+            f"{f' and {len(absent) - 1} more' if len(absent) > 1 else ''}; fetch it where there is internet "
+            f"with `{prep_command(cfg)}` (or set dataset.root to where torchvision already put {cfg.name})"
+        )
+
+
+def fetch(module: ModuleType, cfg: Any) -> None:
+    """Download what is missing with torchvision's code; failures become one line."""
+    if not missing(module, cfg):
+        return
+    root = dataset_root(cfg)
+    try:
+        module.download(root)
+    except (OSError, RuntimeError) as e:  # URLError is an OSError; torchvision raises RuntimeError
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"could not download {cfg.name} into {root} ({reason}); run `{prep_command(cfg)}` on a machine "
+            "with internet, or copy the files there"
+        ) from None
+    if missing(module, cfg):
+        raise ConfigError(f"downloaded {cfg.name} into {root} but {missing(module, cfg)[0]} is still missing")
+
+
+def prepare(module: ModuleType, cfg: Any, ctx: DistContext) -> None:
+    """Download once: rank 0 fetches while the other ranks wait, then all learn whether it worked."""
+    if not hasattr(module, "files"):
+        return
+    if not ctx.distributed:
+        require(module, cfg)
+        fetch(module, cfg)
+        return
+    group = dist.new_group(backend="gloo", timeout=_DOWNLOAD_TIMEOUT)
+    outcome: list[str | None] = [None]
+    if ctx.is_main:
+        try:
+            require(module, cfg)
+            fetch(module, cfg)
+        except ConfigError as e:
+            outcome[0] = str(e)
+    dist.broadcast_object_list(outcome, src=0, group=group)
+    dist.destroy_process_group(group)
+    if outcome[0] is not None:
+        raise ConfigError(outcome[0])
+    require(module, cfg)  # a node that does not share rank 0's filesystem still lacks the files
+
+
+def main(argv: list[str]) -> int:
+    """Compose the config as train.py would, fetch the dataset, read it back to prove it whole."""
+    from hydra import compose, initialize_config_dir
+
+    import train  # noqa: F401  registers the config schema, as `python train.py` does
+    from data import dataset_module
+
+    with initialize_config_dir(config_dir=str(Path(train.__file__).parent / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=argv).dataset
+    module = dataset_module(cfg.name)
+    try:
+        if not hasattr(module, "files"):
+            raise ConfigError(f"dataset={cfg.name} has nothing to download; choose mnist or cifar10")
+        fetch(module, cfg)
+        train_split, val_split = module.read(dataset_root(cfg))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{cfg.name}: {len(train_split)} training and {len(val_split)} validation images in {dataset_root(cfg)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

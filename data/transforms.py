@@ -1,0 +1,76 @@
+"""The seeds' augmentations, built from the dataset config: per sample with torchvision (PIL,
+in DataLoader workers), or per batch on the training device (the device loader)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def small_image_transform(cfg: Any, train: bool) -> Callable:
+    """CIFAR-10 / MNIST: [RandomCrop(size, padding), RandomHorizontalFlip] for training, then
+    ToTensor and Normalize(mean, std)."""
+    from torchvision import transforms as T
+
+    augment = cfg.get("augment") or {}
+    steps = []
+    if train and augment.get("crop_padding"):
+        steps.append(T.RandomCrop(cfg.image_size, padding=augment["crop_padding"]))
+    if train and augment.get("flip"):
+        steps.append(T.RandomHorizontalFlip())
+    return T.Compose([*steps, T.ToTensor(), T.Normalize(list(cfg.mean), list(cfg.std))])
+
+
+def imagenet_transform(cfg: Any, train: bool) -> Callable:
+    """ImageNet-style: RandomResizedCrop(size) + flip for training, Resize + CenterCrop to validate."""
+    from torchvision import transforms as T
+
+    if train:
+        steps = [T.RandomResizedCrop(cfg.image_size)] + ([T.RandomHorizontalFlip()] if cfg.augment.flip else [])
+    else:
+        steps = [T.Resize(cfg.resize), T.CenterCrop(cfg.image_size)]
+    return T.Compose([*steps, T.ToTensor(), T.Normalize(list(cfg.mean), list(cfg.std))])
+
+
+class BatchTransform:
+    """small_image_transform for a whole batch already on the device: the same crop (zero
+    padding), flip and normalisation, drawn from an explicit generator instead of per sample."""
+
+    def __init__(self, cfg: Any, scale: float, device: torch.device) -> None:
+        augment = cfg.get("augment") or {}
+        self.padding = int(augment.get("crop_padding") or 0)
+        self.flip = bool(augment.get("flip"))
+        self.scale = scale
+        channels = cfg.channels
+        mean, std = cfg.get("mean", [0.0] * channels), cfg.get("std", [1.0] * channels)
+        self.mean = torch.tensor(list(mean), device=device).view(1, -1, 1, 1)
+        self.std = torch.tensor(list(std), device=device).view(1, -1, 1, 1)
+
+    def __call__(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """`generator` None: validation, normalise only. Crop and flip run on the stored dtype."""
+        if generator is not None and self.padding:
+            images = random_crop(images, self.padding, generator)
+        if generator is not None and self.flip:
+            images = random_flip(images, generator)
+        return (images.float() / self.scale - self.mean) / self.std
+
+
+def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
+    """Each image shifted by its own offset in [-padding, padding]², zeros shifted in."""
+    n, c, h, w = images.shape
+    padded = F.pad(images, (padding,) * 4)
+    device = images.device
+    top = torch.randint(0, 2 * padding + 1, (n, 1), generator=generator, device=device)
+    left = torch.randint(0, 2 * padding + 1, (n, 1), generator=generator, device=device)
+    rows = (top + torch.arange(h, device=device)).view(n, 1, h, 1)
+    cols = (left + torch.arange(w, device=device)).view(n, 1, 1, w)
+    batch = torch.arange(n, device=device).view(n, 1, 1, 1)
+    channel = torch.arange(c, device=device).view(1, c, 1, 1)
+    return padded[batch, channel, rows, cols]
+
+
+def random_flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Each image mirrored left-right with probability 1/2."""
+    flip = torch.rand(len(images), generator=generator, device=images.device) < 0.5
+    return torch.where(flip.view(-1, 1, 1, 1), images.flip(3), images)

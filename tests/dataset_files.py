@@ -1,0 +1,84 @@
+"""Small datasets written in the real on-disk formats, for tests that must not download.
+
+Each class gets its own colour (plus noise), a signal that survives crops and flips, so a tiny
+network learns it in an epoch or two and both loaders can be compared on accuracy.
+"""
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from data import cifar10, mnist
+
+
+def class_images(labels: np.ndarray, channels: int, size: int, seed: int) -> np.ndarray:
+    """uint8 N x C x H x W: class k's base brightness per channel is a fixed pattern, plus noise."""
+    rng = np.random.default_rng(seed)
+    palette = np.random.default_rng(1234).integers(40, 216, (10, channels))
+    noise = rng.normal(0, 25, (len(labels), channels, size, size))
+    return np.clip(palette[labels][:, :, None, None] + noise, 0, 255).astype(np.uint8)
+
+
+def labels_for(n: int, seed: int, classes: int = 10) -> np.ndarray:
+    return np.random.default_rng(seed).permutation(np.arange(n) % classes).astype(np.int64)
+
+
+def write_cifar_batch(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
+    """The python-version layout: a pickled dict, `data` N x 3072 uint8 (R, G, B planes), `labels`."""
+    entry = {
+        "batch_label": path.name,
+        "data": images.reshape(len(images), -1),
+        "labels": [int(label) for label in labels],
+        "filenames": [f"{i}.png" for i in range(len(images))],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(entry, protocol=2))
+
+
+def write_cifar(root: Path, per_batch: int = 40, val: int = 100) -> dict[str, np.ndarray]:
+    """root/cifar-10-batches-py/data_batch_1..5 and test_batch; returns what was written."""
+    written = {}
+    for i, name in enumerate(cifar10.TRAIN + cifar10.VAL):
+        n = val if name in cifar10.VAL else per_batch
+        labels = labels_for(n, seed=i)
+        images = class_images(labels, 3, 32, seed=i)
+        write_cifar_batch(root / cifar10.FOLDER / name, images, labels)
+        written[name] = images, labels
+    return written
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """An idx file of unsigned bytes: magic 0x00000800 + ndim, big-endian sizes, the data."""
+    return struct.pack(">4B", 0, 0, 8, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
+
+
+def write_mnist(root: Path, train: int = 200, val: int = 100, gz: bool = False) -> dict[str, np.ndarray]:
+    """root/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]; returns what was written."""
+    folder = root / mnist.FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for (images_name, labels_name), n, seed in ((mnist.TRAIN, train, 0), (mnist.VAL, val, 1)):
+        labels = labels_for(n, seed)
+        images = class_images(labels, 1, 28, seed)[:, 0]
+        for name, array in ((images_name, images), (labels_name, labels.astype(np.uint8))):
+            data = idx_bytes(array)
+            (folder / (name + ".gz" if gz else name)).write_bytes(gzip.compress(data) if gz else data)
+            written[name] = array
+    return written
+
+
+def write_image_folder(root: Path, classes: int = 2, per_class: int = 4, size: int = 40) -> Path:
+    """root/{train,val}/class<k>/<i>.png"""
+    for split, seed in (("train", 0), ("val", 1)):
+        labels = np.repeat(np.arange(classes), per_class)
+        images = class_images(labels, 3, size, seed)
+        for i, (image, label) in enumerate(zip(images, labels)):
+            path = root / split / f"class{label}" / f"{i}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image.transpose(1, 2, 0)).save(path)
+    return root

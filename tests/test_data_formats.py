@@ -1,0 +1,250 @@
+"""Readers of the on-disk formats: what torchvision writes loads as is, anything malformed is one
+line that names the file and the fix, and the download goes through torchvision's code."""
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import pickle
+import tarfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from data import check, cifar10, download, imagefolder, mnist
+from errors import ConfigError
+from tests.conftest import compose_config
+from tests.dataset_files import class_images, idx_bytes, write_cifar, write_cifar_batch, write_image_folder, write_mnist
+
+
+def _dataset(name: str, root: Path, *overrides: str):
+    return compose_config(f"dataset={name}", f"dataset.root={root}", *overrides)
+
+
+def test_cifar_batches_read_back_pixel_exact(tmp_path):
+    written = write_cifar(tmp_path, per_batch=7, val=5)
+    train, val = cifar10.read(tmp_path)
+    assert train.images.shape == (35, 3, 32, 32) and train.images.dtype == torch.uint8
+    assert torch.equal(train.images[7:14], torch.from_numpy(written["data_batch_2"][0]))
+    assert torch.equal(val.labels, torch.from_numpy(written["test_batch"][1]))
+    # The stored rows are R, G, B planes: pixel (c, y, x) is entry c*1024 + y*32 + x.
+    row = written["test_batch"][0].reshape(5, -1)[3]
+    assert int(val.images[3, 2, 5, 7]) == int(row[2 * 1024 + 5 * 32 + 7])
+
+
+def test_mnist_reads_what_torchvision_reads(tmp_path):
+    from torchvision.datasets import MNIST
+
+    write_mnist(tmp_path, train=30, val=10)
+    ours, _ = mnist.read(tmp_path)
+    theirs = MNIST(str(tmp_path), train=True)
+    assert torch.equal(ours.images[:, 0], theirs.data) and torch.equal(ours.labels, theirs.targets)
+
+
+def test_mnist_reads_gzipped_files(tmp_path):
+    written = write_mnist(tmp_path, train=30, val=10, gz=True)
+    assert all(path.suffix == ".gz" for path in mnist.files(tmp_path))
+    _, val = mnist.read(tmp_path)
+    assert torch.equal(val.images[:, 0], torch.from_numpy(written["t10k-images-idx3-ubyte"]))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _pickle_that_runs_code(path: Path) -> None:
+    class Exploit:
+        def __reduce__(self):
+            return os.system, ("echo pwned",)
+
+    path.write_bytes(pickle.dumps({"data": Exploit(), "labels": []}))
+
+
+@pytest.mark.parametrize(
+    "spoil, words",
+    [
+        (_truncate, ["data_batch_3", "not a CIFAR-10 batch"]),
+        (lambda p: p.write_bytes(b"hello"), ["data_batch_3", "not a CIFAR-10 batch"]),
+        (_pickle_that_runs_code, ["data_batch_3", "posix.system is not part of a CIFAR batch"]),
+        (lambda p: write_cifar_batch(p, np.zeros((2, 3, 16, 16), np.uint8), np.zeros(2)), ["3072 pixels"]),
+        (lambda p: write_cifar_batch(p, np.zeros((2, 3, 32, 32), np.uint8), np.array([1, 10])), ["label in 0..9"]),
+    ],
+)
+def test_malformed_cifar_batch_is_one_line_naming_the_file_and_fix(tmp_path, spoil, words):
+    write_cifar(tmp_path, per_batch=4, val=4)
+    spoil(tmp_path / cifar10.FOLDER / "data_batch_3")
+    with pytest.raises(ConfigError) as error:
+        cifar10.read(tmp_path)
+    message = str(error.value)
+    assert "\n" not in message and "python -m data.download dataset=cifar10" in message
+    for word in words:
+        assert word in message
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize(
+    "spoil, words",
+    [
+        (_truncate, ["train-images-idx3-ubyte", "truncated"]),
+        (lambda p: p.write_bytes(idx_bytes(np.zeros((4, 28), np.uint8))), ["bad header"]),
+    ],
+)
+def test_malformed_mnist_file_is_one_line_naming_the_file_and_fix(tmp_path, gz, spoil, words):
+    write_mnist(tmp_path, train=20, val=10)
+    images = tmp_path / mnist.FOLDER / "train-images-idx3-ubyte"
+    spoil(images)
+    if gz:
+        images.with_name(images.name + ".gz").write_bytes(gzip.compress(images.read_bytes()))
+        images.unlink()
+    with pytest.raises(ConfigError) as error:
+        mnist.read(tmp_path)
+    message = str(error.value)
+    assert "\n" not in message and "python -m data.download dataset=mnist" in message
+    for word in words:
+        assert word in message
+
+
+def test_truncated_gzip_and_label_count_mismatch_are_errors(tmp_path):
+    write_mnist(tmp_path, train=20, val=10, gz=True)
+    labels = tmp_path / mnist.FOLDER / "train-labels-idx1-ubyte.gz"
+    labels.write_bytes(gzip.compress(idx_bytes(np.zeros(19, np.uint8))))
+    with pytest.raises(ConfigError, match="20 images but train-labels-idx1-ubyte.gz has 19 labels"):
+        mnist.read(tmp_path)
+    write_mnist(tmp_path, train=20, val=10, gz=True)
+    _truncate(tmp_path / mnist.FOLDER / "t10k-images-idx3-ubyte.gz")
+    with pytest.raises(ConfigError, match="t10k-images-idx3-ubyte.gz: unreadable"):
+        mnist.read(tmp_path)
+
+
+def test_missing_files_with_download_off_name_the_root_and_the_prep_command(tmp_path):
+    cfg = _dataset("cifar10", tmp_path, "dataset.download=false")
+    with pytest.raises(ConfigError) as error:
+        check(cfg.dataset, cfg.data)
+    message = str(error.value)
+    assert f"{tmp_path} lacks cifar-10-batches-py/data_batch_1 and 5 more" in message
+    assert f"python -m data.download dataset=cifar10 dataset.root={tmp_path}" in message
+
+
+def test_check_reads_the_files_so_a_bad_one_fails_before_training(tmp_path):
+    write_mnist(tmp_path, train=20, val=10)
+    _truncate(tmp_path / mnist.FOLDER / "t10k-labels-idx1-ubyte")
+    cfg = _dataset("mnist", tmp_path)
+    with pytest.raises(ConfigError, match="t10k-labels-idx1-ubyte: header promises"):
+        check(cfg.dataset, cfg.data)
+
+
+def test_default_root_is_the_git_ignored_cache_in_the_repo():
+    cfg = compose_config("dataset=cifar10")
+    root = download.dataset_root(cfg.dataset)
+    assert root == Path(download.__file__).parent / "cache"
+    assert "data/cache/" in (root.parents[1] / ".gitignore").read_text().split()
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["dataset.root=null"], ["dataset.root=null", "train/ and val/"]),
+        (["dataset.root={missing}"], ["no train/ folder"]),
+        (["dataset.root={root}", "dataset.num_classes=1000"], ["dataset.num_classes=1000", "set dataset.num_classes=3"]),
+        (["dataset.root={root}", "dataset.num_classes=3", "data.loader=device"], ["data.loader=dataloader"]),
+    ],
+)
+def test_image_folder_checks(tmp_path, overrides, words):
+    root = write_image_folder(tmp_path / "images", classes=3, per_class=1, size=8)
+    formatted = [o.format(root=root, missing=tmp_path / "nowhere") for o in overrides]
+    cfg = compose_config("dataset=imagefolder", *formatted)
+    with pytest.raises(ConfigError) as error:
+        check(cfg.dataset, cfg.data)
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_image_folder_uses_imagenet_transforms_and_names_an_unreadable_image(tmp_path):
+    root = write_image_folder(tmp_path, classes=2, per_class=2, size=40)
+    cfg = compose_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2")
+    train, val = imagefolder.load(cfg.dataset)
+    assert train[0][0].shape == val[0][0].shape == (3, 224, 224)
+    bad = root / "val" / "class1" / "broken.png"
+    bad.write_bytes(b"not a png")
+    train, val = imagefolder.load(cfg.dataset)
+    with pytest.raises(ConfigError, match="broken.png: unreadable image"):
+        val[len(val) - 1]
+
+
+class _FakeResponse(io.BytesIO):
+    """What urllib.request.urlopen returns, serving bytes instead of the network."""
+
+    def __init__(self, url: str, body: bytes) -> None:
+        super().__init__(body)
+        self.url, self.length = url, len(body)
+
+
+def _serve(monkeypatch, files: dict[str, bytes]) -> list[str]:
+    """Replace the network call under torchvision's download code; return the URLs fetched."""
+    fetched = []
+
+    def urlopen(request, *args, **kwargs):
+        url = request.full_url
+        name = url.rsplit("/", 1)[-1]
+        if name not in files:
+            raise urllib.error.URLError("no route to host")
+        fetched.append(url)
+        return _FakeResponse(url, files[name])
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    return fetched
+
+
+def _md5(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.md5(data).hexdigest()
+
+
+def test_cifar_download_fetches_and_unpacks_the_official_archive(tmp_path, monkeypatch):
+    from torchvision.datasets import CIFAR10
+
+    write_cifar(tmp_path / "source", per_batch=3, val=3)
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        tar.add(tmp_path / "source" / cifar10.FOLDER, arcname=cifar10.FOLDER)
+    fetched = _serve(monkeypatch, {CIFAR10.filename: archive.getvalue()})
+    monkeypatch.setattr(CIFAR10, "tgz_md5", _md5(archive.getvalue()))
+    root = tmp_path / "cache"
+    assert download.main(["dataset=cifar10", f"dataset.root={root}"]) == 0
+    assert CIFAR10.url in fetched
+    train, _ = cifar10.read(root)
+    assert len(train) == 15
+
+
+def test_mnist_download_uses_torchvisions_mirrors_and_md5s(tmp_path, monkeypatch):
+    from torchvision.datasets import MNIST
+
+    write_mnist(tmp_path / "source", train=12, val=6, gz=True)
+    served = {path.name: path.read_bytes() for path in mnist.files(tmp_path / "source")}
+    fetched = _serve(monkeypatch, served)
+    monkeypatch.setattr(MNIST, "resources", [(name, _md5(body)) for name, body in served.items()])
+    cfg = _dataset("mnist", tmp_path / "cache")
+    download.fetch(mnist, cfg.dataset)
+    assert set(fetched) == {MNIST.mirrors[0] + name for name in served}
+    train, val = mnist.read(tmp_path / "cache")
+    assert (len(train), len(val)) == (12, 6)
+
+
+def test_a_failed_download_is_one_line_with_the_offline_command(tmp_path, monkeypatch, capsys):
+    _serve(monkeypatch, {})
+    assert download.main(["dataset=cifar10", f"dataset.root={tmp_path}"]) == 2
+    message = capsys.readouterr().err.strip()
+    assert message.startswith("error: could not download cifar10") and "\n" not in message
+    assert "no route to host" in message and "python -m data.download dataset=cifar10" in message
+
+
+def test_class_images_carry_their_label():
+    labels = np.arange(10)
+    means = class_images(labels, 3, 32, seed=0).reshape(10, 3, -1).mean(-1)
+    assert len({tuple(np.round(m, -1)) for m in means}) == 10
