@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import multiprocessing
 import os
 from dataclasses import dataclass
 from types import ModuleType
@@ -78,7 +79,12 @@ def build_loaders(dataset: Any, data: Any, ctx: DistContext, global_batch: int, 
     train_set, val_set = module.load(dataset)
     workers = num_workers(data, ctx, train_set)
     pin = ctx.device.type == "cuda" if data.pin_memory is None else data.pin_memory
-    options = dict(num_workers=workers, pin_memory=pin, persistent_workers=data.persistent_workers and workers > 0)
+    options = dict(
+        num_workers=workers,
+        pin_memory=pin,
+        persistent_workers=data.persistent_workers and workers > 0,
+        multiprocessing_context=_fork_if_possible() if workers > 0 else None,
+    )
     # DistributedSampler at world size 1 is a seeded shuffle: single and DDP draw from one permutation.
     sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed)
     train = DataLoader(EpochSeeded(train_set, seed, ctx.rank), batch_size=batch, sampler=EpochIndices(sampler), **options)
@@ -111,6 +117,12 @@ def num_workers(data: Any, ctx: DistContext, train_set: Dataset, env: Mapping[st
     # srun starts each rank as its own task with its own CPUs; otherwise our ranks share the task.
     sharing = 1 if int(env.get("SLURM_NTASKS", "1")) > 1 else ctx.local_world_size
     return max(1, cpus // sharing)
+
+
+def _fork_if_possible() -> str | None:
+    """Ranks started by torch.multiprocessing.spawn would spawn their workers too, and each would
+    import torch and the project afresh (seconds each); forked workers start at once."""
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 
 
 class EpochIndices(Sampler):

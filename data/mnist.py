@@ -63,7 +63,7 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError, zlib.error) as e:
         raise ConfigError(f"{path}: unreadable ({type(e).__name__}: {e}); {_fix(path)}") from None
-    header = 4 + 4 * ndim
+    header = 4 + 4 * ndim  # see idx_bytes
     if len(raw) < header or raw[:4] != bytes([0, 0, _UBYTE, ndim]):
         raise ConfigError(f"{path}: not an idx file of {ndim}-d unsigned bytes (bad header); {_fix(path)}")
     shape = tuple(int(size) for size in np.frombuffer(raw, ">u4", count=ndim, offset=4))
@@ -73,6 +73,11 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
             f"(truncated?); {_fix(path)}"
         )
     return np.frombuffer(raw, np.uint8, offset=header).reshape(shape).copy()
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """`array` (uint8) as an idx file: the inverse of read_idx, for subsets, tests and benchmarks."""
+    return bytes([0, 0, _UBYTE, array.ndim]) + np.asarray(array.shape, ">u4").tobytes() + array.astype(np.uint8).tobytes()
 
 
 def _fix(path: Path) -> str:

@@ -6,8 +6,6 @@ network learns it in an epoch or two and both loaders can be compared on accurac
 from __future__ import annotations
 
 import gzip
-import pickle
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -28,18 +26,6 @@ def labels_for(n: int, seed: int, classes: int = 10) -> np.ndarray:
     return np.random.default_rng(seed).permutation(np.arange(n) % classes).astype(np.int64)
 
 
-def write_cifar_batch(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
-    """The python-version layout: a pickled dict, `data` N x 3072 uint8 (R, G, B planes), `labels`."""
-    entry = {
-        "batch_label": path.name,
-        "data": images.reshape(len(images), -1),
-        "labels": [int(label) for label in labels],
-        "filenames": [f"{i}.png" for i in range(len(images))],
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(pickle.dumps(entry, protocol=2))
-
-
 def write_cifar(root: Path, per_batch: int = 40, val: int = 100) -> dict[str, np.ndarray]:
     """root/cifar-10-batches-py/data_batch_1..5 and test_batch; returns what was written."""
     written = {}
@@ -47,14 +33,9 @@ def write_cifar(root: Path, per_batch: int = 40, val: int = 100) -> dict[str, np
         n = val if name in cifar10.VAL else per_batch
         labels = labels_for(n, seed=i)
         images = class_images(labels, 3, 32, seed=i)
-        write_cifar_batch(root / cifar10.FOLDER / name, images, labels)
+        cifar10.write_batch(root / cifar10.FOLDER / name, images, labels)
         written[name] = images, labels
     return written
-
-
-def idx_bytes(array: np.ndarray) -> bytes:
-    """An idx file of unsigned bytes: magic 0x00000800 + ndim, big-endian sizes, the data."""
-    return struct.pack(">4B", 0, 0, 8, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
 
 
 def write_mnist(root: Path, train: int = 200, val: int = 100, gz: bool = False) -> dict[str, np.ndarray]:
@@ -66,7 +47,7 @@ def write_mnist(root: Path, train: int = 200, val: int = 100, gz: bool = False) 
         labels = labels_for(n, seed)
         images = class_images(labels, 1, 28, seed)[:, 0]
         for name, array in ((images_name, images), (labels_name, labels.astype(np.uint8))):
-            data = idx_bytes(array)
+            data = mnist.idx_bytes(array)
             (folder / (name + ".gz" if gz else name)).write_bytes(gzip.compress(data) if gz else data)
             written[name] = array
     return written

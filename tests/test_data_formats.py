@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from data import check, cifar10, download, imagefolder, mnist
 from errors import ConfigError
 from tests.conftest import compose_config
-from tests.dataset_files import class_images, idx_bytes, write_cifar, write_cifar_batch, write_image_folder, write_mnist
+from tests.dataset_files import class_images, write_cifar, write_image_folder, write_mnist
 
 
 def _dataset(name: str, root: Path, *overrides: str):
@@ -71,8 +71,8 @@ def _pickle_that_runs_code(path: Path) -> None:
         (_truncate, ["data_batch_3", "not a CIFAR-10 batch"]),
         (lambda p: p.write_bytes(b"hello"), ["data_batch_3", "not a CIFAR-10 batch"]),
         (_pickle_that_runs_code, ["data_batch_3", "posix.system is not part of a CIFAR batch"]),
-        (lambda p: write_cifar_batch(p, np.zeros((2, 3, 16, 16), np.uint8), np.zeros(2)), ["3072 pixels"]),
-        (lambda p: write_cifar_batch(p, np.zeros((2, 3, 32, 32), np.uint8), np.array([1, 10])), ["label in 0..9"]),
+        (lambda p: cifar10.write_batch(p, np.zeros((2, 3, 16, 16), np.uint8), np.zeros(2)), ["3072 pixels"]),
+        (lambda p: cifar10.write_batch(p, np.zeros((2, 3, 32, 32), np.uint8), np.array([1, 10])), ["label in 0..9"]),
     ],
 )
 def test_malformed_cifar_batch_is_one_line_naming_the_file_and_fix(tmp_path, spoil, words):
@@ -91,7 +91,7 @@ def test_malformed_cifar_batch_is_one_line_naming_the_file_and_fix(tmp_path, spo
     "spoil, words",
     [
         (_truncate, ["train-images-idx3-ubyte", "truncated"]),
-        (lambda p: p.write_bytes(idx_bytes(np.zeros((4, 28), np.uint8))), ["bad header"]),
+        (lambda p: p.write_bytes(mnist.idx_bytes(np.zeros((4, 28), np.uint8))), ["bad header"]),
     ],
 )
 def test_malformed_mnist_file_is_one_line_naming_the_file_and_fix(tmp_path, gz, spoil, words):
@@ -112,7 +112,7 @@ def test_malformed_mnist_file_is_one_line_naming_the_file_and_fix(tmp_path, gz, 
 def test_truncated_gzip_and_label_count_mismatch_are_errors(tmp_path):
     write_mnist(tmp_path, train=20, val=10, gz=True)
     labels = tmp_path / mnist.FOLDER / "train-labels-idx1-ubyte.gz"
-    labels.write_bytes(gzip.compress(idx_bytes(np.zeros(19, np.uint8))))
+    labels.write_bytes(gzip.compress(mnist.idx_bytes(np.zeros(19, np.uint8))))
     with pytest.raises(ConfigError, match="20 images but train-labels-idx1-ubyte.gz has 19 labels"):
         mnist.read(tmp_path)
     write_mnist(tmp_path, train=20, val=10, gz=True)

@@ -1,0 +1,123 @@
+"""`python train.py` on small files in the real formats: CIFAR-10 pickle batches, MNIST idx files,
+a folder of PNGs; single and DDP(2, gloo), both loaders; and the errors people meet first."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import models
+from data import build_loaders, cifar10
+from distributed.context import make_context
+from tests.conftest import ROOT, run_train
+from tests.dataset_files import write_cifar, write_image_folder, write_mnist
+from training.loop import Batches, evaluate
+
+pytestmark = pytest.mark.slow
+
+DDP = ("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2")
+
+
+def _metrics(run_dir):
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def _train(run_dir, *overrides):
+    result = run_train(run_dir, *overrides)
+    assert result.returncode == 0, result.stderr
+    return _metrics(run_dir)
+
+
+def _single_process_val_acc(run_dir, batch: int) -> float:
+    """Evaluate the run's last checkpoint in one process with the DataLoader path."""
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    cfg = OmegaConf.create(saved["config"])
+    model = models.build(cfg.model)
+    model.load_state_dict(saved["model"])
+    cfg.data.loader, cfg.data.num_workers = "dataloader", 0
+    ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
+    val = build_loaders(cfg.dataset, cfg.data, ctx, global_batch=batch, seed=0).val
+    return evaluate(model, val, Batches(ctx, None), ctx).acc
+
+
+@pytest.fixture(scope="module")
+def cifar_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cifar")
+    write_cifar(root, per_batch=200, val=200)
+    return root
+
+
+def test_device_loader_matches_the_dataloader_accuracy_on_cifar(tmp_path, cifar_root):
+    common = ("dataset=cifar10", f"dataset.root={cifar_root}", "model=simple_cnn", "optimizer=adamw", "trainer.epochs=2")
+    accs = {
+        loader: _train(tmp_path / loader, *common, f"data.loader={loader}")["val_acc"]
+        for loader in ("dataloader", "device")
+    }
+    assert min(accs.values()) >= 0.8, accs  # both learn: far above chance (0.1)
+    assert abs(accs["device"] - accs["dataloader"]) <= 0.15, accs  # the seed-to-seed spread here
+
+
+@pytest.mark.parametrize("loader", ["dataloader", "device"])
+def test_ddp_validation_accuracy_equals_one_process_evaluating_the_checkpoint(tmp_path, cifar_root, loader):
+    metrics = _train(
+        tmp_path, *DDP, "dataset=cifar10", f"dataset.root={cifar_root}", "model=simple_cnn",
+        "trainer.epochs=1", "trainer.limit_train_batches=4", f"data.loader={loader}",
+    )
+    assert metrics["world_size"] == 2 and metrics["dataset"] == "cifar10"
+    assert _single_process_val_acc(tmp_path, batch=32) == metrics["val_acc"]
+
+
+@pytest.mark.parametrize("extra", [("data.loader=device",), DDP])
+def test_trains_on_mnist_idx_files(tmp_path, extra):
+    root = tmp_path / "data"
+    write_mnist(root, train=200, val=100, gz=True)
+    metrics = _train(tmp_path / "run", "dataset=mnist", f"dataset.root={root}", "trainer.epochs=1", *extra)
+    assert metrics["dataset"] == "mnist" and metrics["epochs"] == 1
+    assert metrics["world_size"] == (2 if extra == DDP else 1)
+
+
+@pytest.mark.parametrize("extra", [(), DDP])
+def test_trains_on_an_image_folder_at_224(tmp_path, extra):
+    root = write_image_folder(tmp_path / "images", classes=3, per_class=4, size=48)
+    metrics = _train(
+        tmp_path / "run", "dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=3",
+        "model=simple_cnn", "trainer.epochs=1", "trainer.batch_size=4", "data.num_workers=1", *extra,
+    )
+    assert metrics["dataset"] == "imagefolder" and metrics["steps"] == 3
+
+
+def _one_line_error(result) -> str:
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: "), result.stderr
+    return errors[0]
+
+
+def test_download_off_with_files_missing_is_one_line(tmp_path, run_dir):
+    message = _one_line_error(run_train(run_dir, "dataset=cifar10", f"dataset.root={tmp_path}", "dataset.download=false"))
+    assert str(tmp_path) in message and "python -m data.download dataset=cifar10" in message
+
+
+def test_a_truncated_file_is_one_line(tmp_path, run_dir):
+    write_cifar(tmp_path, per_batch=4, val=4)
+    batch = tmp_path / cifar10.FOLDER / "test_batch"
+    batch.write_bytes(batch.read_bytes()[:500])
+    message = _one_line_error(run_train(run_dir, "dataset=cifar10", f"dataset.root={tmp_path}"))
+    assert "test_batch: not a CIFAR-10 batch" in message
+
+
+def test_a_missing_image_root_is_one_line(tmp_path, run_dir):
+    message = _one_line_error(run_train(run_dir, "dataset=imagefolder", f"dataset.root={tmp_path / 'imagenet'}"))
+    assert "no train/ folder" in message
+
+
+def test_offline_prep_command_reports_what_it_found(tmp_path):
+    write_mnist(tmp_path, train=30, val=10)
+    cmd = [sys.executable, "-m", "data.download", "dataset=mnist", f"dataset.root={tmp_path}"]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert f"mnist: 30 training and 10 validation images in {tmp_path}" in result.stdout

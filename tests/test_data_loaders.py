@@ -1,0 +1,132 @@
+"""The two loaders: `data.loader=device` shards and orders exactly like the DataLoader path, its
+batched augmentation is the torchvision one, randomness follows (seed, epoch, rank); worker counts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from data import build_loaders, num_workers
+from data.transforms import random_crop, random_flip
+from distributed.context import make_context
+from tests.conftest import compose_config
+from tests.dataset_files import write_cifar
+
+
+def _ctx(rank: int = 0, world_size: int = 1):
+    return make_context(rank, rank, world_size, world_size, "cpu", use_process_group=False)
+
+
+def _loaders(cfg, rank=0, world_size=1, batch=16, seed=0):
+    return build_loaders(cfg.dataset, cfg.data, _ctx(rank, world_size), global_batch=batch, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def cifar_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cifar")
+    write_cifar(root, per_batch=13, val=21)  # 65 training images: 2 ranks need one padded duplicate
+    return root
+
+
+def _cifar(root, *overrides):
+    return compose_config("dataset=cifar10", f"dataset.root={root}", "data.num_workers=0", *overrides)
+
+
+def test_device_shards_are_disjoint_cover_the_epoch_and_match_the_dataloader_order(cifar_root):
+    labels, shards = {}, {}
+    for rank in range(2):
+        for name in ("dataloader", "device"):
+            loaders = _loaders(_cifar(cifar_root, f"data.loader={name}"), rank, 2, batch=8)
+            loaders.train_sampler.set_epoch(3)
+            labels[name, rank] = torch.cat([y for _, y in loaders.train])
+            assert len(loaders.train) == 9  # 33 samples per rank in batches of 4
+        shards[rank] = list(loaders.train.order)
+    # the same samples in the same order as DistributedSampler hands the DataLoader
+    assert all(torch.equal(labels["device", r], labels["dataloader", r]) for r in range(2))
+    assert set(shards[0]) | set(shards[1]) == set(range(65))
+    assert len(set(shards[0]) & set(shards[1])) == 1  # the sampler's one padded duplicate
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_device_validation_equals_the_dataloader_path_and_counts_each_sample_once(cifar_root, world_size):
+    seen = 0
+    for rank in range(world_size):
+        device = _loaders(_cifar(cifar_root, "data.loader=device"), rank, world_size).val
+        reference = _loaders(_cifar(cifar_root), rank, world_size).val
+        pairs = list(zip(device, reference, strict=True))
+        for (x, y), (x_ref, y_ref) in pairs:
+            assert torch.equal(y, y_ref)
+            torch.testing.assert_close(x, x_ref, rtol=0, atol=1e-6)
+            seen += len(y)
+    assert seen == 21
+
+
+def test_digits_device_loader_trains_on_the_same_batches_as_the_dataloader():
+    batches = {}
+    for name in ("dataloader", "device"):
+        loaders = _loaders(compose_config(f"data.loader={name}"), batch=64)
+        loaders.train_sampler.set_epoch(1)
+        batches[name] = list(loaders.train)
+    for (x, y), (x_ref, y_ref) in zip(batches["device"], batches["dataloader"], strict=True):
+        assert torch.equal(x, x_ref) and torch.equal(y, y_ref)
+
+
+def test_synthetic_device_loader_serves_the_tensors_unchanged():
+    x, y = next(iter(_loaders(compose_config("dataset=synthetic", "data.loader=device"), batch=512).val))
+    x_ref, y_ref = next(iter(_loaders(compose_config("dataset=synthetic"), batch=512).val))
+    assert x.shape == (512, 3, 32, 32) and torch.equal(x, x_ref) and torch.equal(y, y_ref)
+
+
+def test_batched_crop_and_flip_are_torchvisions_per_image_ones():
+    images = torch.randint(0, 256, (64, 3, 8, 8), dtype=torch.uint8)
+    padded = torch.nn.functional.pad(images, (2,) * 4)
+    candidates = [padded[:, :, t : t + 8, l : l + 8] for t in range(5) for l in range(5)]
+    candidates += [c.flip(3) for c in candidates]
+    generator = torch.Generator().manual_seed(0)
+    out = random_flip(random_crop(images, 2, generator), generator)
+    hits = torch.stack([(out == c).flatten(1).all(1) for c in candidates])  # candidate x image
+    assert hits.any(0).all()  # every output is one of the 50 crops/flips of its own image
+    offsets_used = hits.float().argmax(0)
+    assert len(offsets_used.unique()) > 10  # and they vary from image to image
+    assert 0.25 < (hits[25:].any(0) & ~hits[:25].any(0)).float().mean() < 0.75  # about half flipped
+
+
+def test_device_augmentation_follows_seed_epoch_and_rank(cifar_root):
+    cfg = _cifar(cifar_root, "data.loader=device")
+
+    def first_batch(epoch, rank=0, seed=0):
+        loaders = _loaders(cfg, rank, 2, seed=seed)
+        loaders.train_sampler.set_epoch(epoch)
+        return next(iter(loaders.train))[0]
+
+    assert torch.equal(first_batch(1), first_batch(1))  # a resumed run draws the same
+    assert not torch.equal(first_batch(1), first_batch(2))
+    assert not torch.equal(first_batch(1, rank=0), first_batch(1, rank=1))
+
+
+@pytest.mark.slow
+def test_persistent_workers_augment_a_resumed_epoch_as_an_unbroken_run_does(cifar_root):
+    cfg = _cifar(cifar_root, "data.num_workers=2")
+    unbroken = _loaders(cfg)
+    for epoch in range(2):
+        unbroken.train_sampler.set_epoch(epoch)
+        batches = [x for x, _ in unbroken.train]
+    resumed = _loaders(cfg)
+    resumed.train_sampler.set_epoch(1)
+    for x, x_ref in zip(resumed.train, batches, strict=True):
+        assert torch.equal(x[0], x_ref)
+
+
+def test_num_workers_auto_splits_the_tasks_cpus_among_local_ranks():
+    cfg = compose_config()
+    images = object()  # anything that is not an in-memory TensorDataset
+    two_ranks = make_context(0, 0, 2, 2, "cpu", use_process_group=False)
+    assert num_workers(cfg.data, two_ranks, images, env={"SLURM_CPUS_PER_TASK": "8"}) == 4
+    assert num_workers(cfg.data, two_ranks, images, env={}) == max(1, len(__import__("os").sched_getaffinity(0)) // 2)
+    # srun started each rank as a task of its own: the task's CPUs are this rank's alone
+    assert num_workers(cfg.data, two_ranks, images, env={"SLURM_CPUS_PER_TASK": "8", "SLURM_NTASKS": "2"}) == 8
+    assert num_workers(cfg.data, two_ranks, TensorDataset(torch.zeros(1)), env={"SLURM_CPUS_PER_TASK": "8"}) == 0
+    fixed = compose_config("data.num_workers=3")
+    assert num_workers(fixed.data, two_ranks, images, env={"SLURM_CPUS_PER_TASK": "8"}) == 3
