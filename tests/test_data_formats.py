@@ -17,6 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from data import check, cifar10, download, imagefolder, mnist
+from distributed.context import make_context
 from errors import ConfigError
 from tests.conftest import compose_config
 from tests.dataset_files import class_images, write_cifar, write_image_folder, write_mnist
@@ -248,3 +249,52 @@ def test_class_images_carry_their_label():
     labels = np.arange(10)
     means = class_images(labels, 3, 32, seed=0).reshape(10, 3, -1).mean(-1)
     assert len({tuple(np.round(m, -1)) for m in means}) == 10
+
+
+def _download_on_two_ranks(rank: int, port: int, archive: bytes, root: str, out: str) -> None:
+    """One of two gloo ranks calling data.download.prepare: first offline, then with the archive served."""
+    from torchvision.datasets import CIFAR10
+
+    from distributed import context
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    ctx = make_context(rank, rank, 2, 2, "cpu", use_process_group=True)
+    context.init(ctx, timeout_s=60)
+    patch = pytest.MonkeyPatch()  # a spawned process has no fixtures
+    cfg = OmegaConf.create({"name": "cifar10", "root": root, "download": True})
+    outcomes = []
+    try:
+        for files in ({}, {CIFAR10.filename: archive}):
+            fetched = _serve(patch, files)
+            patch.setattr(CIFAR10, "tgz_md5", _md5(archive))
+            try:
+                download.prepare(cifar10, cfg, ctx)
+                outcomes.append(f"ok after {len(fetched)} requests")
+            except ConfigError as e:
+                outcomes.append(str(e))
+        Path(out, f"rank{rank}.txt").write_text("\n".join(outcomes))
+    finally:
+        patch.undo()
+        context.shutdown(ctx, clean=True)
+
+
+@pytest.mark.slow
+def test_in_ddp_rank_zero_downloads_once_and_every_rank_learns_the_outcome(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    write_cifar(tmp_path / "source", per_batch=3, val=3)
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        tar.add(tmp_path / "source" / cifar10.FOLDER, arcname=cifar10.FOLDER)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = tmp_path / "cache"
+    mp.spawn(_download_on_two_ranks, args=(port, archive.getvalue(), str(root), str(tmp_path)), nprocs=2)
+    offline = [Path(tmp_path, f"rank{r}.txt").read_text().splitlines() for r in range(2)]
+    assert offline[0][0] == offline[1][0] and offline[0][0].startswith("could not download cifar10")
+    assert offline[0][1] == "ok after 2 requests"  # torchvision asks once for redirects, once for the file
+    assert offline[1][1] == "ok after 0 requests"
+    assert len(cifar10.read(root)[0]) == 15
