@@ -36,10 +36,6 @@ def dataset_module(name: str) -> ModuleType:
     return importlib.import_module(_MODULES[name])
 
 
-def load_datasets(dataset: Any) -> tuple[Dataset, Dataset]:
-    return dataset_module(dataset.name).load(dataset)
-
-
 def check(dataset: Any, data: Any) -> None:
     """What train.py can find wrong before any process starts: loader choice, files, folders."""
     from data import download
