@@ -55,7 +55,7 @@ def fetch(module: ModuleType, cfg: Any) -> None:
     try:
         module.download(root)
     except (OSError, RuntimeError) as e:  # URLError is an OSError; torchvision raises RuntimeError
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = " ".join(str(e).split()) or type(e).__name__  # torchvision lists each mirror on its own line
         raise ConfigError(
             f"could not download {cfg.name} into {root} ({reason}); run `{prep_command(cfg)}` on a machine "
             "with internet, or copy the files there"
@@ -84,7 +84,12 @@ def prepare(module: ModuleType, cfg: Any, ctx: DistContext) -> None:
     dist.destroy_process_group(group)
     if outcome[0] is not None:
         raise ConfigError(outcome[0])
-    require(module, cfg)  # a node that does not share rank 0's filesystem still lacks the files
+    absent = missing(module, cfg)
+    if absent:  # this rank's node does not share rank 0's filesystem
+        raise ConfigError(
+            f"rank {ctx.rank} does not see {absent[0]}, which rank 0 has; put dataset.root on a filesystem "
+            f"every node shares, or run `{prep_command(cfg)}` on each node"
+        )
 
 
 def main(argv: list[str]) -> int:
