@@ -101,7 +101,11 @@ def test_device_augmentation_follows_seed_epoch_and_rank(cifar_root):
         loaders.train_sampler.set_epoch(epoch)
         return next(iter(loaders.train))[0]
 
-    assert torch.equal(first_batch(1), first_batch(1))  # a resumed run draws the same
+    unbroken = _loaders(cfg, 0, 2)
+    for epoch in range(2):
+        unbroken.train_sampler.set_epoch(epoch)
+        after_epoch_0 = next(iter(unbroken.train))[0]
+    assert torch.equal(first_batch(1), after_epoch_0)  # a run resumed at epoch 1 draws the same
     assert not torch.equal(first_batch(1), first_batch(2))
     assert not torch.equal(first_batch(1, rank=0), first_batch(1, rank=1))
 
