@@ -7,7 +7,6 @@ have no internet, fetch ahead of time on a login node:
 """
 from __future__ import annotations
 
-import importlib
 import sys
 from datetime import timedelta
 from pathlib import Path
