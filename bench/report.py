@@ -45,11 +45,9 @@ def load_runs(root: Path) -> list[Run]:
     runs = []
     for path in sorted(root.rglob("metrics.json")):
         try:
-            metrics = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            print(f"skipped {path}: not one JSON object (was the run interrupted?)", file=sys.stderr)
-            continue
-        runs.append(_run(str(path.parent.relative_to(root)) or ".", metrics))
+            runs.append(_run(str(path.parent.relative_to(root)), json.loads(path.read_text())))
+        except (json.JSONDecodeError, KeyError) as e:
+            print(f"skipped {path}: not a metrics.json written by train.py ({type(e).__name__}: {e})", file=sys.stderr)
     return runs
 
 

@@ -51,7 +51,10 @@ def test_old_and_new_metrics_files_both_load(tmp_path):
         {"val_acc": 0.5, "best_val_acc": 0.6, "train_samples_per_s": 10.0, "wall_s": 3.0, "world_size": 2,
          "strategy": "ddp", "model": "m", "dataset": "d", "epochs": 1, "steps": 5}))
     _write(tmp_path, "new", strategy="dp", devices=4, world_size=1, train_samples_per_s=1.0, peak_memory_mb=[900, 1200])
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "metrics.json").write_text('{"val_acc": 0.5}')
     runs = {run.name: run for run in report.load_runs(tmp_path)}
+    assert sorted(runs) == ["new", "old"]
     assert (runs["old"].devices, runs["old"].batch_size, runs["old"].peak_memory_mb) == (2, None, None)
     assert (runs["new"].devices, runs["new"].batch_size, runs["new"].peak_memory_mb) == (4, 64, 1200)
 

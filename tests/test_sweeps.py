@@ -1,18 +1,19 @@
 """`python train.py -m ...` sweeps: a dir per job with metrics and TensorBoard, then bench.report on them."""
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from tests.conftest import ROOT
-
-pytestmark = pytest.mark.slow
+from train import check
 
 TINY = ("trainer.accelerator=cpu", "trainer.epochs=2", "trainer.limit_train_batches=2",
         "trainer.limit_val_batches=1", "trainer.progress_bar=false")
@@ -31,6 +32,24 @@ def _hparams(events: EventAccumulator) -> dict:
     return {key: value.string_value or value.number_value for key, value in values.items()}
 
 
+@pytest.mark.parametrize("sweep", ["scaling", "dp_vs_ddp"])
+def test_ready_made_sweeps_compose_job_by_job(sweep):
+    overrides = [f"+sweep={sweep}", "trainer.accelerator=cpu"]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        params = compose(config_name="config", overrides=overrides, return_hydra_config=True).hydra.sweeper.params
+        strategies = str(params["strategy"]).split(",")
+        missing = [s for s in strategies if not (ROOT / "conf" / "strategy" / f"{s}.yaml").exists()]
+        if missing:
+            pytest.skip(f"strategy={','.join(missing)} is not in conf/strategy/ on this branch")
+        jobs = list(itertools.product(*([f"{key}={value}" for value in str(values).split(",")]
+                                        for key, values in params.items())))
+        assert len(jobs) == {"scaling": 4, "dp_vs_ddp": 6}[sweep]
+        for job in jobs:
+            cfg = compose(config_name="config", overrides=[*overrides, *job])
+            assert check(cfg).devices == cfg.trainer.devices, job
+
+
+@pytest.mark.slow
 def test_scaling_sweep_runs_ddp_per_job_and_reports(tmp_path):
     sweep = tmp_path / "sweep"
     jobs = _multirun(sweep, "+sweep=scaling", "trainer.devices=1,2")  # the command line narrows 1,2,4,8
@@ -59,6 +78,7 @@ def test_scaling_sweep_runs_ddp_per_job_and_reports(tmp_path):
     assert (sweep / "report.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_every_strategy_runs_under_multirun(tmp_path):
     jobs = _multirun(tmp_path / "sweep", "strategy=single,ddp", "trainer.devices=1")
     strategies = [json.loads((job / "metrics.json").read_text())["strategy"] for job in jobs]
