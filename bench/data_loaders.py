@@ -1,11 +1,13 @@
-"""Samples/s of `data.loader=dataloader` (PIL transforms in workers) vs `data.loader=device`
-(the set on the device, augmented per batch) on CIFAR-10-shaped data, loader alone and training
-simple_cnn, measured in one run; prints the ratios.
+"""`data.loader=dataloader` (PIL transforms in worker processes) against `data.loader=device`
+(the set as uint8 on the device, cropped/flipped/normalised per batch) on CIFAR-10-shaped data.
 
-    python -m bench.data_loaders [--images 10000] [--epochs 2] [override ...]   e.g. trainer.batch_size=256
+python -m bench.data_loaders [--quick] [override ...]      e.g. trainer.batch_size=256
 
-Writes random images in CIFAR-10's pickle format to a temporary root (or reads dataset.root=...).
-Each figure is the best of `--epochs` epochs after a warm-up epoch (workers start, allocator).
+Random images written in CIFAR-10's pickle format to a temporary root feed both loaders, built
+by data.build_loaders as train.py builds them, one after the other in this process. Figures:
+samples/s of one pass over the training loader alone, and with simple_cnn training on each batch;
+each the best of the timed epochs after a warm-up epoch (workers start, allocator fills).
+Target: device / dataloader ≥ 5 for the loader alone.
 """
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bench.common import ROOT, table, verdict
+
+TARGET = 5.0
 LOADERS = ("dataloader", "device")
 
 
@@ -38,9 +43,9 @@ def epoch_rate(loaders, epoch: int, device: torch.device, step=None) -> float:
     samples = 0
     start = time.perf_counter()
     for x, y in loaders.train:
-        x = x.to(device, non_blocking=True)  # what the training loop does: a no-op for the device loader
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # as the loop does
         if step is not None:
-            step(x, y.to(device, non_blocking=True))
+            step(x, y)
         samples += len(y)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -62,12 +67,11 @@ def measure(cfg, ctx, epochs: int) -> dict[str, float]:
         optimizer.step()
 
     rate = lambda epoch, step=None: epoch_rate(loaders, epoch, ctx.device, step)  # noqa: E731
-    rate(0)  # warm-up: workers start, caches fill
+    rate(0)  # warm-up
     loader = max(rate(e) for e in range(1, epochs + 1))
-    rate(epochs + 1, step)
+    rate(epochs + 1, step)  # warm-up
     training = max(rate(e, step) for e in range(epochs + 2, 2 * epochs + 2))
-    workers = getattr(loaders.train, "num_workers", 0)
-    return {"loader": loader, "training": training, "workers": workers}
+    return {"loader": loader, "training": training, "workers": getattr(loaders.train, "num_workers", 0)}
 
 
 def main() -> None:
@@ -76,31 +80,33 @@ def main() -> None:
     import train  # noqa: F401  registers the config schema, as `python train.py` does
     from distributed.context import make_context
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=10_000, help="training images to write")
-    parser.add_argument("--epochs", type=int, default=2, help="timed epochs per figure")
-    parser.add_argument("overrides", nargs="*")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a tiny smoke run; its figures mean nothing")
+    parser.add_argument("overrides", nargs="*", help="config overrides for both loaders")
     args = parser.parse_args()
+    images, epochs = (500, 1) if args.quick else (20_000, 2)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        base = ["dataset=cifar10", f"dataset.root={tmp}", "dataset.download=false", "model=simple_cnn"]
-        with initialize_config_dir(config_dir=str(Path(train.__file__).parent / "conf"), version_base="1.3"):
-            configs = {name: compose("config", overrides=[*base, *args.overrides, f"data.loader={name}"]) for name in LOADERS}
-        if configs["device"].dataset.root == tmp:
-            write_cifar_shaped(Path(tmp), args.images)
-        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
-        ctx = make_context(0, 0, 1, 1, accelerator, use_process_group=False)
-        results = {name: measure(cfg, ctx, args.epochs) for name, cfg in configs.items()}
+    accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    ctx = make_context(0, 0, 1, 1, accelerator, use_process_group=False)
+    with tempfile.TemporaryDirectory() as root:
+        write_cifar_shaped(Path(root), images)
+        base = ["dataset=cifar10", f"dataset.root={root}", "dataset.download=false", "model=simple_cnn"]
+        results = {}
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            for name in LOADERS:
+                cfg = compose("config", overrides=[*base, *args.overrides, f"data.loader={name}"])
+                results[name] = measure(cfg, ctx, epochs)
 
-    cfg = configs["dataloader"]
+    dataloader, device = results["dataloader"], results["device"]
     print(
-        f"CIFAR-10-shaped, {ctx.device.type}, torch threads {torch.get_num_threads()}, global batch "
-        f"{cfg.trainer.batch_size}, simple_cnn, DataLoader workers {results['dataloader']['workers']}"
+        f"CIFAR-10-shaped, {images:,} images, {ctx.device.type}, torch threads {torch.get_num_threads()}, "
+        f"global batch {cfg.trainer.batch_size}, DataLoader workers {dataloader['workers']}"
     )
-    print(f"{'samples/s':<12}{'dataloader':>12}{'device':>12}{'ratio':>8}")
+    rows = []
     for what in ("loader", "training"):
-        dl, dev = results["dataloader"][what], results["device"][what]
-        print(f"{what:<12}{dl:>12,.0f}{dev:>12,.0f}{dev / dl:>7.1f}x")
+        ratio = device[what] / dataloader[what]
+        rows.append([what, dataloader[what], device[what], ratio, verdict(ratio, TARGET) if what == "loader" else "-"])
+    print(table(["samples/s", "data.loader=dataloader", "data.loader=device", "ratio", f"target ≥ {TARGET:g}"], rows))
 
 
 if __name__ == "__main__":

@@ -51,3 +51,12 @@ def test_time_to_accuracy_trains_ours_and_the_baseline():
     for row in (ours, plain):
         assert 0.1 < number(row["final val acc (median)"]) <= 1.0  # one epoch: well above chance (0.1)
     assert number(ratio["wall (s)"]) == pytest.approx(number(ours["wall (s)"]) / number(plain["wall (s)"]), rel=0.01)
+
+
+def test_data_loaders_ratio_is_device_over_dataloader():
+    rows = bench("data_loaders", "--quick", "data.num_workers=1")
+    assert [r["samples/s"] for r in rows] == ["loader", "training"]
+    for row in rows:
+        dataloader, device = number(row["data.loader=dataloader"]), number(row["data.loader=device"])
+        assert dataloader > 0 and device > 0
+        assert number(row["ratio"]) == pytest.approx(device / dataloader, rel=0.01)

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from data import build_loaders, num_workers
-from data.transforms import random_crop, random_flip
+from data.transforms import random_crop_flip
 from distributed.context import make_context
 from tests.conftest import compose_config
 from tests.dataset_files import write_cifar
@@ -85,12 +85,14 @@ def test_batched_crop_and_flip_are_torchvisions_per_image_ones():
     candidates = [padded[:, :, t : t + 8, l : l + 8] for t in range(5) for l in range(5)]
     candidates += [c.flip(3) for c in candidates]
     generator = torch.Generator().manual_seed(0)
-    out = random_flip(random_crop(images, 2, generator), generator)
+    out = random_crop_flip(images, 2, True, generator)
     hits = torch.stack([(out == c).flatten(1).all(1) for c in candidates])  # candidate x image
     assert hits.any(0).all()  # every output is one of the 50 crops/flips of its own image
     offsets_used = hits.float().argmax(0)
     assert len(offsets_used.unique()) > 10  # and they vary from image to image
     assert 0.25 < (hits[25:].any(0) & ~hits[:25].any(0)).float().mean() < 0.75  # about half flipped
+    flipped_only = random_crop_flip(images, 0, True, generator)
+    assert all(torch.equal(o, i) or torch.equal(o, i.flip(2)) for o, i in zip(flipped_only, images))
 
 
 def test_device_augmentation_follows_seed_epoch_and_rank(cifar_root):

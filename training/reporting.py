@@ -113,7 +113,8 @@ def _first_samples(loader: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
             break
     if not images:
         return torch.empty(0), torch.empty(0, dtype=torch.long)
-    return torch.cat(images)[:n], torch.cat(targets)[:n]
+    # data.loader=device serves batches already on the GPU; the grid is drawn with PIL on the host.
+    return torch.cat(images)[:n].cpu(), torch.cat(targets)[:n].cpu()
 
 
 def sample_grid(images: torch.Tensor, predicted: torch.Tensor, targets: torch.Tensor, tile: int = 96) -> np.ndarray:
