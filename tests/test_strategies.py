@@ -205,7 +205,7 @@ def test_bf16_channels_last_run_finishes_on_cpu(run_dir):
     assert result.returncode == 0, result.stderr
     metrics = _metrics(run_dir)
     assert metrics["steps"] == 3 and math.isfinite(metrics["train_loss"])
-    assert metrics["train_samples_per_s"] > 0 and metrics["peak_memory_mib"] is None  # CPU: no CUDA peak
+    assert metrics["train_samples_per_s"] > 0 and metrics["peak_memory_mb"] is None  # CPU: no CUDA peak
     # The model trained in NHWC: its 6-channel conv weight is stored channels-last.
     assert _checkpoint(run_dir)["model"]["features.3.weight"].is_contiguous(memory_format=torch.channels_last)
 

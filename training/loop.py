@@ -18,7 +18,7 @@ from data import Loaders
 from distributed.context import DistContext, epoch_seed
 from distributed.strategy import devices_of, unwrap
 from training.checkpoint import Checkpointer, TrainState
-from training.metrics import Accumulator, Averages, peak_memory_mib
+from training.metrics import Accumulator, Averages, peak_memory_mb
 from training.precision import autocast
 from training.reporting import Reporter
 
@@ -67,14 +67,15 @@ def fit(
         state.epoch = epoch + 1
         improved = val.acc > state.best_val_acc
         state.best_val_acc = max(state.best_val_acc, val.acc)
-        memory = peak_memory_mib(devices_of(model, ctx), ctx)  # per device: DP's first card holds more
+        memory = peak_memory_mb(devices_of(model, ctx), ctx)  # per device: DP's first card holds more
         reporter.scalars(
             state.step,
             {
                 "val/loss": val.loss, "val/acc": val.acc, "throughput/samples_per_s": speed,
-                **{f"memory/peak_mib/device{i}": mib for i, mib in enumerate(memory or [])},
+                **{f"memory/peak_mb/device{i}": mb for i, mb in enumerate(memory or [])},
             },
         )
+        reporter.samples(state.step, model, loaders.val)
         log.info(
             "epoch %d/%d  train loss %.4f acc %.4f  val loss %.4f acc %.4f  %.0f samples/s",
             epoch + 1, trainer.epochs, train.loss, train.acc, val.loss, val.acc, speed,
@@ -94,7 +95,7 @@ def fit(
         "train_loss": train.loss,
         "train_acc": train.acc,
         "train_samples_per_s": statistics.median(steady),
-        "peak_memory_mib": memory,  # one per device of the job; None on CPU
+        "peak_memory_mb": memory,  # one per device of the job; None on CPU
         "epochs": state.epoch,
         "steps": state.step,
     }

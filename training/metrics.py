@@ -42,8 +42,8 @@ class Accumulator:
         return Averages(loss_sum / max(n, 1), correct / max(n, 1), int(n))
 
 
-def peak_memory_mib(devices: list[torch.device], ctx: DistContext) -> list[float] | None:
-    """Peak allocated CUDA memory of every device in the job, in MiB; None on CPU.
+def peak_memory_mb(devices: list[torch.device], ctx: DistContext) -> list[float] | None:
+    """Peak allocated CUDA memory of every device in the job, in MB; None on CPU.
 
     Rank r fills its own slots (DP: one per GPU it drives) and a sum over ranks gathers them.
     """
@@ -52,4 +52,4 @@ def peak_memory_mib(devices: list[torch.device], ctx: DistContext) -> list[float
     local = [torch.cuda.max_memory_allocated(device) for device in devices]
     slots = torch.zeros(ctx.world_size * len(local), dtype=torch.float64, device=ctx.device)
     slots[ctx.rank * len(local):(ctx.rank + 1) * len(local)] = torch.tensor(local, dtype=torch.float64)
-    return (all_reduce_sum(slots, ctx) / 2**20).tolist()
+    return (all_reduce_sum(slots, ctx) / 1e6).tolist()

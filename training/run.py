@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
+
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -44,9 +46,7 @@ def train(ctx: DistContext, cfg: DictConfig, run_dir: Path, labels: dict[str, st
     net = models.build(cfg.model).to(ctx.device)
     if trainer.channels_last:
         net = net.to(memory_format=torch.channels_last)
-    # dp drives every requested GPU from this one process; ddp and single drive one each.
-    devices = trainer.gpus if trainer.gpus is not None else trainer.devices
-    model = wrap(net, cfg.strategy, ctx, devices=devices, compile=trainer.compile)
+    model = wrap(net, cfg.strategy, ctx, devices=_devices(trainer, ctx), compile=trainer.compile)
     optimizer = instantiate(cfg.optimizer, model.parameters())
     scheduler = instantiate(cfg.scheduler, optimizer) if cfg.scheduler.get("_target_") else None
     scaler = grad_scaler(trainer.precision, ctx.device)
@@ -63,9 +63,35 @@ def train(ctx: DistContext, cfg: DictConfig, run_dir: Path, labels: dict[str, st
     try:
         metrics = fit(model, optimizer, scheduler, loaders, ctx, trainer, state, reporter, checkpointer, scaler)
         if metrics:
-            reporter.write_metrics(
-                {**metrics, **labels, "world_size": ctx.world_size, "wall_s": time.perf_counter() - start}
-            )
+            devices = _devices(trainer, ctx)
+            final = {
+                **metrics, **labels, "world_size": ctx.world_size, "devices": devices,
+                "batch_size": trainer.batch_size, "wall_s": time.perf_counter() - start,
+            }
+            reporter.write_metrics(final)
+            reporter.hparams(_options(cfg, labels, devices, ctx), final)
     finally:
         reporter.close()
     return unwrap(model)
+
+
+def _devices(trainer: DictConfig, ctx: DistContext) -> int:
+    """DDP runs one rank per device; DP drives all of them from one process."""
+    return max(ctx.world_size, int(trainer.gpus or trainer.devices))
+
+
+def _options(cfg: DictConfig, labels: dict[str, str], devices: int, ctx: DistContext) -> dict[str, Any]:
+    """The choices that tell one sweep job from another, for TensorBoard's HParams tab."""
+    trainer = cfg.trainer
+    return {
+        **labels,
+        "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
+        "lr": cfg.optimizer.lr,
+        "scheduler": cfg.scheduler.get("_target_", "none").rsplit(".", 1)[-1],
+        "accelerator": ctx.device.type,
+        "devices": devices,
+        "batch_size": trainer.batch_size,
+        "epochs": trainer.epochs,
+        "seed": trainer.seed,
+        "precision": trainer.get("precision"),  # None (left out) until the config has one
+    }
