@@ -16,8 +16,8 @@ def wrap(model: nn.Module, strategy: Any, ctx: DistContext, devices: int = 1, co
 
     `devices` is how many GPUs this one process drives: more than 1 only under dp, which runs
     in one process and splits each global batch over cuda:0..devices-1. `compile` wraps the
-    module in torch.compile after BatchNorm conversion and before DP/DDP, so DDP sees the
-    compiled graph (and can split it at bucket boundaries).
+    module in torch.compile after BatchNorm conversion (which swaps modules) and before DP/DDP,
+    as nanoGPT and timm do.
     """
     if strategy.name == "ddp" and strategy.sync_batchnorm:
         model = convert_sync_batchnorm(model, ctx.device)

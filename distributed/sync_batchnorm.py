@@ -39,13 +39,15 @@ class GlooSyncBatchNorm(_BatchNorm):
             return super().forward(x)
         dims = [d for d in range(x.dim()) if d != 1]
         shape = [1, -1] + [1] * (x.dim() - 2)
+        # Statistics in fp32 whatever autocast handed us, as BatchNorm's kernels keep them.
         # Sum and count first, then squared deviations from the global mean: stable, and the
         # all-reduces' backward sums the gradient over ranks as SyncBatchNorm's does.
-        count = torch.full((1,), x.numel() // x.shape[1], dtype=x.dtype, device=x.device)
-        totals = funcol.all_reduce(torch.cat([x.sum(dims), count]), "sum", dist.group.WORLD)
+        x32 = x.float()
+        count = torch.full((1,), x.numel() // x.shape[1], dtype=torch.float32, device=x.device)
+        totals = funcol.all_reduce(torch.cat([x32.sum(dims), count]), "sum", dist.group.WORLD)
         n = totals[-1]
         mean = totals[:-1] / n
-        centred = x - mean.view(shape)
+        centred = x32 - mean.view(shape)
         var = funcol.all_reduce((centred * centred).sum(dims), "sum", dist.group.WORLD) / n
         if self.track_running_stats:
             with torch.no_grad():
@@ -54,4 +56,6 @@ class GlooSyncBatchNorm(_BatchNorm):
                 self.running_mean.lerp_(mean.to(self.running_mean.dtype), momentum)
                 self.running_var.lerp_((var * n / (n - 1)).to(self.running_var.dtype), momentum)
         y = centred * torch.rsqrt(var + self.eps).view(shape)
-        return y * self.weight.view(shape) + self.bias.view(shape) if self.affine else y
+        if self.affine:
+            y = y * self.weight.view(shape) + self.bias.view(shape)
+        return y.to(x.dtype)
