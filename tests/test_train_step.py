@@ -12,6 +12,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from data import Loaders
 from distributed.context import make_context
+from distributed.strategy import wrap
+from distributed.sync_batchnorm import GlooSyncBatchNorm
 from errors import ConfigError
 from train import check
 from training.checkpoint import Checkpointer, TrainState
@@ -149,3 +151,35 @@ def test_the_grad_scaler_state_is_checkpointed(tmp_path):
     restored = torch.amp.GradScaler("cpu")
     Checkpointer(ctx, tmp_path, model, optimizer, None, "", scaler=restored).restore(tmp_path / "last.pt")
     assert restored.get_scale() == 512.0
+
+
+def test_ddp_options_reach_distributed_data_parallel(process_group):
+    strategy = compose_config(
+        "strategy=ddp", "strategy.find_unused_parameters=true", "strategy.bucket_cap_mb=1",
+        "strategy.gradient_as_bucket_view=false",
+    ).strategy
+    model = wrap(TinyNet(), strategy, process_group)
+    assert (model.find_unused_parameters, model.static_graph, model.gradient_as_bucket_view) == (True, False, False)
+    assert model.bucket_bytes_cap == 1024 * 1024
+    # static_graph finds unused parameters itself, so it goes without find_unused_parameters.
+    model = wrap(TinyNet(), compose_config("strategy=ddp", "strategy.static_graph=true").strategy, process_group)
+    assert (model.static_graph, model.gradient_as_bucket_view) == (True, True)
+
+
+@pytest.mark.parametrize("as_view", [True, False])
+def test_gradient_as_bucket_view_shares_one_buffer_for_all_gradients(process_group, as_view):
+    """seed 002: the gradients live in DDP's bucket instead of a copy of their own."""
+    strategy = compose_config("strategy=ddp", f"strategy.gradient_as_bucket_view={as_view}").strategy
+    model = wrap(TinyNet(), strategy, process_group)
+    forward_backward(model, *_batch(), _trainer(), grad_scaler("32", CPU), group_size=1, sync=True)
+    storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+    assert (len(storages) == 1) == as_view
+
+
+def test_sync_batchnorm_swaps_every_batchnorm_and_keeps_its_statistics(process_group):
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Sequential(nn.BatchNorm1d(4)))
+    net[1].running_mean.fill_(0.5)
+    strategy = compose_config("strategy=ddp", "strategy.sync_batchnorm=true").strategy
+    model = wrap(net, strategy, process_group).module
+    assert isinstance(model[1], GlooSyncBatchNorm) and isinstance(model[2][0], GlooSyncBatchNorm)
+    assert torch.equal(model[1].running_mean, torch.full((4,), 0.5))
