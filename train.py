@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 import data
 from distributed.launch import LaunchPlan, launch, plan_launch
 from errors import ConfigError
+from training.precision import AUTOCAST_DTYPES
 from training.run import run
 from training.schema import Config
 
@@ -34,6 +35,19 @@ def check(cfg: DictConfig) -> LaunchPlan:
             f"trainer.batch_size={trainer.batch_size} is the global batch and must split evenly over "
             f"{plan.devices} processes; use a multiple of {plan.devices}"
         )
+    if trainer.precision not in AUTOCAST_DTYPES:
+        raise ConfigError(f"trainer.precision={trainer.precision}: choose 32, bf16-mixed or 16-mixed")
+    if trainer.precision == "16-mixed" and plan.accelerator == "cpu":
+        raise ConfigError(
+            "trainer.precision=16-mixed needs CUDA (fp16 autocast with a GradScaler); "
+            "on CPU use trainer.precision=bf16-mixed or 32"
+        )
+    if trainer.accumulate_grad_batches < 1:
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}: use 1 (no accumulation) or more"
+        )
+    if trainer.grad_clip is not None and trainer.grad_clip <= 0:
+        raise ConfigError(f"trainer.grad_clip={trainer.grad_clip}: give a positive max norm, or null for none")
     if trainer.resume is not None and not Path(trainer.resume).is_file():
         raise ConfigError(f"trainer.resume={trainer.resume}: no such file; give an existing checkpoint path")
     data.check(cfg.dataset, cfg.data)

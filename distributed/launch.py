@@ -16,7 +16,7 @@ from errors import ConfigError
 @dataclass(frozen=True)
 class LaunchPlan:
     accelerator: str  # "gpu" | "cpu", resolved from "auto"
-    devices: int  # processes to start on this node
+    devices: int  # processes to start on this node (dp: 1, however many GPUs it drives)
     process_group: bool  # DDP needs one, even at world size 1
     master_addr: str
     master_port: int | None  # None: pick a free one
@@ -44,9 +44,14 @@ def plan_launch(trainer: Any, strategy: Any, launcher: Any) -> LaunchPlan:
             f"strategy=single trains on one device but trainer.devices={devices}; "
             "use strategy=ddp for several devices"
         )
+    if strategy.name == "dp" and accelerator == "cpu" and devices > 1:
+        raise ConfigError(
+            f"strategy=dp with trainer.devices={devices} splits each batch over {devices} GPUs but runs on CPU; "
+            f"use trainer.devices=1, or strategy=ddp to rehearse {devices} devices on CPU"
+        )
     return LaunchPlan(
         accelerator=accelerator,
-        devices=devices,
+        devices=1 if strategy.name == "dp" else devices,  # dp: one process drives every GPU
         process_group=strategy.name == "ddp",
         master_addr=launcher.master_addr,
         master_port=launcher.master_port,

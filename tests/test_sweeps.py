@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
+from errors import ConfigError
 from tests.conftest import ROOT
 from train import check
 
@@ -46,7 +47,12 @@ def test_ready_made_sweeps_compose_job_by_job(sweep):
         assert len(jobs) == {"scaling": 4, "dp_vs_ddp": 6}[sweep]
         for job in jobs:
             cfg = compose(config_name="config", overrides=[*overrides, *job])
-            assert check(cfg).devices == cfg.trainer.devices, job
+            if cfg.strategy.name == "dp" and cfg.trainer.devices > 1:
+                with pytest.raises(ConfigError, match="strategy=ddp"):  # DP splits over GPUs, not CPUs
+                    check(cfg)
+                continue
+            processes = 1 if cfg.strategy.name == "dp" else cfg.trainer.devices  # DP: one process
+            assert check(cfg).devices == processes, job
 
 
 @pytest.mark.slow

@@ -49,9 +49,13 @@ class TrainState:
 class Checkpointer:
     """Saves and restores everything needed to continue a run as if it had never stopped."""
 
-    def __init__(self, ctx: DistContext, directory: Path, model: nn.Module, optimizer, scheduler, config_yaml: str):
+    def __init__(
+        self, ctx: DistContext, directory: Path, model: nn.Module, optimizer, scheduler, config_yaml: str,
+        scaler: torch.amp.GradScaler | None = None,
+    ):
         self.ctx, self.directory = ctx, directory
         self.model, self.optimizer, self.scheduler = unwrap(model), optimizer, scheduler
+        self.scaler = scaler  # fp16's loss scale: resuming without it would re-learn it with skipped steps
         self.config_yaml = config_yaml
 
     def save(self, name: str, state: TrainState) -> None:
@@ -62,6 +66,7 @@ class Checkpointer:
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,  # {} when disabled
                 "epoch": state.epoch,
                 "step": state.step,
                 "best": state.best_val_acc,
@@ -77,4 +82,6 @@ class Checkpointer:
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         if self.scheduler is not None and checkpoint["scheduler"] is not None:
             self.scheduler.load_state_dict(checkpoint["scheduler"])
+        if self.scaler is not None and checkpoint.get("scaler"):
+            self.scaler.load_state_dict(checkpoint["scaler"])
         return TrainState(checkpoint["epoch"], checkpoint["step"], checkpoint["best"])

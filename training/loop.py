@@ -1,6 +1,7 @@
 """Epochs of training and evaluation. Metrics are all-reduced; only rank 0 reports and saves."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import time
@@ -10,13 +11,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from data import Loaders
 from distributed.context import DistContext, epoch_seed
-from distributed.strategy import unwrap
+from distributed.strategy import devices_of, unwrap
 from training.checkpoint import Checkpointer, TrainState
-from training.metrics import Accumulator, Averages
+from training.metrics import Accumulator, Averages, peak_memory_mb
+from training.precision import autocast
 from training.reporting import Reporter
 
 log = logging.getLogger("train")
@@ -49,13 +52,14 @@ def fit(
     state: TrainState,
     reporter: Reporter,
     checkpointer: Checkpointer,
+    scaler: torch.amp.GradScaler,
 ) -> dict[str, Any]:
     """Train from `state.epoch` to `trainer.epochs` (or `max_steps`); return the final figures."""
     samples_per_s: list[float] = []
-    train = val = None
+    train = val = memory = None
     while state.epoch < trainer.epochs and not _done(state, trainer):
         epoch = state.epoch
-        train, speed = train_epoch(model, optimizer, loaders, ctx, trainer, state, reporter)
+        train, speed = train_epoch(model, optimizer, loaders, ctx, trainer, state, reporter, scaler)
         val = evaluate(model, loaders.val, Batches(ctx, trainer.limit_val_batches), ctx)
         samples_per_s.append(speed)
         if scheduler is not None:
@@ -63,7 +67,14 @@ def fit(
         state.epoch = epoch + 1
         improved = val.acc > state.best_val_acc
         state.best_val_acc = max(state.best_val_acc, val.acc)
-        reporter.scalars(state.step, {"val/loss": val.loss, "val/acc": val.acc, "throughput/samples_per_s": speed})
+        memory = peak_memory_mb(devices_of(model, ctx), ctx)  # per device: DP's first card holds more
+        reporter.scalars(
+            state.step,
+            {
+                "val/loss": val.loss, "val/acc": val.acc, "throughput/samples_per_s": speed,
+                **{f"memory/peak_mb/device{i}": mb for i, mb in enumerate(memory or [])},
+            },
+        )
         reporter.samples(state.step, model, loaders.val)
         log.info(
             "epoch %d/%d  train loss %.4f acc %.4f  val loss %.4f acc %.4f  %.0f samples/s",
@@ -84,6 +95,7 @@ def fit(
         "train_loss": train.loss,
         "train_acc": train.acc,
         "train_samples_per_s": statistics.median(steady),
+        "peak_memory_mb": memory,  # one per device of the job; None on CPU
         "epochs": state.epoch,
         "steps": state.step,
     }
@@ -97,31 +109,39 @@ def train_epoch(
     trainer: Any,
     state: TrainState,
     reporter: Reporter,
+    scaler: torch.amp.GradScaler,
 ) -> tuple[Averages, float]:
+    """One epoch. trainer.batch_size is the global batch of one micro-batch (as in Lightning):
+    an optimizer step sees batch_size * accumulate_grad_batches samples, and state.step and
+    max_steps count optimizer steps. The last group of an epoch may hold fewer micro-batches;
+    it still steps, with the loss averaged over the micro-batches it has."""
     loaders.train_sampler.set_epoch(state.epoch)
     torch.manual_seed(epoch_seed(trainer.seed, state.epoch, ctx.rank))
     model.train()
     batches = Batches(ctx, trainer.limit_train_batches)
     window, total = Accumulator(ctx.device), Accumulator(ctx.device)
     steps_in_window = 0
+    num_batches, accumulate = batches.count(loaders.train), trainer.accumulate_grad_batches
     bar = tqdm(
-        total=batches.count(loaders.train),
+        total=num_batches,
         desc=f"epoch {state.epoch + 1}",
         disable=not (ctx.is_main and trainer.progress_bar),
         leave=False,
         dynamic_ncols=True,
     )
     start = time.perf_counter()
-    for x, y in batches.take(loaders.train):
-        logits = model(x)
-        loss = F.cross_entropy(logits, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+    for i, (x, y) in enumerate(batches.take(loaders.train)):
+        group_start = i - i % accumulate
+        group_size = min(accumulate, num_batches - group_start)
+        last_of_group = i == group_start + group_size - 1
+        logits, loss = forward_backward(model, x, y, trainer, scaler, group_size, sync=last_of_group)
         window.update(loss, logits, y)
+        bar.update()
+        if not last_of_group:
+            continue
+        optimizer_step(model, optimizer, scaler, trainer.grad_clip)
         state.step += 1
         steps_in_window += 1
-        bar.update()
         if state.step % trainer.log_every_n_steps == 0:
             _report_window(window, total, ctx, reporter, state.step, optimizer, bar)
             steps_in_window = 0
@@ -133,6 +153,38 @@ def train_epoch(
     bar.close()
     averages = total.averages()
     return averages, averages.samples / elapsed
+
+
+def forward_backward(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, trainer: Any, scaler: torch.amp.GradScaler,
+    group_size: int, sync: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One micro-batch: forward under autocast, backward of its share of the group's mean loss.
+
+    DDP all-reduces gradients only on the group's last micro-batch; the others accumulate
+    locally under no_sync(), so accumulation costs no extra communication.
+    """
+    if trainer.channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    skip_sync = isinstance(model, DistributedDataParallel) and not sync
+    with model.no_sync() if skip_sync else contextlib.nullcontext():
+        with autocast(trainer.precision, x.device):
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
+        scaler.scale(loss / group_size).backward()
+    return logits, loss
+
+
+def optimizer_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, grad_clip: float | None
+) -> None:
+    """Clip the true (unscaled) gradients, step (skipped by the scaler on fp16 overflow), clear."""
+    if grad_clip is not None:
+        scaler.unscale_(optimizer)
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def _report_window(

@@ -40,3 +40,16 @@ class Accumulator:
     def averages(self) -> Averages:
         loss_sum, correct, n = self.sums.tolist()  # the one host sync
         return Averages(loss_sum / max(n, 1), correct / max(n, 1), int(n))
+
+
+def peak_memory_mb(devices: list[torch.device], ctx: DistContext) -> list[float] | None:
+    """Peak allocated CUDA memory of every device in the job, in MB; None on CPU.
+
+    Rank r fills its own slots (DP: one per GPU it drives) and a sum over ranks gathers them.
+    """
+    if ctx.device.type != "cuda":
+        return None
+    local = [torch.cuda.max_memory_allocated(device) for device in devices]
+    slots = torch.zeros(ctx.world_size * len(local), dtype=torch.float64, device=ctx.device)
+    slots[ctx.rank * len(local):(ctx.rank + 1) * len(local)] = torch.tensor(local, dtype=torch.float64)
+    return (all_reduce_sum(slots, ctx) / 1e6).tolist()

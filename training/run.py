@@ -17,6 +17,7 @@ from distributed.context import DistContext
 from distributed.strategy import unwrap, wrap
 from training.checkpoint import Checkpointer, TrainState
 from training.loop import fit
+from training.precision import grad_scaler
 from training.reporting import Reporter, configure_logging
 
 log = logging.getLogger("train")
@@ -42,10 +43,16 @@ def train(ctx: DistContext, cfg: DictConfig, run_dir: Path, labels: dict[str, st
     trainer = cfg.trainer
     torch.manual_seed(trainer.seed)  # the same initial weights on every rank
     loaders = build_loaders(cfg.dataset, cfg.data, ctx, trainer.batch_size, trainer.seed)
-    model = wrap(models.build(cfg.model).to(ctx.device), cfg.strategy, ctx)
+    net = models.build(cfg.model).to(ctx.device)
+    if trainer.channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    model = wrap(net, cfg.strategy, ctx, devices=_devices(trainer, ctx), compile=trainer.compile)
     optimizer = instantiate(cfg.optimizer, model.parameters())
     scheduler = instantiate(cfg.scheduler, optimizer) if cfg.scheduler.get("_target_") else None
-    checkpointer = Checkpointer(ctx, run_dir / "checkpoints", model, optimizer, scheduler, OmegaConf.to_yaml(cfg))
+    scaler = grad_scaler(trainer.precision, ctx.device)
+    checkpointer = Checkpointer(
+        ctx, run_dir / "checkpoints", model, optimizer, scheduler, OmegaConf.to_yaml(cfg), scaler=scaler
+    )
     state = checkpointer.restore(Path(trainer.resume)) if trainer.resume else TrainState()
     log.info(
         "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d",
@@ -54,7 +61,7 @@ def train(ctx: DistContext, cfg: DictConfig, run_dir: Path, labels: dict[str, st
     )
     reporter = Reporter(ctx, run_dir)
     try:
-        metrics = fit(model, optimizer, scheduler, loaders, ctx, trainer, state, reporter, checkpointer)
+        metrics = fit(model, optimizer, scheduler, loaders, ctx, trainer, state, reporter, checkpointer, scaler)
         if metrics:
             devices = _devices(trainer, ctx)
             final = {

@@ -23,12 +23,17 @@ class TrainerConfig:
     log_every_n_steps: int = 50
     progress_bar: bool = True
     resume: Optional[str] = None  # path to a checkpoint to continue from
+    precision: str = "32"  # 32 | bf16-mixed | 16-mixed (CUDA only: fp16 autocast + GradScaler)
+    accumulate_grad_batches: int = 1  # micro-batches (each of batch_size) per optimizer step
+    grad_clip: Optional[float] = None  # max global gradient norm; None: no clipping
+    channels_last: bool = False  # NHWC memory format for model and images
+    compile: bool = False  # torch.compile the model before DP/DDP wrap it
 
 
 @dataclass
 class StrategyConfig:
     name: str = "single"
-    # DistributedDataParallel options (ignored by single)
+    # DistributedDataParallel options (ignored by single and dp)
     gradient_as_bucket_view: bool = True
     find_unused_parameters: bool = False
     static_graph: bool = False

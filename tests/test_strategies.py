@@ -1,0 +1,229 @@
+"""single ≡ dp ≡ ddp at the same global batch, accumulation ≡ a bigger batch, SyncBatchNorm on CPU.
+
+Every run here goes through training.run.train, the worker `python train.py` starts; DDP runs
+are 2 gloo processes started by the real launcher.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from distributed import context
+from distributed.context import DistContext, make_context
+from distributed.launch import launch
+from distributed.sync_batchnorm import GlooSyncBatchNorm
+from models.simple_cnn import SimpleCNN
+from train import check
+from training.run import train
+from tests.conftest import compose_config, run_train
+
+pytestmark = pytest.mark.slow
+
+STEPS = 20  # digits' 1,437 images make 44 steps of 2B = 32: every run below stays in epoch 1
+B = 16
+# simple_cnn has no dropout and digits no augmentation: the runs differ only in how they split work.
+EQUIVALENCE = (
+    "model=simple_cnn", "dataset=digits", "scheduler=none", "trainer.accelerator=cpu", "trainer.epochs=1",
+    f"trainer.max_steps={STEPS}", "trainer.limit_val_batches=1", "trainer.progress_bar=false",
+)
+RUNS = {  # name: overrides; the ddp runs use 2 processes of B/2
+    "single": ("strategy=single", f"trainer.batch_size={B}"),
+    "dp": ("strategy=dp", f"trainer.batch_size={B}"),
+    "ddp": ("strategy=ddp", "trainer.devices=2", f"trainer.batch_size={B}"),
+    "single_2B": ("strategy=single", f"trainer.batch_size={2 * B}"),
+    "single_acc2": ("strategy=single", f"trainer.batch_size={B}", "trainer.accumulate_grad_batches=2"),
+    "dp_acc2": ("strategy=dp", f"trainer.batch_size={B}", "trainer.accumulate_grad_batches=2"),
+    "ddp_acc2": ("strategy=ddp", "trainer.devices=2", f"trainer.batch_size={B}", "trainer.accumulate_grad_batches=2"),
+}
+
+
+def _train_and_dump(ctx: DistContext, jobs: list[tuple], out: str, check_sync_bn: bool = False) -> None:
+    """Run each (name, cfg) in turn in this process group; keep every rank's final weights."""
+    context.init(ctx, jobs[0][1].launcher.timeout_s)
+    try:
+        if check_sync_bn:
+            _compare_sync_bn_with_batchnorm(ctx, Path(out))
+        for name, cfg in jobs:
+            model = train(ctx, cfg, Path(out) / name, {"model": "m", "dataset": "d", "strategy": name})
+            torch.save(model.state_dict(), Path(out) / f"{name}.rank{ctx.rank}.pt")
+            del model
+    finally:
+        context.shutdown(ctx, clean=True)
+
+
+def _run_all(runs: dict[str, tuple], base: tuple, out: Path, check_sync_bn: bool = False) -> dict[str, list[dict]]:
+    """One launch for all single-process runs, one for all 2-process runs: spawning is the cost.
+
+    Returns each run's final weights, one state_dict per rank.
+    """
+    cfgs = {name: compose_config(*base, *overrides) for name, overrides in runs.items()}
+    by_plan: dict[int, list] = {}
+    for name, cfg in cfgs.items():
+        by_plan.setdefault(check(cfg).devices, []).append((name, cfg))
+    for jobs in by_plan.values():
+        launch(check(jobs[0][1]), _train_and_dump, jobs, str(out), check_sync_bn)
+    return {
+        name: [torch.load(out / f"{name}.rank{r}.pt", weights_only=True) for r in range(check(cfg).devices)]
+        for name, cfg in cfgs.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def equivalence(tmp_path_factory) -> tuple[Path, dict[str, list[dict]]]:
+    """Every run of RUNS, done once: the directory holding each run's dir, and its final weights."""
+    out = tmp_path_factory.mktemp("equivalence")
+    weights = _run_all(RUNS, EQUIVALENCE, out)
+    for name in RUNS:
+        assert _checkpoint(out / name)["step"] == STEPS, name
+    return out, weights
+
+
+@pytest.fixture(scope="module")
+def weights(equivalence) -> dict[str, list[dict]]:
+    return equivalence[1]
+
+
+def _relative_error(a: dict, b: dict) -> float:
+    return max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in b)
+
+
+def _assert_replicas_identical(replicas: list[dict]) -> None:
+    first, *others = replicas
+    for other in others:
+        for key in first:
+            assert torch.equal(first[key], other[key]), key
+
+
+def test_single_dp_and_ddp_end_with_the_same_weights(weights):
+    (single,) = weights["single"]
+    assert _relative_error(weights["dp"][0], single) <= 1e-5
+    assert _relative_error(weights["ddp"][0], single) <= 1e-5
+    _assert_replicas_identical(weights["ddp"])
+
+
+def test_accumulating_two_batches_equals_one_batch_twice_as_big(weights):
+    (big,) = weights["single_2B"]
+    for name in ("single_acc2", "dp_acc2", "ddp_acc2"):
+        assert _relative_error(weights[name][0], big) <= 1e-5, name
+    _assert_replicas_identical(weights["ddp_acc2"])
+
+
+def test_the_tolerance_tells_different_training_apart(weights):
+    # The same steps at another batch size land far outside 1e-5: the checks above can fail.
+    assert _relative_error(weights["single"][0], weights["single_2B"][0]) > 1e-3
+
+
+SYNC_BN = (
+    "model=resnet18", "dataset=digits", "strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+    "trainer.batch_size=16", "trainer.epochs=1", "trainer.max_steps=2", "trainer.limit_val_batches=1",
+    "trainer.progress_bar=false",
+)
+
+
+def _bn_statistics(state: dict) -> dict:
+    return {k: v for k, v in state.items() if k.endswith(("running_mean", "running_var"))}
+
+
+@pytest.fixture(scope="module")
+def sync_bn(tmp_path_factory) -> tuple[Path, dict[str, list[dict]]]:
+    """resnet18 under DDP(2) with and without sync_batchnorm, after the BatchNorm math check."""
+    out = tmp_path_factory.mktemp("sync_bn")
+    runs = {"sync": ("strategy.sync_batchnorm=true",), "local": ("strategy.sync_batchnorm=false",)}
+    return out, _run_all(runs, SYNC_BN, out, check_sync_bn=True)
+
+
+def test_sync_batchnorm_keeps_resnet18_statistics_identical_across_ranks(sync_bn):
+    out, weights = sync_bn
+    synced = [_bn_statistics(rank) for rank in weights["sync"]]
+    assert len(synced[0]) == 2 * 20  # resnet18's 20 BatchNorm layers
+    _assert_replicas_identical(weights["sync"])
+    # Without it each rank normalises by its own half-batch, and the statistics part ways.
+    local = [_bn_statistics(rank) for rank in weights["local"]]
+    assert any(not torch.equal(local[0][k], local[1][k]) for k in local[0])
+    for name in weights:
+        assert _checkpoint(out / name)["step"] == 2
+        assert math.isfinite(_metrics(out / name)["train_loss"])
+
+
+def _compare_sync_bn_with_batchnorm(ctx: DistContext, out: Path) -> None:
+    """Rank r normalises half the batch with GlooSyncBatchNorm; BatchNorm2d all of it."""
+    torch.manual_seed(0)
+    x, upstream = torch.randn(8, 3, 4, 4) * 3 + 1, torch.randn(8, 3, 4, 4)
+    reference, synced = nn.BatchNorm2d(3), GlooSyncBatchNorm(3)
+    full = x.clone().requires_grad_()
+    expected = reference(full)
+    (expected * upstream).sum().backward()
+    half = slice(4 * ctx.rank, 4 * ctx.rank + 4)
+    mine = x[half].clone().requires_grad_()
+    output = synced(mine)
+    (output * upstream[half]).sum().backward()
+    errors = {
+        "output": output - expected[half],
+        "input_grad": mine.grad - full.grad[half],
+        "running_mean": synced.running_mean - reference.running_mean,
+        "running_var": synced.running_var - reference.running_var,
+    }
+    torch.save({k: v.detach().abs().max() for k, v in errors.items()}, out / f"bn_errors.rank{ctx.rank}.pt")
+
+
+def test_gloo_sync_batchnorm_is_batchnorm_over_the_global_batch(sync_bn):
+    out, _ = sync_bn
+    for rank in range(2):
+        errors = torch.load(out / f"bn_errors.rank{rank}.pt", weights_only=True)
+        assert all(error < 1e-5 for error in errors.values()), errors
+
+
+TINY = ("model=simple_cnn", "trainer.accelerator=cpu", "trainer.epochs=1", "trainer.limit_val_batches=1")
+
+
+def _checkpoint(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+
+
+def _metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def test_fp16_on_cpu_is_a_one_line_error(run_dir):
+    result = run_train(run_dir, *TINY, "trainer.precision=16-mixed")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: trainer.precision=16-mixed needs CUDA"), result.stderr
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_bf16_channels_last_run_finishes_on_cpu(run_dir):
+    result = run_train(
+        run_dir, *TINY, "trainer.precision=bf16-mixed", "trainer.channels_last=true", "trainer.max_steps=3",
+        "trainer.accumulate_grad_batches=2", "trainer.grad_clip=1.0",
+    )
+    assert result.returncode == 0, result.stderr
+    metrics = _metrics(run_dir)
+    assert metrics["steps"] == 3 and math.isfinite(metrics["train_loss"])
+    assert metrics["train_samples_per_s"] > 0 and metrics["peak_memory_mb"] is None  # CPU: no CUDA peak
+    # The model trained in NHWC: its 6-channel conv weight is stored channels-last.
+    assert _checkpoint(run_dir)["model"]["features.3.weight"].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_compiled_model_trains_a_step_and_saves_plain_keys(run_dir):
+    result = run_train(run_dir, *TINY, "trainer.compile=true", "trainer.max_steps=1", timeout=280)
+    assert result.returncode == 0, result.stderr
+    checkpoint = _checkpoint(run_dir)
+    assert checkpoint["step"] == 1
+    assert set(checkpoint["model"]) == set(SimpleCNN(1, 10, 8).state_dict())
+
+
+def test_a_ddp_checkpoint_resumes_under_dp(equivalence, run_dir):
+    ddp = equivalence[0] / "ddp" / "checkpoints" / "last.pt"  # epoch 1 stopped at STEPS by 2 ranks
+    result = run_train(
+        run_dir, *TINY, "strategy=dp", f"trainer.batch_size={B}", "trainer.epochs=2",
+        "trainer.limit_train_batches=3", f"trainer.resume={ddp}",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "from epoch 2" in (run_dir / "train.log").read_text()
+    assert (_checkpoint(run_dir)["epoch"], _checkpoint(run_dir)["step"]) == (2, STEPS + 3)
