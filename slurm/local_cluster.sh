@@ -73,6 +73,12 @@ CONF
 }
 
 down() {
+  if [ -f "$dir/slurmctld.pid" ]; then
+    # Jobs first: a step whose controller is gone leaves srun and slurmstepd waiting forever.
+    export SLURM_CONF=$dir/slurm.conf
+    squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null || true
+    for _ in $(seq 100); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.2; done
+  fi
   for pidfile in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
     [ -f "$pidfile" ] || continue
     pid=$(cat "$pidfile")
