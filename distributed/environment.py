@@ -29,12 +29,16 @@ class EnvRank:
 
 
 def detect(env: Mapping[str, str]) -> str:
-    """launcher=auto: torchrun if it set RANK/LOCAL_RANK/WORLD_SIZE, slurm inside `srun -n>1`, else spawn."""
-    if any(var in env for var in TORCHRUN_VARS):
+    """launcher=auto: torchrun's workers (also under `srun torchrun`), else SLURM's tasks inside
+    `srun -n>1` (even with a RANK exported by a seed-002-style script), else RANK/WORLD_SIZE set
+    by hand, else spawn."""
+    if "TORCHELASTIC_RUN_ID" in env:
         return "torchrun"
     # SLURM_STEP_ID: inside srun; the batch script itself has SLURM_NTASKS but is not a rank.
     if "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
         return "slurm"
+    if any(var in env for var in TORCHRUN_VARS):
+        return "torchrun"
     return "spawn"
 
 
@@ -51,7 +55,7 @@ def run_name(launcher: str, env: Mapping[str, str], default: str) -> str:
 
 
 def is_rank_zero(launcher: str, env: Mapping[str, str]) -> bool:
-    """Before any parsing: is this the process that writes the run dir's .hydra/ and train.log?"""
+    """Before any parsing: is this the process that writes the run dir's .hydra/?"""
     found = detect(env) if launcher == "auto" else launcher
     var = {"torchrun": "RANK", "slurm": "SLURM_PROCID"}.get(found)
     return var is None or env.get(var, "0") == "0"

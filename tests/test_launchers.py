@@ -42,6 +42,8 @@ def _plan(env: dict[str, str], *overrides: str):
         (TORCHRUN_ENV, "torchrun"),
         ({"RANK": "0"}, "torchrun"),  # half a torchrun env is still torchrun: parsing then says what is missing
         (SLURM_ENV, "slurm"),
+        (SLURM_ENV | {"RANK": "0", "WORLD_SIZE": "4"}, "slurm"),  # seed 002's sbatch exports RANK for all tasks
+        (SLURM_ENV | TORCHRUN_ENV, "torchrun"),  # srun torchrun: one agent per node, its workers are the ranks
         ({**SLURM_ENV, "SLURM_NTASKS": "1"}, "spawn"),  # srun -n1: one process, devices decide
         ({k: v for k, v in SLURM_ENV.items() if k != "SLURM_STEP_ID"}, "spawn"),  # the batch script, not srun
     ],
