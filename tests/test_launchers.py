@@ -174,7 +174,7 @@ def test_two_torchrun_agents_rendezvous_as_two_nodes(tmp_path, spawn_reference):
 # what is under test, and a run costs ~12 s here. Measured on this 2-core machine under load: with
 # the per-process clock (outputs/<date>/<time>) 5 of 10 torchrun runs split in two dirs; named by
 # TORCHELASTIC_RUN_ID, 0 of 10.
-REPEATS = 5
+REPEATS = 3  # the 10-run figures above were taken by hand; 3 keep the suite short
 
 
 @pytest.mark.slow
@@ -182,8 +182,10 @@ def test_torchrun_ranks_never_split_the_run_dir(tmp_path):
     for i in range(REPEATS):
         cwd = tmp_path / str(i)
         cwd.mkdir()
-        code, stderr = _finish(_torchrun(cwd, ["--nproc_per_node=2"], "trainer.devices=2", "trainer.epochs=0"))
-        assert code != 0 and "error: trainer.epochs=0" in stderr, stderr
+        # torchrun stops the other workers when one fails; polling seldom lets both reach check().
+        torchrun = ["--nproc_per_node=2", "--monitor-interval=4"]
+        code, stderr = _finish(_torchrun(cwd, torchrun, "trainer.devices=2", "trainer.epochs=0"))
+        assert code != 0 and stderr.count("error: trainer.epochs=0") == 2, stderr  # both ranks made a dir
         run_dir = _one_run_dir(cwd)
         assert (run_dir / ".hydra" / "config.yaml").is_file()
 
