@@ -6,15 +6,17 @@ the launcher runs training/run.py's worker once per device.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 import data
+from distributed import environment
 from distributed.launch import LaunchPlan, launch, plan_launch
 from errors import ConfigError
 from training.precision import AUTOCAST_DTYPES
@@ -22,6 +24,14 @@ from training.run import run
 from training.schema import Config
 
 ConfigStore.instance().store(name="schema", node=Config)
+# conf/config.yaml names the run dir with these, so every torchrun/SLURM rank picks the same one.
+OmegaConf.register_new_resolver(
+    "run_name", lambda launcher, default: environment.run_name(launcher, os.environ, default), replace=True
+)
+OmegaConf.register_new_resolver(
+    "rank_zero_only", lambda launcher, value: value if environment.is_rank_zero(launcher, os.environ) else None,
+    replace=True,
+)
 
 
 def check(cfg: DictConfig) -> LaunchPlan:
@@ -30,10 +40,10 @@ def check(cfg: DictConfig) -> LaunchPlan:
     plan = plan_launch(trainer, cfg.strategy, cfg.launcher)
     if trainer.epochs < 1:
         raise ConfigError(f"trainer.epochs={trainer.epochs}: train for at least 1 epoch")
-    if trainer.batch_size % plan.devices:
+    if trainer.batch_size % plan.world_size:
         raise ConfigError(
             f"trainer.batch_size={trainer.batch_size} is the global batch and must split evenly over "
-            f"{plan.devices} processes; use a multiple of {plan.devices}"
+            f"{plan.world_size} processes; use a multiple of {plan.world_size}"
         )
     if trainer.precision not in AUTOCAST_DTYPES:
         raise ConfigError(f"trainer.precision={trainer.precision}: choose 32, bf16-mixed or 16-mixed")

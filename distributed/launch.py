@@ -1,30 +1,56 @@
-"""Start one worker per device: in this process, or with torch.multiprocessing.spawn."""
+"""Start one worker per device: in this process, with torch.multiprocessing.spawn, or as one
+rank of a world that torchrun or SLURM's srun started."""
 from __future__ import annotations
 
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.multiprocessing as mp
 
+from distributed import environment
 from distributed.context import DistContext, make_context
+from distributed.environment import EnvRank
 from errors import ConfigError
+
+LAUNCHERS = ("auto", "spawn", "torchrun", "slurm")
 
 
 @dataclass(frozen=True)
 class LaunchPlan:
+    launcher: str  # "spawn" | "torchrun" | "slurm", resolved from "auto"
     accelerator: str  # "gpu" | "cpu", resolved from "auto"
-    devices: int  # processes to start on this node (dp: 1, however many GPUs it drives)
+    devices: int  # processes on each node (dp: 1, however many GPUs it drives)
+    num_nodes: int
     process_group: bool  # DDP needs one, even at world size 1
-    master_addr: str
-    master_port: int | None  # None: pick a free one
+    master_addr: str | None  # None: torchrun exported it already
+    master_port: int | None  # None: pick a free one (spawn) / torchrun's
+    env_rank: EnvRank | None = None  # torchrun/slurm: this process is this one rank
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
 
 
-def plan_launch(trainer: Any, strategy: Any, launcher: Any) -> LaunchPlan:
-    """Resolve accelerator/devices/gpus against this machine; raise ConfigError on a mismatch."""
-    accelerator, devices = trainer.accelerator, int(trainer.devices)
+def plan_launch(trainer: Any, strategy: Any, launcher: Any, env: Mapping[str, str] = os.environ) -> LaunchPlan:
+    """Resolve launcher/accelerator/devices against this machine and its environment.
+
+    Raises ConfigError on a mismatch, before any process starts.
+    """
+    name = launcher.name
+    if name not in LAUNCHERS:
+        raise ConfigError(f"launcher={name}: choose one of {', '.join(LAUNCHERS)}")
+    if name == "auto":
+        name = environment.detect(env)
+    env_rank = None
+    if name == "torchrun":
+        env_rank = environment.from_torchrun(env)
+    elif name == "slurm":
+        fixed = launcher.master_addr  # set: no need to ask scontrol for the first node
+        env_rank = environment.from_slurm(env, (lambda _: [fixed]) if fixed else environment.scontrol_hostnames)
+    accelerator, devices, num_nodes = trainer.accelerator, int(trainer.devices), int(trainer.num_nodes)
     if accelerator not in ("auto", "gpu", "cpu"):
         raise ConfigError(f"trainer.accelerator={accelerator}: choose auto, gpu or cpu")
     if trainer.gpus is not None:
@@ -32,16 +58,23 @@ def plan_launch(trainer: Any, strategy: Any, launcher: Any) -> LaunchPlan:
     visible = torch.cuda.device_count()
     if accelerator == "auto":
         accelerator = "gpu" if visible else "cpu"
-    if devices < 1:
-        raise ConfigError(f"trainer.devices={devices}: need at least 1 device")
+    if devices < 1 or num_nodes < 1:
+        raise ConfigError(f"trainer.devices={devices} trainer.num_nodes={num_nodes}: need at least 1 of each")
+    if env_rank is not None:
+        _check_world(env_rank, devices, num_nodes, accelerator, env)
+    elif num_nodes > 1:
+        raise ConfigError(
+            f"trainer.num_nodes={num_nodes} with launcher={name}, which starts processes on this machine only; "
+            "start each node with torchrun (--nnodes) or srun (sbatch slurm/train.sbatch)"
+        )
     if accelerator == "gpu" and devices > visible:
         raise ConfigError(
-            f"trainer.devices={devices} asks for {devices} GPU(s) but {visible} are visible; "
+            f"trainer.devices={devices} asks for {devices} GPU(s) per node but {visible} are visible; "
             f"rehearse on CPU with trainer.accelerator=cpu trainer.devices={devices} strategy=ddp"
         )
-    if strategy.name == "single" and devices > 1:
+    if strategy.name == "single" and devices * num_nodes > 1:
         raise ConfigError(
-            f"strategy=single trains on one device but trainer.devices={devices}; "
+            f"strategy=single trains on one device but trainer.devices={devices} trainer.num_nodes={num_nodes}; "
             "use strategy=ddp for several devices"
         )
     if strategy.name == "dp" and accelerator == "cpu" and devices > 1:
@@ -50,21 +83,49 @@ def plan_launch(trainer: Any, strategy: Any, launcher: Any) -> LaunchPlan:
             f"use trainer.devices=1, or strategy=ddp to rehearse {devices} devices on CPU"
         )
     return LaunchPlan(
+        launcher=name,
         accelerator=accelerator,
         devices=1 if strategy.name == "dp" else devices,  # dp: one process drives every GPU
+        num_nodes=num_nodes,
         process_group=strategy.name == "ddp",
-        master_addr=launcher.master_addr,
-        master_port=launcher.master_port,
+        master_addr=env_rank.master_addr if env_rank else (launcher.master_addr or "127.0.0.1"),
+        master_port=launcher.master_port or (env_rank.master_port if env_rank else None),
+        env_rank=env_rank,
     )
+
+
+def _check_world(
+    env_rank: EnvRank, devices: int, num_nodes: int, accelerator: str, env: Mapping[str, str]
+) -> None:
+    """Under torchrun/SLURM the environment decides the world; the config must say the same."""
+    found = env_rank.launcher
+    if (devices, num_nodes) != (env_rank.local_world_size, env_rank.num_nodes):
+        raise ConfigError(
+            f"{found} started {env_rank.local_world_size} process(es) per node on {env_rank.num_nodes} node(s) "
+            f"but trainer.devices={devices} trainer.num_nodes={num_nodes}; set "
+            f"trainer.devices={env_rank.local_world_size} trainer.num_nodes={env_rank.num_nodes}"
+        )
+    gpus_on_node = env.get("SLURM_GPUS_ON_NODE")
+    if found == "slurm" and accelerator == "gpu" and gpus_on_node and int(gpus_on_node) != devices:
+        raise ConfigError(
+            f"SLURM runs {devices} task(s) per node but gave {gpus_on_node} GPU(s) per node; DDP wants one task "
+            f"per GPU: ask for --ntasks-per-node=N with --gpus-per-node=N (or --gres=gpu:N)"
+        )
 
 
 def launch(plan: LaunchPlan, worker: Callable[..., Any], *args: Any) -> None:
     """Run `worker(ctx, *args)` once per device; returns when every rank has finished."""
-    if plan.process_group:
+    if plan.process_group and plan.master_addr is not None:
         # A fixed port (the seeds' 12355) collides with any other job on the node.
         os.environ["MASTER_ADDR"] = plan.master_addr
         os.environ["MASTER_PORT"] = str(plan.master_port or _free_port(plan.master_addr))
-    if plan.devices == 1:
+    if plan.env_rank is not None:
+        r = plan.env_rank
+        worker(
+            make_context(r.rank, r.local_rank, r.world_size, r.local_world_size, plan.accelerator, plan.process_group),
+            *args,
+        )
+    elif plan.devices == 1:
         _run_rank(0, plan, worker, args)
     else:
         mp.spawn(_run_rank, args=(plan, worker, args), nprocs=plan.devices, join=True)

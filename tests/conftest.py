@@ -1,11 +1,13 @@
 """Shared helpers: compose configs like train.py does, and run train.py as a user would."""
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -28,3 +30,27 @@ def run_train(run_dir: Path, *overrides: str, timeout: float = 240) -> subproces
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def same_weights(run_dir: Path, other: Path) -> bool:
+    """Both runs' last checkpoints hold bitwise-identical model weights."""
+    a, b = (torch.load(d / "checkpoints" / "last.pt", weights_only=True)["model"] for d in (run_dir, other))
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="session")
+def spawn_reference(tmp_path_factory) -> Path:
+    """2 spawn ranks of the tiny DDP job the launcher tests run under torchrun and SLURM."""
+    run_dir = tmp_path_factory.mktemp("spawn") / "run"
+    result = run_train(
+        run_dir, "strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.epochs=1",
+        "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
+    )
+    assert result.returncode == 0, result.stderr
+    return run_dir

@@ -14,6 +14,7 @@ class TrainerConfig:
     accelerator: str = "auto"  # auto | gpu | cpu
     devices: int = 1
     gpus: Optional[int] = None  # shorthand: accelerator=gpu devices=N
+    num_nodes: int = 1  # devices/gpus count processes per node
     epochs: int = 10
     max_steps: Optional[int] = None  # stop early after this many optimizer steps
     batch_size: int = 64  # global: each of N ranks takes batch_size / N
@@ -43,9 +44,9 @@ class StrategyConfig:
 
 @dataclass
 class LauncherConfig:
-    name: str = "spawn"
-    master_addr: str = "127.0.0.1"
-    master_port: Optional[int] = None  # None: a free port, picked per run
+    name: str = "auto"  # auto | spawn | torchrun | slurm
+    master_addr: Optional[str] = None  # None: 127.0.0.1 / torchrun's / the SLURM job's first node
+    master_port: Optional[int] = None  # None: a free port / torchrun's / from the SLURM job id
     timeout_s: float = 60.0  # collectives that wait longer fail the job
 
 

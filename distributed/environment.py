@@ -1,0 +1,136 @@
+"""Who this process is when torchrun or SLURM's srun started it: read from their environment.
+
+Pure functions of an env mapping, so each launcher's parsing is testable without processes.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from errors import ConfigError
+
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@dataclass(frozen=True)
+class EnvRank:
+    """This process's place in a world that an external launcher started."""
+
+    launcher: str  # "torchrun" | "slurm"
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int  # processes on this node
+    num_nodes: int
+    master_addr: str | None  # None: the launcher already exported it (torchrun)
+    master_port: int | None
+
+
+def detect(env: Mapping[str, str]) -> str:
+    """launcher=auto: torchrun's workers (also under `srun torchrun`), else SLURM's tasks inside
+    `srun -n>1` (even with a RANK exported by a seed-002-style script), else RANK/WORLD_SIZE set
+    by hand, else spawn."""
+    if "TORCHELASTIC_RUN_ID" in env:
+        return "torchrun"
+    # SLURM_STEP_ID: inside srun; the batch script itself has SLURM_NTASKS but is not a rank.
+    if "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        return "slurm"
+    if any(var in env for var in TORCHRUN_VARS):
+        return "torchrun"
+    return "spawn"
+
+
+def run_name(launcher: str, env: Mapping[str, str], default: str) -> str:
+    """The run dir's name. torchrun/srun start train.py once per rank and Hydra names the dir in
+    each process, so under them it comes from the job, not from each process's clock."""
+    found = detect(env) if launcher == "auto" else launcher
+    if found == "torchrun" and "TORCHELASTIC_RUN_ID" in env:
+        # Every agent of one run has the same id: a uuid, unless --rdzv-id names it.
+        return f"torchrun-{env['TORCHELASTIC_RUN_ID']}"
+    if found == "slurm" and "SLURM_JOB_ID" in env:
+        return f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
+    return default
+
+
+def is_rank_zero(launcher: str, env: Mapping[str, str]) -> bool:
+    """Before any parsing: is this the process that writes the run dir's .hydra/?"""
+    found = detect(env) if launcher == "auto" else launcher
+    var = {"torchrun": "RANK", "slurm": "SLURM_PROCID"}.get(found)
+    return var is None or env.get(var, "0") == "0"
+
+
+def from_torchrun(env: Mapping[str, str]) -> EnvRank:
+    missing = [var for var in (*TORCHRUN_VARS, "LOCAL_WORLD_SIZE") if var not in env]
+    if missing:
+        raise ConfigError(
+            f"launcher=torchrun but {', '.join(missing)} not set in the environment; "
+            "start train.py with torchrun (or set RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT)"
+        )
+    world, local_world = int(env["WORLD_SIZE"]), int(env["LOCAL_WORLD_SIZE"])
+    return EnvRank(
+        launcher="torchrun",
+        rank=int(env["RANK"]),
+        local_rank=int(env["LOCAL_RANK"]),
+        world_size=world,
+        local_world_size=local_world,
+        num_nodes=int(env.get("GROUP_WORLD_SIZE", world // local_world)),
+        master_addr=None,
+        master_port=None,
+    )
+
+
+def from_slurm(env: Mapping[str, str], hostnames: Callable[[str], list[str]] | None = None) -> EnvRank:
+    """rank/world/local rank from srun's task variables; master = first host, port from the job id."""
+    if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
+        raise ConfigError(
+            "launcher=slurm but SLURM_PROCID/SLURM_NTASKS are not set; run train.py under srun "
+            "(sbatch slurm/train.sbatch), not directly in the batch script"
+        )
+    rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+    node = int(env.get("SLURM_NODEID", 0))
+    per_node = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or str(world))
+    local_world = per_node[min(node, len(per_node) - 1)]
+    if "SLURM_LOCALID" in env:
+        local_rank = int(env["SLURM_LOCALID"])
+    else:  # seed 002's arithmetic, right when every node runs the same number of tasks
+        local_rank = rank - local_world * (rank // local_world)
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "localhost")
+    return EnvRank(
+        launcher="slurm",
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        local_world_size=local_world,
+        num_nodes=int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or len(per_node)),
+        master_addr=(hostnames or scontrol_hostnames)(nodelist)[0],
+        master_port=master_port(env["SLURM_JOB_ID"], env.get("SLURM_ARRAY_TASK_ID")),
+    )
+
+
+def master_port(job_id: str, array_task_id: str | None) -> int:
+    """Seed 002's formula: 10000 + the job id's last 4 digits (+ the array task: one job id, many tasks)."""
+    return 10000 + int(job_id[-4:]) + int(array_task_id or 0)
+
+
+def tasks_per_node(spec: str) -> list[int]:
+    """SLURM's compressed counts, e.g. "2(x3),1" -> [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            raise ConfigError(f"SLURM_TASKS_PER_NODE={spec}: cannot read the tasks per node")
+        counts += [int(match[1])] * int(match[2] or 1)
+    return counts
+
+
+def scontrol_hostnames(nodelist: str) -> list[str]:
+    """`scontrol show hostnames` expands "node[01-03],gpu7" the way SLURM means it."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise ConfigError(
+            f"`scontrol show hostnames {nodelist}` failed ({e}); set launcher.master_addr=<the job's first node>"
+        ) from e
+    return out.stdout.split()
