@@ -15,8 +15,9 @@ from tqdm import tqdm
 from data import Loaders
 from distributed.context import DistContext, epoch_seed
 from distributed.strategy import unwrap
-from training.checkpoint import Checkpointer, TrainState
+from training.checkpoint import Checkpointer, TrainState, restore_rng
 from training.metrics import Accumulator, Averages
+from training.preemption import PreemptionWatch
 from training.reporting import Reporter
 
 log = logging.getLogger("train")
@@ -29,10 +30,12 @@ class Batches:
     ctx: DistContext
     limit: int | None
 
-    def take(self, loader: Any):
+    def take(self, loader: Any, skip: int = 0):
         for i, (x, y) in enumerate(loader):
             if self.limit is not None and i >= self.limit:
                 return
+            if i < skip:  # resuming mid-epoch: drawn in the same order, trained before the stop
+                continue
             yield x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
 
     def count(self, loader: Any) -> int:
@@ -49,18 +52,19 @@ def fit(
     state: TrainState,
     reporter: Reporter,
     checkpointer: Checkpointer,
+    preemption: PreemptionWatch | None = None,
 ) -> dict[str, Any]:
     """Train from `state.epoch` to `trainer.epochs` (or `max_steps`); return the final figures."""
     samples_per_s: list[float] = []
     train = val = None
     while state.epoch < trainer.epochs and not _done(state, trainer):
         epoch = state.epoch
-        train, speed = train_epoch(model, optimizer, loaders, ctx, trainer, state, reporter)
+        train, speed = train_epoch(model, optimizer, loaders, ctx, trainer, state, reporter, checkpointer, preemption)
         val = evaluate(model, loaders.val, Batches(ctx, trainer.limit_val_batches), ctx)
         samples_per_s.append(speed)
         if scheduler is not None:
             scheduler.step()
-        state.epoch = epoch + 1
+        state.epoch, state.batch, state.rng = epoch + 1, 0, None  # rng: unused if resumed at the epoch's end
         improved = val.acc > state.best_val_acc
         state.best_val_acc = max(state.best_val_acc, val.acc)
         reporter.scalars(state.step, {"val/loss": val.loss, "val/acc": val.acc, "throughput/samples_per_s": speed})
@@ -69,8 +73,11 @@ def fit(
             epoch + 1, trainer.epochs, train.loss, train.acc, val.loss, val.acc, speed,
         )
         if improved:
-            checkpointer.save("best.pt", state)
+            checkpointer.save_best(state)
         checkpointer.save("last.pt", state)
+        more = state.epoch < trainer.epochs and not _done(state, trainer)
+        if more and preemption is not None and preemption.should_stop(state.step, force=True):
+            raise preemption.preempted()  # last.pt, just saved, holds this epoch's end
     if val is None:
         log.info("nothing to train: the checkpoint already finished epoch %d of %d", state.epoch, trainer.epochs)
         return {}
@@ -96,6 +103,8 @@ def train_epoch(
     trainer: Any,
     state: TrainState,
     reporter: Reporter,
+    checkpointer: Checkpointer,
+    preemption: PreemptionWatch | None = None,
 ) -> tuple[Averages, float]:
     loaders.train_sampler.set_epoch(state.epoch)
     torch.manual_seed(epoch_seed(trainer.seed, state.epoch, ctx.rank))
@@ -104,14 +113,17 @@ def train_epoch(
     window, total = Accumulator(ctx.device), Accumulator(ctx.device)
     steps_in_window = 0
     bar = tqdm(
-        total=batches.count(loaders.train),
+        total=batches.count(loaders.train) - state.batch,
         desc=f"epoch {state.epoch + 1}",
         disable=not (ctx.is_main and trainer.progress_bar),
         leave=False,
         dynamic_ncols=True,
     )
     start = time.perf_counter()
-    for x, y in batches.take(loaders.train):
+    for x, y in batches.take(loaders.train, skip=state.batch):
+        if state.rng is not None:  # resumed mid-epoch: continue the random stream where it stopped
+            restore_rng(state.rng)
+            state.rng = None
         logits = model(x)
         loss = F.cross_entropy(logits, y)
         optimizer.zero_grad(set_to_none=True)
@@ -119,6 +131,7 @@ def train_epoch(
         optimizer.step()
         window.update(loss, logits, y)
         state.step += 1
+        state.batch += 1
         steps_in_window += 1
         bar.update()
         if state.step % trainer.log_every_n_steps == 0:
@@ -126,6 +139,13 @@ def train_epoch(
             steps_in_window = 0
         if _done(state, trainer):
             break
+        stop = preemption is not None and preemption.should_stop(state.step)
+        every = trainer.checkpoint_every_n_steps
+        if stop or (every and state.step % every == 0):
+            checkpointer.save("last.pt", state)
+        if stop:
+            bar.close()
+            raise preemption.preempted()
     if steps_in_window:
         _report_window(window, total, ctx, reporter, state.step, optimizer, bar)
     elapsed = time.perf_counter() - start  # the all-reduce above synchronised the device

@@ -13,8 +13,10 @@ from data import build_loaders
 from distributed import context
 from distributed.context import DistContext
 from distributed.strategy import unwrap, wrap
-from training.checkpoint import Checkpointer, TrainState
+from errors import Preempted
+from training.checkpoint import Checkpointer, TrainState, find_resume
 from training.loop import fit
+from training.preemption import PreemptionWatch, parse_signals
 from training.reporting import Reporter, configure_logging
 
 log = logging.getLogger("train")
@@ -28,6 +30,9 @@ def run(ctx: DistContext, cfg: DictConfig, run_dir: str, labels: dict[str, str])
     try:
         train(ctx, cfg, Path(run_dir), labels)
         finished = True
+    except Preempted:
+        finished = True  # every rank stopped at the same step: leave together, after rank 0 saved
+        raise
     finally:
         context.shutdown(ctx, clean=finished)
 
@@ -38,25 +43,30 @@ def train(ctx: DistContext, cfg: DictConfig, run_dir: Path, labels: dict[str, st
 
     start = time.perf_counter()
     trainer = cfg.trainer
+    signals = parse_signals(trainer.preempt_signals, "trainer.preempt_signals")
+    # From here on a preemption signal is noted, not fatal: the loop stops at an agreed step.
+    preemption = PreemptionWatch(ctx, signals, trainer.preempt_check_every_n_steps or trainer.log_every_n_steps)
     torch.manual_seed(trainer.seed)  # the same initial weights on every rank
     loaders = build_loaders(cfg.dataset, cfg.data, ctx, trainer.batch_size, trainer.seed)
     model = wrap(models.build(cfg.model).to(ctx.device), cfg.strategy, ctx)
     optimizer = instantiate(cfg.optimizer, model.parameters())
     scheduler = instantiate(cfg.scheduler, optimizer) if cfg.scheduler.get("_target_") else None
     checkpointer = Checkpointer(ctx, run_dir / "checkpoints", model, optimizer, scheduler, OmegaConf.to_yaml(cfg))
-    state = checkpointer.restore(Path(trainer.resume)) if trainer.resume else TrainState()
+    resume = find_resume(trainer.resume, run_dir)
+    state = checkpointer.restore(resume) if resume else TrainState()
     log.info(
-        "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d",
+        "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d%s",
         labels["model"], labels["dataset"], labels["strategy"], ctx.world_size, ctx.device.type,
-        trainer.batch_size, state.epoch + 1,
+        trainer.batch_size, state.epoch + 1, f" batch {state.batch + 1} ({resume})" if resume else "",
     )
     reporter = Reporter(ctx, run_dir)
     try:
-        metrics = fit(model, optimizer, scheduler, loaders, ctx, trainer, state, reporter, checkpointer)
+        metrics = fit(model, optimizer, scheduler, loaders, ctx, trainer, state, reporter, checkpointer, preemption)
         if metrics:
             reporter.write_metrics(
                 {**metrics, **labels, "world_size": ctx.world_size, "wall_s": time.perf_counter() - start}
             )
     finally:
+        preemption.close()
         reporter.close()
     return unwrap(model)

@@ -6,7 +6,7 @@ with Hydra's own message. Plain dataclasses, so nothing here imports Hydra.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 
 @dataclass
@@ -22,7 +22,13 @@ class TrainerConfig:
     limit_val_batches: Optional[int] = None
     log_every_n_steps: int = 50
     progress_bar: bool = True
-    resume: Optional[str] = None  # path to a checkpoint to continue from
+    resume: Optional[str] = None  # a checkpoint path, or auto: this run dir's last.pt if any
+    checkpoint_every_n_steps: Optional[int] = None  # also save last.pt mid-epoch
+    # Preemption: these signals make every rank finish its step and save last.pt, then exit;
+    # under SLURM the requeue signals also requeue the job (SIGTERM is also scancel's: no requeue).
+    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    requeue_signals: List[str] = field(default_factory=lambda: ["SIGUSR1"])
+    preempt_check_every_n_steps: Optional[int] = None  # None: at each log_every_n_steps (no extra sync)
 
 
 @dataclass
@@ -41,7 +47,7 @@ class LauncherConfig:
     name: str = "spawn"
     master_addr: str = "127.0.0.1"
     master_port: Optional[int] = None  # None: a free port, picked per run
-    timeout_s: float = 60.0  # collectives that wait longer fail the job
+    timeout_s: float = 60.0  # a rank that waits this long on a dead or hung peer fails the job
 
 
 @dataclass
