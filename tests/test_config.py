@@ -1,12 +1,15 @@
 """Config composition and the checks train.py runs before any process starts."""
 from __future__ import annotations
 
+import signal
+
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from errors import ConfigError
 from train import check
+from training.preemption import parse_signals
 from tests.conftest import compose_config, run_train
 
 
@@ -37,6 +40,10 @@ def test_a_wrong_type_fails_at_composition():
         (["trainer.epochs=0"], ["trainer.epochs=0"]),
         (["trainer.accelerator=tpu"], ["trainer.accelerator=tpu", "auto, gpu or cpu"]),
         (["trainer.resume=/nonexistent/last.pt"], ["trainer.resume=/nonexistent/last.pt", "no such file"]),
+        (["trainer.epochs=-2"], ["trainer.epochs=-2"]),
+        (["trainer.checkpoint_every_n_steps=0"], ["trainer.checkpoint_every_n_steps=0", "positive"]),
+        (["trainer.preempt_signals=[SIGNOPE]"], ["trainer.preempt_signals", "SIGNOPE", "SIGUSR1"]),
+        (["trainer.requeue_signals=[KILL]"], ["trainer.requeue_signals", "KILL"]),
     ],
 )
 def test_check_names_the_key_and_the_fix(overrides, words):
@@ -54,6 +61,15 @@ def test_gpus_shorthand_means_gpu_accelerator():
 def test_cpu_ddp_plan():
     plan = check(compose_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"))
     assert (plan.accelerator, plan.devices, plan.process_group) == ("cpu", 2, True)
+    assert set(plan.forward_signals) == {signal.SIGTERM, signal.SIGUSR1}  # passed on to spawned ranks
+
+
+def test_resume_auto_in_a_fresh_run_dir_starts_fresh(tmp_path):
+    check(compose_config("trainer.resume=auto"), tmp_path)
+
+
+def test_signal_names_may_drop_the_sig_prefix():
+    assert parse_signals(["usr1", "SIGTERM"], "k") == [signal.SIGUSR1, signal.SIGTERM]
 
 
 def test_train_py_rejects_more_gpus_than_visible_in_one_line(run_dir):
