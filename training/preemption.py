@@ -3,7 +3,8 @@
 SLURM (`--signal=USR1@90`), schedulers and people send a signal to one process or to all of
 them. The handler only notes it; the ranks agree to stop at the same step through an
 all-reduce at the steps where they already synchronise (each report), so the hot path stays
-free of extra syncs.
+free of extra syncs: one flag all-reduce took ~1 ms on 2 gloo ranks of the 2-core CPU machine,
+and on a GPU it would also stall the queue of launched kernels every step.
 """
 from __future__ import annotations
 
