@@ -48,7 +48,8 @@ def _exit_unless_writable(key: str, directory: str) -> None:
         if not os.access(directory, os.W_OK | os.X_OK):
             raise PermissionError("permission denied")
     except OSError as e:
-        print(f"error: {key}={directory}: cannot write there ({e.strerror or e}); choose a writable {key}", file=sys.stderr)
+        reason = e.strerror or str(e)
+        print(f"error: {key}={directory}: cannot write there ({reason}); choose a writable {key}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -51,7 +51,8 @@ CASES = {
     "unknown launcher": (["launcher=nope"], HYDRA, ["launcher/nope", "spawn"]),
     "wrong type": (["trainer.epochs=many"], HYDRA, ["trainer.epochs", "many"]),
     "unknown key": (["trainer.epoch=3"], HYDRA, ["trainer.epoch"]),
-    "more GPUs than visible": (["trainer.gpus=2", "strategy=ddp"], OURS, ["trainer.devices=2", "trainer.accelerator=cpu"]),
+    "more GPUs than visible": (
+        ["trainer.gpus=2", "strategy=ddp"], OURS, ["trainer.devices=2", "trainer.accelerator=cpu"]),
     "batch not divisible": ([*DDP[:2], "trainer.devices=3"], OURS, ["trainer.batch_size=64", "multiple of 3"]),
     "zero epochs": (["trainer.epochs=0"], OURS, ["trainer.epochs=0"]),
     "resume path missing": (["trainer.resume={root}/nope.pt"], OURS, ["trainer.resume=", "nope.pt", "no such file"]),
@@ -62,7 +63,8 @@ CASES = {
     "pickled object in checkpoint": (
         ["trainer.resume={root}/pickled.pt"], OURS, ["pickled.pt", "pickled Python object", "weights_only"]),
     "starting over an existing run": ([], OURS, ["already holds checkpoints/last.pt", "trainer.resume=auto"]),
-    "output dir not writable": (["hydra.run.dir={root}/a_file/run"], OURS, ["hydra.run.dir=", "a_file/run"]),
+    "output dir not writable": (
+        ["hydra.run.dir={root}/a_file/run"], OURS, ["hydra.run.dir=", "a_file/run", "cannot write"]),
     "port taken": ([*DDP, "launcher.master_port={port}"], OURS, ["launcher.master_port={port}", "already in use"]),
 }
 

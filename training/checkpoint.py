@@ -70,10 +70,10 @@ def check_resumable(checkpoint: Any, model: nn.Module, path: Path) -> None:
         raise ConfigError(f"trainer.resume={path}: not a train.py checkpoint (no {', '.join(missing)}); {_FIX}")
     saved, expected = checkpoint["model"], unwrap(model).state_dict()
     trained_with = _model_target(checkpoint.get("config"))
-    fix = f"resume with the model it was trained with ({trained_with})" if trained_with else "resume with the same model"
+    fix = f"resume with the model it was trained with ({trained_with or 'see its config'})"
     for name, tensor in expected.items():
         if name not in saved:
-            raise ConfigError(f"trainer.resume={path}: the checkpoint has no tensor {name} that this model needs; {fix}")
+            raise ConfigError(f"trainer.resume={path}: the checkpoint lacks tensor {name} this model needs; {fix}")
         if saved[name].shape != tensor.shape:
             raise ConfigError(
                 f"trainer.resume={path}: tensor {name} has shape {list(saved[name].shape)} in the checkpoint "
