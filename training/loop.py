@@ -68,6 +68,7 @@ def fit(
         improved = val.acc > state.best_val_acc
         state.best_val_acc = max(state.best_val_acc, val.acc)
         reporter.scalars(state.step, {"val/loss": val.loss, "val/acc": val.acc, "throughput/samples_per_s": speed})
+        reporter.samples(state.step, model, loaders.val)
         log.info(
             "epoch %d/%d  train loss %.4f acc %.4f  val loss %.4f acc %.4f  %.0f samples/s",
             epoch + 1, trainer.epochs, train.loss, train.acc, val.loss, val.acc, speed,

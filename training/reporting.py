@@ -7,7 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+from torch import nn
+
 from distributed.context import DistContext
+from distributed.strategy import unwrap
 
 log = logging.getLogger("train")
 
@@ -35,13 +40,20 @@ def configure_logging(ctx: DistContext, run_dir: Path) -> None:
     root.setLevel(logging.WARNING)
 
 
+# The final figures that TensorBoard's HParams tab sets against each job's options.
+HPARAM_METRICS = ("val_acc", "best_val_acc", "train_samples_per_s", "wall_s")
+SAMPLES = 16  # validation images in the per-epoch grid
+
+
 class Reporter:
-    """TensorBoard scalars and the final metrics.json; silent on every rank but 0."""
+    """TensorBoard scalars, hparams and sample images, and the final metrics.json; silent on every rank but 0."""
 
     def __init__(self, ctx: DistContext, run_dir: Path) -> None:
         self.enabled = ctx.is_main
         self.run_dir = run_dir
+        self.device = ctx.device
         self._writer = None
+        self._samples: tuple[torch.Tensor, torch.Tensor] | None = None
         if self.enabled:
             from torch.utils.tensorboard import SummaryWriter  # lazy: ~1 s of imports
 
@@ -52,6 +64,36 @@ class Reporter:
             for tag, value in values.items():
                 self._writer.add_scalar(tag, value, step)
 
+    @torch.no_grad()
+    def samples(self, step: int, model: nn.Module, loader: Any) -> None:
+        """A grid of the same validation images each epoch, captioned predicted / true label."""
+        if not self.enabled:
+            return
+        if self._samples is None:
+            self._samples = _first_samples(loader, SAMPLES)
+        images, targets = self._samples
+        if not len(images):
+            return
+        net = unwrap(model)
+        training = net.training
+        net.eval()
+        predicted = net(images.to(self.device)).argmax(dim=1).cpu()
+        net.train(training)
+        self._writer.add_image("val/samples", sample_grid(images, predicted, targets), step, dataformats="HWC")
+
+    def hparams(self, options: dict[str, Any], metrics: dict[str, Any]) -> None:
+        """One row in the HParams tab: this job's options against its final figures."""
+        if not self.enabled:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        final = {f"final/{key}": metrics[key] for key in HPARAM_METRICS if key in metrics}
+        # SummaryWriter.add_hparams would open a second writer in a timestamped subdirectory, which
+        # TensorBoard shows as a run of its own; written here, a sweep shows one run per job.
+        for summary in hparams({k: v for k, v in options.items() if v is not None}, final):
+            self._writer.file_writer.add_summary(summary, metrics.get("steps"))
+        self.scalars(metrics.get("steps", 0), final)
+
     def write_metrics(self, metrics: dict[str, Any]) -> None:
         """One JSON object on one line: sweep reports read one file per run."""
         if self.enabled:
@@ -60,3 +102,37 @@ class Reporter:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+def _first_samples(loader: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    images, targets = [], []
+    for x, y in loader:
+        images.append(x)
+        targets.append(y)
+        if sum(len(t) for t in targets) >= n:
+            break
+    if not images:
+        return torch.empty(0), torch.empty(0, dtype=torch.long)
+    return torch.cat(images)[:n], torch.cat(targets)[:n]
+
+
+def sample_grid(images: torch.Tensor, predicted: torch.Tensor, targets: torch.Tensor, tile: int = 96) -> np.ndarray:
+    """An HWC uint8 grid: each image scaled to its own min..max, captioned green when right, red when wrong."""
+    from PIL import Image, ImageDraw
+
+    columns = min(len(images), 4)
+    rows = -(-len(images) // columns)
+    caption, gap = 14, 2
+    grid = Image.new("RGB", (columns * (tile + gap) - gap, rows * (tile + caption)), "white")
+    draw = ImageDraw.Draw(grid)
+    for i, (image, p, t) in enumerate(zip(images.float(), predicted.tolist(), targets.tolist())):
+        # Per-image min-max undoes any normalisation well enough to look at, whatever the dataset.
+        low, high = image.min(), image.max()
+        pixels = ((image - low) / (high - low).clamp_min(1e-8) * 255).to(torch.uint8)
+        if pixels.shape[0] == 1:
+            pixels = pixels.expand(3, -1, -1)
+        tile_image = Image.fromarray(pixels.permute(1, 2, 0).numpy()).resize((tile, tile), Image.NEAREST)
+        x, y = (i % columns) * (tile + gap), (i // columns) * (tile + caption)
+        grid.paste(tile_image, (x, y))
+        draw.text((x + 2, y + tile + 1), f"pred {p} / true {t}", fill=(0, 140, 0) if p == t else (200, 0, 0))
+    return np.asarray(grid)

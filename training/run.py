@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
+
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -63,10 +65,36 @@ def train(ctx: DistContext, cfg: DictConfig, run_dir: Path, labels: dict[str, st
     try:
         metrics = fit(model, optimizer, scheduler, loaders, ctx, trainer, state, reporter, checkpointer, preemption)
         if metrics:
-            reporter.write_metrics(
-                {**metrics, **labels, "world_size": ctx.world_size, "wall_s": time.perf_counter() - start}
-            )
+            devices = _devices(trainer, ctx)
+            final = {
+                **metrics, **labels, "world_size": ctx.world_size, "devices": devices,
+                "batch_size": trainer.batch_size, "wall_s": time.perf_counter() - start,
+            }
+            reporter.write_metrics(final)
+            reporter.hparams(_options(cfg, labels, devices, ctx), final)
     finally:
         preemption.close()
         reporter.close()
     return unwrap(model)
+
+
+def _devices(trainer: DictConfig, ctx: DistContext) -> int:
+    """DDP runs one rank per device; DP drives all of them from one process."""
+    return max(ctx.world_size, int(trainer.gpus or trainer.devices))
+
+
+def _options(cfg: DictConfig, labels: dict[str, str], devices: int, ctx: DistContext) -> dict[str, Any]:
+    """The choices that tell one sweep job from another, for TensorBoard's HParams tab."""
+    trainer = cfg.trainer
+    return {
+        **labels,
+        "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
+        "lr": cfg.optimizer.lr,
+        "scheduler": cfg.scheduler.get("_target_", "none").rsplit(".", 1)[-1],
+        "accelerator": ctx.device.type,
+        "devices": devices,
+        "batch_size": trainer.batch_size,
+        "epochs": trainer.epochs,
+        "seed": trainer.seed,
+        "precision": trainer.get("precision"),  # None (left out) until the config has one
+    }

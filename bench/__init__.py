@@ -1,0 +1,1 @@
+"""Benchmarks and the sweep report; each prints figures against a baseline measured in the same run."""

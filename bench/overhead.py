@@ -1,0 +1,51 @@
+"""What train.py's loop costs against a hand-written loop doing the same work.
+
+python -m bench.overhead [--quick]
+
+Each case trains the same model on the same synthetic data with the same batch, optimizer and
+threads, once through `python train.py` and once through bench/plain_loop.py; runs alternate so
+both see the same machine. Figure: steady-state training samples/s (first epoch excluded).
+Target: ours / plain ≥ 0.98.
+"""
+from __future__ import annotations
+
+import argparse
+
+from bench.common import median, python_json, table, train, verdict
+
+TARGET = 0.98
+# (model, channels, image size): seed 001's CNN on CIFAR-shaped data, seed 002's Net on MNIST-shaped.
+CASES = [("simple_cnn", 3, 32), ("mnist_net", 1, 28)]
+
+
+def measure(model: str, channels: int, size: int, train_size: int, batch: int, epochs: int) -> tuple[float, float]:
+    ours = train(
+        f"model={model}", "dataset=synthetic", f"dataset.channels={channels}", f"dataset.image_size={size}",
+        f"dataset.train_size={train_size}", "dataset.val_size=256", f"trainer.batch_size={batch}",
+        f"trainer.epochs={epochs}", "trainer.accelerator=cpu", "optimizer=sgd", "scheduler=none",
+    )["train_samples_per_s"]
+    plain = python_json(
+        "-m", "bench.plain_loop", "--model", model, "--channels", str(channels), "--image-size", str(size),
+        "--train-size", str(train_size), "--batch-size", str(batch), "--epochs", str(epochs),
+    )["samples_per_s"]
+    return ours, plain
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a tiny smoke run; its figures mean nothing")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    train_size, batch, epochs, repeats = (256, 64, 2, 1) if args.quick else (8192, 64, 4, args.repeats)
+
+    rows = []
+    for model, channels, size in CASES:
+        runs = [measure(model, channels, size, train_size, batch, epochs) for _ in range(repeats)]
+        ours, plain = median([r[0] for r in runs]), median([r[1] for r in runs])
+        ratio = ours / plain
+        rows.append([f"{model} {channels}x{size}x{size}", batch, ours, plain, ratio, verdict(ratio, TARGET)])
+    print(table(["case", "batch", "train.py samples/s", "plain loop samples/s", "ratio", f"target ≥ {TARGET}"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Every benchmark runs end to end at a tiny size and prints a consistent table (no timing asserts)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def bench(name: str, *args: str) -> list[dict[str, str]]:
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{name}", *args], cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("|")]
+    headers = [h.strip() for h in lines[0].strip("|").split("|")]
+    return [dict(zip(headers, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+
+
+def number(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
+def test_overhead_ratio_is_ours_over_plain():
+    rows = bench("overhead", "--quick")
+    assert [r["case"] for r in rows] == ["simple_cnn 3x32x32", "mnist_net 1x28x28"]
+    for row in rows:
+        ours, plain = number(row["train.py samples/s"]), number(row["plain loop samples/s"])
+        assert ours > 0 and plain > 0
+        assert number(row["ratio"]) == pytest.approx(ours / plain, rel=0.01)
+
+
+def test_ddp_ratio_is_ddp_over_single():
+    (row,) = bench("ddp", "--quick")
+    single, ddp = number(row["single samples/s"]), number(row["ddp(2, gloo) samples/s"])
+    assert number(row["ratio"]) == pytest.approx(ddp / single, rel=0.01)
+
+
+def test_startup_reports_seconds_above_bare_import():
+    bare, optimizer, ours = bench("startup", "--quick")
+    assert number(ours["seconds (median)"]) > number(bare["seconds (median)"]) > 0
+    assert number(ours["above bare import (s)"]) == pytest.approx(
+        number(ours["seconds (median)"]) - number(bare["seconds (median)"]), abs=0.002
+    )
+
+
+def test_time_to_accuracy_trains_ours_and_the_baseline():
+    ours, plain, ratio = bench("time_to_accuracy", "--quick")
+    for row in (ours, plain):
+        assert 0.1 < number(row["final val acc (median)"]) <= 1.0  # one epoch: well above chance (0.1)
+    assert number(ratio["wall (s)"]) == pytest.approx(number(ours["wall (s)"]) / number(plain["wall (s)"]), rel=0.01)

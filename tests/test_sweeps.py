@@ -1,0 +1,86 @@
+"""`python train.py -m ...` sweeps: a dir per job with metrics and TensorBoard, then bench.report on them."""
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from tests.conftest import ROOT
+from train import check
+
+TINY = ("trainer.accelerator=cpu", "trainer.epochs=2", "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1", "trainer.progress_bar=false")
+
+
+def _multirun(sweep_dir: Path, *overrides: str) -> list[Path]:
+    cmd = [sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep_dir}", *TINY, *overrides]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    return sorted(p for p in sweep_dir.iterdir() if p.is_dir())
+
+
+def _hparams(events: EventAccumulator) -> dict:
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    values = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
+    return {key: value.string_value or value.number_value for key, value in values.items()}
+
+
+@pytest.mark.parametrize("sweep", ["scaling", "dp_vs_ddp"])
+def test_ready_made_sweeps_compose_job_by_job(sweep):
+    overrides = [f"+sweep={sweep}", "trainer.accelerator=cpu"]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        params = compose(config_name="config", overrides=overrides, return_hydra_config=True).hydra.sweeper.params
+        strategies = str(params["strategy"]).split(",")
+        missing = [s for s in strategies if not (ROOT / "conf" / "strategy" / f"{s}.yaml").exists()]
+        if missing:
+            pytest.skip(f"strategy={','.join(missing)} is not in conf/strategy/ on this branch")
+        jobs = list(itertools.product(*([f"{key}={value}" for value in str(values).split(",")]
+                                        for key, values in params.items())))
+        assert len(jobs) == {"scaling": 4, "dp_vs_ddp": 6}[sweep]
+        for job in jobs:
+            cfg = compose(config_name="config", overrides=[*overrides, *job])
+            assert check(cfg).devices == cfg.trainer.devices, job
+
+
+@pytest.mark.slow
+def test_scaling_sweep_runs_ddp_per_job_and_reports(tmp_path):
+    sweep = tmp_path / "sweep"
+    jobs = _multirun(sweep, "+sweep=scaling", "trainer.devices=1,2")  # the command line narrows 1,2,4,8
+    assert [job.name for job in jobs] == ["0", "1"]
+    metrics = [json.loads((job / "metrics.json").read_text()) for job in jobs]
+    assert [(m["strategy"], m["devices"], m["world_size"], m["batch_size"]) for m in metrics] == [
+        ("ddp", 1, 1, 64), ("ddp", 2, 2, 64)]
+    for job, m in zip(jobs, metrics):
+        (events_file,) = (job / "tb").iterdir()  # rank 0 alone writes, hparams included: one file
+        events = EventAccumulator(str(job / "tb"), size_guidance={"images": 0})
+        events.Reload()
+        assert {"train/loss", "val/acc", "final/best_val_acc"} <= set(events.Tags()["scalars"])
+        assert events.Scalars("final/best_val_acc")[-1].value == pytest.approx(m["best_val_acc"])
+        hparams = _hparams(events)
+        assert (hparams["strategy"], hparams["devices"], hparams["model"]) == ("ddp", m["devices"], "mnist_net")
+        images = events.Images("val/samples")
+        assert len(images) == 2 and images[-1].width > 0  # one grid per epoch
+        assert images[-1].encoded_image_string[:4] == b"\x89PNG"
+
+    result = subprocess.run([sys.executable, "-m", "bench.report", str(sweep)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ddp |")]
+    speedup = metrics[1]["train_samples_per_s"] / metrics[0]["train_samples_per_s"]
+    assert len(rows) == 2 and "| 1.00× | 100% |" in rows[0] and f"| {speedup:.2f}× |" in rows[1]
+    assert (sweep / "report.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_every_strategy_runs_under_multirun(tmp_path):
+    jobs = _multirun(tmp_path / "sweep", "strategy=single,ddp", "trainer.devices=1")
+    strategies = [json.loads((job / "metrics.json").read_text())["strategy"] for job in jobs]
+    assert strategies == ["single", "ddp"]
+    assert all((job / "checkpoints" / "last.pt").is_file() and (job / "train.log").is_file() for job in jobs)
