@@ -64,8 +64,12 @@ def test_cpu_ddp_plan():
     assert set(plan.forward_signals) == {signal.SIGTERM, signal.SIGUSR1}  # passed on to spawned ranks
 
 
-def test_resume_auto_in_a_fresh_run_dir_starts_fresh(tmp_path):
-    check(compose_config("trainer.resume=auto"), tmp_path)
+def test_resume_auto_starts_fresh_but_a_plain_run_never_overwrites_last_pt(tmp_path):
+    assert check(compose_config("trainer.resume=auto"), tmp_path).devices == 1  # no last.pt yet: fresh
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.pt").write_bytes(b"a previous attempt")
+    with pytest.raises(ConfigError, match="already holds checkpoints/last.pt; continue it with trainer.resume=auto"):
+        check(compose_config(), tmp_path)
 
 
 def test_signal_names_may_drop_the_sig_prefix():
