@@ -1,11 +1,17 @@
-"""Checkpoints are written atomically and load with weights_only=True."""
+"""Checkpoints are written atomically, load with weights_only=True, and refuse the wrong model."""
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
+from distributed.context import DistContext
 from errors import ConfigError
-from training.checkpoint import load_checkpoint, save_checkpoint
+from models.mnist_net import MnistNet
+from training.checkpoint import Checkpointer, TrainState, check_resumable, find_resume, load_checkpoint, save_checkpoint
 
 
 def test_save_replaces_atomically_and_leaves_no_temp_file(tmp_path):
@@ -32,3 +38,77 @@ def test_truncated_checkpoint_is_a_one_line_error(tmp_path):
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(ConfigError, match="not a loadable checkpoint"):
         load_checkpoint(path, torch.device("cpu"))
+
+
+def test_a_write_that_fails_midway_leaves_the_previous_file_and_no_temp(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_checkpoint({"epoch": 1}, path)
+    before = path.read_bytes()
+
+    def disk_full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint({"epoch": 2, "model": {"w": torch.ones(1000)}}, path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def _checkpoint(model: nn.Module, best: float = 0.5) -> dict:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": None,
+            "epoch": 1, "step": 10, "best": best, "config": "model:\n  _target_: models.mnist_net.MnistNet\n"}
+
+
+def test_a_checkpoint_of_another_shape_names_the_tensor_and_the_model(tmp_path):
+    saved = _checkpoint(MnistNet(1, 5, 8))
+    with pytest.raises(ConfigError) as error:
+        check_resumable(saved, MnistNet(1, 10, 8), tmp_path / "last.pt")
+    message = str(error.value)
+    assert "fc2.weight" in message and "[5, 128]" in message and "[10, 128]" in message
+    assert "models.mnist_net.MnistNet" in message and "\n" not in message
+
+
+def test_a_checkpoint_with_other_tensor_names_is_refused(tmp_path):
+    saved = _checkpoint(MnistNet(1, 10, 8))
+    saved["model"]["extra.weight"] = torch.ones(1)
+    with pytest.raises(ConfigError, match="extra.weight"):
+        check_resumable(saved, MnistNet(1, 10, 8), tmp_path / "last.pt")
+    with pytest.raises(ConfigError, match="not a train.py checkpoint"):
+        check_resumable({"model": {}}, MnistNet(1, 10, 8), tmp_path / "last.pt")
+
+
+class _Payload:
+    pass
+
+
+def test_a_pickled_object_is_refused_by_weights_only(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"model": _Payload()}, path)
+    with pytest.raises(ConfigError, match=r"refused, it holds a pickled Python object \(.*_Payload\)"):
+        load_checkpoint(path, torch.device("cpu"))
+
+
+def _checkpointer(directory, model):
+    ctx = DistContext(0, 0, 1, 1, torch.device("cpu"), None)
+    return Checkpointer(ctx, directory, model, torch.optim.SGD(model.parameters(), lr=0.1), None, "a: 1\n")
+
+
+def test_best_pt_is_never_replaced_by_a_worse_model_even_from_an_earlier_run(tmp_path):
+    model = MnistNet(1, 10, 8)
+    _checkpointer(tmp_path, model).save_best(TrainState(epoch=1, best_val_acc=0.9))
+    before = (tmp_path / "best.pt").read_bytes()
+    later_run = _checkpointer(tmp_path, model)  # a new run in the same directory
+    later_run.save_best(TrainState(epoch=1, best_val_acc=0.5))
+    assert (tmp_path / "best.pt").read_bytes() == before
+    later_run.save_best(TrainState(epoch=2, best_val_acc=0.95))
+    assert torch.load(tmp_path / "best.pt", weights_only=True)["best"] == 0.95
+
+
+def test_resume_auto_finds_last_pt_or_starts_fresh(tmp_path):
+    assert find_resume("auto", tmp_path) is None
+    save_checkpoint({"epoch": 1}, tmp_path / "checkpoints" / "last.pt")
+    assert find_resume("auto", tmp_path) == tmp_path / "checkpoints" / "last.pt"
+    assert find_resume("/elsewhere/best.pt", tmp_path) == Path("/elsewhere/best.pt")
+    assert find_resume(None, tmp_path) is None

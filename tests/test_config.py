@@ -1,12 +1,15 @@
 """Config composition and the checks train.py runs before any process starts."""
 from __future__ import annotations
 
+import signal
+
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from errors import ConfigError
 from train import check
+from training.preemption import parse_signals
 from tests.conftest import compose_config, run_train
 
 
@@ -37,6 +40,10 @@ def test_a_wrong_type_fails_at_composition():
         (["trainer.epochs=0"], ["trainer.epochs=0"]),
         (["trainer.accelerator=tpu"], ["trainer.accelerator=tpu", "auto, gpu or cpu"]),
         (["trainer.resume=/nonexistent/last.pt"], ["trainer.resume=/nonexistent/last.pt", "no such file"]),
+        (["trainer.epochs=-2"], ["trainer.epochs=-2"]),
+        (["trainer.checkpoint_every_n_steps=0"], ["trainer.checkpoint_every_n_steps=0", "positive"]),
+        (["trainer.preempt_signals=[SIGNOPE]"], ["trainer.preempt_signals", "SIGNOPE", "SIGUSR1"]),
+        (["trainer.requeue_signals=[KILL]"], ["trainer.requeue_signals", "KILL"]),
     ],
 )
 def test_check_names_the_key_and_the_fix(overrides, words):
@@ -54,6 +61,19 @@ def test_gpus_shorthand_means_gpu_accelerator():
 def test_cpu_ddp_plan():
     plan = check(compose_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"))
     assert (plan.accelerator, plan.devices, plan.process_group) == ("cpu", 2, True)
+    assert set(plan.forward_signals) == {signal.SIGTERM, signal.SIGUSR1}  # passed on to spawned ranks
+
+
+def test_resume_auto_starts_fresh_but_a_plain_run_never_overwrites_last_pt(tmp_path):
+    assert check(compose_config("trainer.resume=auto"), tmp_path).devices == 1  # no last.pt yet: fresh
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.pt").write_bytes(b"a previous attempt")
+    with pytest.raises(ConfigError, match="already holds checkpoints/last.pt; continue it with trainer.resume=auto"):
+        check(compose_config(), tmp_path)
+
+
+def test_signal_names_may_drop_the_sig_prefix():
+    assert parse_signals(["usr1", "SIGTERM"], "k") == [signal.SIGUSR1, signal.SIGTERM]
 
 
 def test_train_py_rejects_more_gpus_than_visible_in_one_line(run_dir):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from distributed import context
-from distributed.context import DistContext, make_context
+from distributed.context import DistContext
 from distributed.launch import launch
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from models.simple_cnn import SimpleCNN

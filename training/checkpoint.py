@@ -1,49 +1,113 @@
 """Checkpoints: plain tensors and primitives, written atomically by rank 0 only."""
 from __future__ import annotations
 
+import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import yaml
 from torch import nn
 
 from distributed.context import DistContext
 from distributed.strategy import unwrap
 from errors import ConfigError
 
+log = logging.getLogger("train")
+
+_REQUIRED = ("model", "optimizer", "scheduler", "epoch", "step", "best")
+_FIX = "point trainer.resume at a last.pt or best.pt written by train.py"
+
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     """Write to a temp file, fsync, then rename over `path`: a crash leaves the old file whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    # The rename is durable only once the directory entry is on disk too.
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
     """weights_only=True: a checkpoint can carry tensors and primitives, never code."""
     try:
-        return torch.load(path, map_location=device, weights_only=True)
+        checkpoint = torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
         raise ConfigError(f"trainer.resume={path}: no such file; give an existing checkpoint path") from None
     except Exception as e:  # torch raises several types for truncated, corrupt or pickled files
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(
-            f"trainer.resume={path}: not a loadable checkpoint ({first_line}); "
-            "point trainer.resume at a last.pt or best.pt written by train.py"
-        ) from None
+        pickled = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if pickled:
+            raise ConfigError(
+                f"trainer.resume={path}: refused, it holds a pickled Python object ({pickled.group(1)}) and "
+                f"checkpoints load with weights_only=True; {_FIX}"
+            ) from None
+        detail = str(e).split("WeightsUnpickler error:")[-1].strip()  # torch's advice comes first
+        first_line = detail.splitlines()[0] if detail else type(e).__name__
+        raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({first_line}); {_FIX}") from None
+    return checkpoint
+
+
+def check_resumable(checkpoint: Any, model: nn.Module, path: Path) -> None:
+    """A train.py checkpoint of this very model; name the first tensor that differs, not all."""
+    missing = [key for key in _REQUIRED if not isinstance(checkpoint, dict) or key not in checkpoint]
+    if missing:
+        raise ConfigError(f"trainer.resume={path}: not a train.py checkpoint (no {', '.join(missing)}); {_FIX}")
+    saved, expected = checkpoint["model"], unwrap(model).state_dict()
+    trained_with = _model_target(checkpoint.get("config"))
+    fix = f"resume with the model it was trained with ({trained_with or 'see its config'})"
+    for name, tensor in expected.items():
+        if name not in saved:
+            raise ConfigError(f"trainer.resume={path}: the checkpoint lacks tensor {name} this model needs; {fix}")
+        if saved[name].shape != tensor.shape:
+            raise ConfigError(
+                f"trainer.resume={path}: tensor {name} has shape {list(saved[name].shape)} in the checkpoint "
+                f"but {list(tensor.shape)} in this model; {fix}"
+            )
+    extra = sorted(set(saved) - set(expected))
+    if extra:
+        raise ConfigError(f"trainer.resume={path}: the checkpoint has tensor {extra[0]} this model lacks; {fix}")
+
+
+def _model_target(config_yaml: Any) -> str | None:
+    try:
+        return yaml.safe_load(config_yaml)["model"]["_target_"]
+    except Exception:
+        return None
+
+
+def find_resume(resume: str | None, run_dir: Path) -> Path | None:
+    """`auto`: this run dir's last.pt if a previous attempt left one, else start fresh."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        last = run_dir / "checkpoints" / "last.pt"
+        return last if last.exists() else None
+    return Path(resume)
 
 
 @dataclass
 class TrainState:
-    epoch: int = 0  # the next epoch to run
+    epoch: int = 0  # the epoch running (or next to run)
     step: int = 0  # optimizer steps taken so far
     best_val_acc: float = -1.0
+    batch: int = 0  # batches of `epoch` already trained: a mid-epoch checkpoint resumes after them
+    rng: list[torch.Tensor] | None = None  # this rank's RNG state to restore once those batches are skipped
 
 
 class Checkpointer:
@@ -57,8 +121,11 @@ class Checkpointer:
         self.model, self.optimizer, self.scheduler = unwrap(model), optimizer, scheduler
         self.scaler = scaler  # fp16's loss scale: resuming without it would re-learn it with skipped steps
         self.config_yaml = config_yaml
+        self._best_on_disk = _best_in(directory / "best.pt") if ctx.is_main else None
 
     def save(self, name: str, state: TrainState) -> None:
+        """Every rank must call this for a mid-epoch save (it gathers their RNG states)."""
+        rng = _gather_rng(self.ctx) if state.batch else None
         if not self.ctx.is_main:
             return
         save_checkpoint(
@@ -70,18 +137,59 @@ class Checkpointer:
                 "epoch": state.epoch,
                 "step": state.step,
                 "best": state.best_val_acc,
+                "batch": state.batch,
+                "rng": rng,
                 "config": self.config_yaml,
             },
             self.directory / name,
         )
 
+    def save_best(self, state: TrainState) -> None:
+        """best.pt only ever gets better, even one left by an earlier run in this directory."""
+        if self._best_on_disk is not None and state.best_val_acc <= self._best_on_disk:
+            return
+        self.save("best.pt", state)
+        self._best_on_disk = state.best_val_acc
+
     def restore(self, path: Path) -> TrainState:
         """Every rank loads the same file; DDP's weights then agree without a broadcast."""
         checkpoint = load_checkpoint(path, self.ctx.device)
+        check_resumable(checkpoint, self.model, path)
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         if self.scheduler is not None and checkpoint["scheduler"] is not None:
             self.scheduler.load_state_dict(checkpoint["scheduler"])
         if self.scaler is not None and checkpoint.get("scaler"):
             self.scaler.load_state_dict(checkpoint["scaler"])
-        return TrainState(checkpoint["epoch"], checkpoint["step"], checkpoint["best"])
+        state = TrainState(checkpoint["epoch"], checkpoint["step"], checkpoint["best"], checkpoint.get("batch", 0))
+        rng = checkpoint.get("rng")
+        if rng is not None and len(rng) == self.ctx.world_size:
+            state.rng = rng[self.ctx.rank]
+        elif state.batch:
+            log.warning("the checkpoint's world size differs: dropout randomness for the rest of this epoch will too")
+        return state
+
+
+def restore_rng(rng: list[torch.Tensor]) -> None:
+    torch.set_rng_state(rng[0].cpu())
+    if len(rng) > 1:
+        torch.cuda.set_rng_state(rng[1].cpu())
+
+
+def _gather_rng(ctx: DistContext) -> list[torch.Tensor]:
+    """Each rank's global RNG state (CPU, and CUDA when on a GPU), indexed by rank."""
+    states = [torch.get_rng_state()]
+    if ctx.device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(ctx.device))
+    if not ctx.distributed:
+        return [states]
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, states)
+    return gathered
+
+
+def _best_in(path: Path) -> float | None:
+    try:
+        return float(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["best"])
+    except Exception:  # no best.pt yet, or one we cannot read: nothing to protect
+        return None

@@ -17,9 +17,10 @@ from tqdm import tqdm
 from data import Loaders
 from distributed.context import DistContext, epoch_seed
 from distributed.strategy import devices_of, unwrap
-from training.checkpoint import Checkpointer, TrainState
+from training.checkpoint import Checkpointer, TrainState, restore_rng
 from training.metrics import Accumulator, Averages, peak_memory_mb
 from training.precision import autocast
+from training.preemption import PreemptionWatch
 from training.reporting import Reporter
 
 log = logging.getLogger("train")
@@ -32,10 +33,12 @@ class Batches:
     ctx: DistContext
     limit: int | None
 
-    def take(self, loader: Any):
+    def take(self, loader: Any, skip: int = 0):
         for i, (x, y) in enumerate(loader):
             if self.limit is not None and i >= self.limit:
                 return
+            if i < skip:  # resuming mid-epoch: drawn in the same order, trained before the stop
+                continue
             yield x.to(self.ctx.device, non_blocking=True), y.to(self.ctx.device, non_blocking=True)
 
     def count(self, loader: Any) -> int:
@@ -53,18 +56,21 @@ def fit(
     reporter: Reporter,
     checkpointer: Checkpointer,
     scaler: torch.amp.GradScaler,
+    preemption: PreemptionWatch | None = None,
 ) -> dict[str, Any]:
     """Train from `state.epoch` to `trainer.epochs` (or `max_steps`); return the final figures."""
     samples_per_s: list[float] = []
     train = val = memory = None
     while state.epoch < trainer.epochs and not _done(state, trainer):
         epoch = state.epoch
-        train, speed = train_epoch(model, optimizer, loaders, ctx, trainer, state, reporter, scaler)
+        train, speed = train_epoch(
+            model, optimizer, loaders, ctx, trainer, state, reporter, checkpointer, scaler, preemption
+        )
         val = evaluate(model, loaders.val, Batches(ctx, trainer.limit_val_batches), ctx)
         samples_per_s.append(speed)
         if scheduler is not None:
             scheduler.step()
-        state.epoch = epoch + 1
+        state.epoch, state.batch, state.rng = epoch + 1, 0, None  # rng: unused if resumed at the epoch's end
         improved = val.acc > state.best_val_acc
         state.best_val_acc = max(state.best_val_acc, val.acc)
         memory = peak_memory_mb(devices_of(model, ctx), ctx)  # per device: DP's first card holds more
@@ -81,8 +87,11 @@ def fit(
             epoch + 1, trainer.epochs, train.loss, train.acc, val.loss, val.acc, speed,
         )
         if improved:
-            checkpointer.save("best.pt", state)
+            checkpointer.save_best(state)
         checkpointer.save("last.pt", state)
+        more = state.epoch < trainer.epochs and not _done(state, trainer)
+        if more and preemption is not None and preemption.should_stop(state.step, force=True):
+            raise preemption.preempted()  # last.pt, just saved, holds this epoch's end
     if val is None:
         log.info("nothing to train: the checkpoint already finished epoch %d of %d", state.epoch, trainer.epochs)
         return {}
@@ -109,7 +118,9 @@ def train_epoch(
     trainer: Any,
     state: TrainState,
     reporter: Reporter,
+    checkpointer: Checkpointer,
     scaler: torch.amp.GradScaler,
+    preemption: PreemptionWatch | None = None,
 ) -> tuple[Averages, float]:
     """One epoch. trainer.batch_size is the global batch of one micro-batch (as in Lightning):
     an optimizer step sees batch_size * accumulate_grad_batches samples, and state.step and
@@ -123,14 +134,17 @@ def train_epoch(
     steps_in_window = 0
     num_batches, accumulate = batches.count(loaders.train), trainer.accumulate_grad_batches
     bar = tqdm(
-        total=num_batches,
+        total=batches.count(loaders.train) - state.batch,
         desc=f"epoch {state.epoch + 1}",
         disable=not (ctx.is_main and trainer.progress_bar),
         leave=False,
         dynamic_ncols=True,
     )
     start = time.perf_counter()
-    for i, (x, y) in enumerate(batches.take(loaders.train)):
+    for i, (x, y) in enumerate(batches.take(loaders.train, skip=state.batch), start=state.batch):
+        if state.rng is not None:  # resumed mid-epoch: continue the random stream where it stopped
+            restore_rng(state.rng)
+            state.rng = None
         group_start = i - i % accumulate
         group_size = min(accumulate, num_batches - group_start)
         last_of_group = i == group_start + group_size - 1
@@ -141,12 +155,20 @@ def train_epoch(
             continue
         optimizer_step(model, optimizer, scaler, trainer.grad_clip)
         state.step += 1
+        state.batch = i + 1  # micro-batches of this epoch done: a mid-epoch resume skips them
         steps_in_window += 1
         if state.step % trainer.log_every_n_steps == 0:
             _report_window(window, total, ctx, reporter, state.step, optimizer, bar)
             steps_in_window = 0
         if _done(state, trainer):
             break
+        stop = preemption is not None and preemption.should_stop(state.step)
+        every = trainer.checkpoint_every_n_steps
+        if stop or (every and state.step % every == 0):
+            checkpointer.save("last.pt", state)
+        if stop:
+            bar.close()
+            raise preemption.preempted()
     if steps_in_window:
         _report_window(window, total, ctx, reporter, state.step, optimizer, bar)
     elapsed = time.perf_counter() - start  # the all-reduce above synchronised the device

@@ -15,9 +15,11 @@ from data import build_loaders
 from distributed import context
 from distributed.context import DistContext
 from distributed.strategy import unwrap, wrap
-from training.checkpoint import Checkpointer, TrainState
+from errors import Preempted
+from training.checkpoint import Checkpointer, TrainState, find_resume
 from training.loop import fit
 from training.precision import grad_scaler
+from training.preemption import PreemptionWatch, parse_signals
 from training.reporting import Reporter, configure_logging
 
 log = logging.getLogger("train")
@@ -31,6 +33,9 @@ def run(ctx: DistContext, cfg: DictConfig, run_dir: str, labels: dict[str, str])
     try:
         train(ctx, cfg, Path(run_dir), labels)
         finished = True
+    except Preempted:
+        finished = True  # every rank stopped at the same step: leave together, after rank 0 saved
+        raise
     finally:
         context.shutdown(ctx, clean=finished)
 
@@ -41,6 +46,9 @@ def train(ctx: DistContext, cfg: DictConfig, run_dir: Path, labels: dict[str, st
 
     start = time.perf_counter()
     trainer = cfg.trainer
+    signals = parse_signals(trainer.preempt_signals, "trainer.preempt_signals")
+    # From here on a preemption signal is noted, not fatal: the loop stops at an agreed step.
+    preemption = PreemptionWatch(ctx, signals, trainer.preempt_check_every_n_steps or trainer.log_every_n_steps)
     torch.manual_seed(trainer.seed)  # the same initial weights on every rank
     loaders = build_loaders(cfg.dataset, cfg.data, ctx, trainer.batch_size, trainer.seed)
     net = models.build(cfg.model).to(ctx.device)
@@ -53,15 +61,18 @@ def train(ctx: DistContext, cfg: DictConfig, run_dir: Path, labels: dict[str, st
     checkpointer = Checkpointer(
         ctx, run_dir / "checkpoints", model, optimizer, scheduler, OmegaConf.to_yaml(cfg), scaler=scaler
     )
-    state = checkpointer.restore(Path(trainer.resume)) if trainer.resume else TrainState()
+    resume = find_resume(trainer.resume, run_dir)
+    state = checkpointer.restore(resume) if resume else TrainState()
     log.info(
-        "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d",
+        "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d%s",
         labels["model"], labels["dataset"], labels["strategy"], ctx.world_size, ctx.device.type,
-        trainer.batch_size, state.epoch + 1,
+        trainer.batch_size, state.epoch + 1, f" batch {state.batch + 1} ({resume})" if resume else "",
     )
     reporter = Reporter(ctx, run_dir)
     try:
-        metrics = fit(model, optimizer, scheduler, loaders, ctx, trainer, state, reporter, checkpointer, scaler)
+        metrics = fit(
+            model, optimizer, scheduler, loaders, ctx, trainer, state, reporter, checkpointer, scaler, preemption
+        )
         if metrics:
             devices = _devices(trainer, ctx)
             final = {
@@ -71,6 +82,7 @@ def train(ctx: DistContext, cfg: DictConfig, run_dir: Path, labels: dict[str, st
             reporter.write_metrics(final)
             reporter.hparams(_options(cfg, labels, devices, ctx), final)
     finally:
+        preemption.close()
         reporter.close()
     return unwrap(model)
 

@@ -6,7 +6,7 @@ with Hydra's own message. Plain dataclasses, so nothing here imports Hydra.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 
 @dataclass
@@ -23,12 +23,18 @@ class TrainerConfig:
     limit_val_batches: Optional[int] = None
     log_every_n_steps: int = 50
     progress_bar: bool = True
-    resume: Optional[str] = None  # path to a checkpoint to continue from
     precision: str = "32"  # 32 | bf16-mixed | 16-mixed (CUDA only: fp16 autocast + GradScaler)
     accumulate_grad_batches: int = 1  # micro-batches (each of batch_size) per optimizer step
     grad_clip: Optional[float] = None  # max global gradient norm; None: no clipping
     channels_last: bool = False  # NHWC memory format for model and images
     compile: bool = False  # torch.compile the model before DP/DDP wrap it
+    resume: Optional[str] = None  # a checkpoint path, or auto: this run dir's last.pt if any
+    checkpoint_every_n_steps: Optional[int] = None  # also save last.pt mid-epoch
+    # Preemption: these signals make every rank finish its step and save last.pt, then exit;
+    # under SLURM the requeue signals also requeue the job (SIGTERM is also scancel's: no requeue).
+    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    requeue_signals: List[str] = field(default_factory=lambda: ["SIGUSR1"])
+    preempt_check_every_n_steps: Optional[int] = None  # None: at each log_every_n_steps (no extra sync)
 
 
 @dataclass

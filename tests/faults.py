@@ -1,0 +1,28 @@
+"""Faults injected through the model config, for tests: `model._target_=tests.faults.FailingNet`."""
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+import torch.distributed as dist
+
+from models.mnist_net import MnistNet
+
+
+class FailingNet(MnistNet):
+    """MnistNet whose rank `fail_rank` raises (or, with `kill`, dies by SIGKILL) at forward `at_step`."""
+
+    def __init__(self, *args, fail_rank: int = 1, at_step: int = 3, kill: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fail_rank, self.at_step, self.kill = fail_rank, at_step, kill
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if rank == self.fail_rank and self.calls == self.at_step:
+            if self.kill:
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"injected failure on rank {rank}")
+        return super().forward(x)

@@ -1,0 +1,90 @@
+"""Every bad input to `python train.py`: a short message naming the key, a non-zero exit, no traceback,
+and a run directory's existing checkpoints left byte for byte as they were."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+from models.mnist_net import MnistNet
+from tests.conftest import run_train
+from training.checkpoint import save_checkpoint
+
+pytestmark = pytest.mark.slow
+
+DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
+
+
+def _checkpoint(model, **extra) -> dict:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": None,
+            "epoch": 1, "step": 23, "best": 0.5, "batch": 0, "rng": None, "config": "a: 1\n", **extra}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A run dir that already holds checkpoints, and bad checkpoint files elsewhere."""
+    root = tmp_path_factory.mktemp("bad")
+    save_checkpoint(_checkpoint(MnistNet(1, 10, 8)), root / "run" / "checkpoints" / "last.pt")
+    save_checkpoint(_checkpoint(MnistNet(1, 10, 8)), root / "run" / "checkpoints" / "best.pt")
+    good = (root / "run" / "checkpoints" / "last.pt").read_bytes()
+    (root / "truncated.pt").write_bytes(good[: len(good) // 2])
+    (root / "corrupt.pt").write_bytes(b"not a checkpoint" * 100)
+    save_checkpoint(_checkpoint(MnistNet(1, 5, 8)), root / "other_model.pt")
+    torch.save({**_checkpoint(MnistNet(1, 10, 8)), "extra": socket.socket}, root / "pickled.pt")
+    (root / "a_file").write_text("")
+    return root
+
+
+def _snapshot(directory):
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+# (overrides, exit code, words the message must contain); {root} is the fixture's directory.
+HYDRA = 1  # Hydra's own composition errors: a few lines, no traceback
+OURS = 2  # train.py's checks: exactly one line
+CASES = {
+    "unknown model": (["model=nope"], HYDRA, ["model/nope", "mnist_net"]),
+    "unknown dataset": (["dataset=nope"], HYDRA, ["dataset/nope", "digits"]),
+    "unknown strategy": (["strategy=nope"], HYDRA, ["strategy/nope", "ddp"]),
+    "unknown launcher": (["launcher=nope"], HYDRA, ["launcher/nope", "spawn"]),
+    "wrong type": (["trainer.epochs=many"], HYDRA, ["trainer.epochs", "many"]),
+    "unknown key": (["trainer.epoch=3"], HYDRA, ["trainer.epoch"]),
+    "more GPUs than visible": (
+        ["trainer.gpus=2", "strategy=ddp"], OURS, ["trainer.devices=2", "trainer.accelerator=cpu"]),
+    "batch not divisible": ([*DDP[:2], "trainer.devices=3"], OURS, ["trainer.batch_size=64", "multiple of 3"]),
+    "zero epochs": (["trainer.epochs=0"], OURS, ["trainer.epochs=0"]),
+    "resume path missing": (["trainer.resume={root}/nope.pt"], OURS, ["trainer.resume=", "nope.pt", "no such file"]),
+    "truncated checkpoint": (["trainer.resume={root}/truncated.pt"], OURS, ["truncated.pt", "not a loadable checkpoint"]),
+    "corrupt checkpoint": (["trainer.resume={root}/corrupt.pt"], OURS, ["corrupt.pt", "not a loadable checkpoint"]),
+    "checkpoint of another model": (
+        ["trainer.resume={root}/other_model.pt"], OURS, ["other_model.pt", "fc2.weight", "[5, 128]", "[10, 128]"]),
+    "pickled object in checkpoint": (
+        ["trainer.resume={root}/pickled.pt"], OURS, ["pickled.pt", "pickled Python object", "weights_only"]),
+    "starting over an existing run": ([], OURS, ["already holds checkpoints/last.pt", "trainer.resume=auto"]),
+    "output dir not writable": (
+        ["hydra.run.dir={root}/a_file/run"], OURS, ["hydra.run.dir=", "a_file/run", "cannot write"]),
+    "port taken": ([*DDP, "launcher.master_port={port}"], OURS, ["launcher.master_port={port}", "already in use"]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_short_error_and_touches_nothing(files, case):
+    overrides, code, words = CASES[case]
+    run_dir = files / "run"
+    before = _snapshot(run_dir / "checkpoints")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        fill = lambda text: text.format(root=files, port=port)  # noqa: E731
+        result = run_train(run_dir, *map(fill, overrides), timeout=120)
+    assert result.returncode == code, result.stderr
+    stderr = result.stderr.strip()
+    assert "Traceback" not in stderr
+    for word in map(fill, words):
+        assert word in stderr, stderr
+    if code == OURS:
+        assert len(stderr.splitlines()) == 1 and stderr.startswith("error: "), stderr
+    assert _snapshot(run_dir / "checkpoints") == before

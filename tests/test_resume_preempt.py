@@ -1,0 +1,162 @@
+"""Killed, preempted and failing runs of `python train.py`: nothing lost, nothing left behind."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, run_train
+
+pytestmark = pytest.mark.slow
+
+# 8 batches x 3 epochs; checkpoints every step, so kills land on every kind of moment.
+TINY = ["trainer.epochs=3", "trainer.limit_train_batches=8", "trainer.limit_val_batches=2"]
+DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
+
+
+class Run:
+    """`python train.py` in the background, tagged so that every process it starts can be found."""
+
+    def __init__(self, run_dir: Path, *overrides: str) -> None:
+        self.run_dir, self.tag = run_dir, uuid.uuid4().hex
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.out = open(run_dir.parent / f"{run_dir.name}-{self.tag}.out", "w+")
+        cmd = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "trainer.progress_bar=false", *overrides]
+        env = {**os.environ, "TRAIN_TEST_TAG": self.tag}
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.out, stderr=subprocess.STDOUT, env=env)
+
+    def wait_for(self, ready, timeout: float = 180) -> None:
+        """Poll `ready()` every millisecond; fail if the run ends first."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert self.proc.poll() is None, f"the run ended before the moment came:\n{self.output()}"
+            assert time.monotonic() < deadline, self.output()
+            time.sleep(0.001)
+
+    def logged(self, text: str) -> bool:
+        log = self.run_dir / "train.log"
+        return log.exists() and text in log.read_text()
+
+    def finish(self, timeout: float = 180) -> int:
+        code = self.proc.wait(timeout)
+        self.out.close()
+        return code
+
+    def output(self) -> str:
+        if not self.out.closed:
+            self.out.flush()
+        return Path(self.out.name).read_text()
+
+    def leftovers(self) -> list[int]:
+        """Processes still alive that this run started (spawned ranks inherit the tag)."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and f"TRAIN_TEST_TAG={self.tag}".encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+        return found
+
+
+def _checkpoint(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+
+
+def _assert_same_weights(resumed: dict, uninterrupted: dict) -> None:
+    assert (resumed["epoch"], resumed["step"]) == (uninterrupted["epoch"], uninterrupted["step"])
+    for key, value in uninterrupted["model"].items():
+        assert torch.equal(resumed["model"][key], value), key
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    run_dir = tmp_path_factory.mktemp("whole") / "run"
+    result = run_train(run_dir, *TINY)
+    assert result.returncode == 0, result.stderr
+    return _checkpoint(run_dir)
+
+
+def test_kill_9_at_any_moment_then_resume_auto_ends_bitwise_equal(tmp_path, uninterrupted):
+    run_dir = tmp_path / "run"
+    args = (*TINY, "trainer.checkpoint_every_n_steps=1", "trainer.resume=auto")
+    # During an epoch: between the end-of-epoch checkpoint and the next.
+    run = Run(run_dir, *args)
+    run.wait_for(lambda: run.logged("epoch 1/3"))
+    run.proc.kill()
+    run.finish()
+    _checkpoint(run_dir)  # readable
+    # During a checkpoint write: a temp file left behind proves the kill landed inside one.
+    tmp = run_dir / "checkpoints" / ".last.pt.tmp"
+    for _ in range(5):
+        run = Run(run_dir, *args)
+        run.wait_for(tmp.exists)
+        run.proc.kill()
+        run.finish()
+        assert _checkpoint(run_dir)["step"] > 0  # the previous last.pt is whole
+        if tmp.exists():
+            break
+    assert tmp.exists(), "no kill landed inside a checkpoint write in 5 tries"
+    result = run_train(run_dir, *args)
+    assert result.returncode == 0, result.stderr
+    assert "from epoch" in (run_dir / "train.log").read_text()
+    _assert_same_weights(_checkpoint(run_dir), uninterrupted)
+
+
+def test_sigterm_saves_mid_epoch_and_resume_continues_exactly(tmp_path, uninterrupted):
+    sig = signal.SIGTERM
+    run_dir = tmp_path / "run"
+    run = Run(run_dir, *TINY, "trainer.log_every_n_steps=3")  # ranks agree on a stop every 3 steps
+    run.wait_for(lambda: run.logged("from epoch 1"))
+    run.proc.send_signal(sig)
+    assert run.finish() == 128 + sig, run.output()
+    output = run.output()
+    assert f"preempted by {sig.name}" in output and "Traceback" not in output
+    assert f"hydra.run.dir={run_dir}" in output and "trainer.resume=auto" in output
+    stopped = _checkpoint(run_dir)
+    assert stopped["step"] % 3 == 0 or stopped["batch"] == 0
+    result = run_train(run_dir, *TINY, "trainer.resume=auto")
+    assert result.returncode == 0, result.stderr
+    _assert_same_weights(_checkpoint(run_dir), uninterrupted)
+
+
+def test_sigusr1_to_a_ddp_run_saves_and_resume_continues_exactly(tmp_path):
+    whole, run_dir = tmp_path / "whole", tmp_path / "run"
+    assert run_train(whole, *DDP, *TINY).returncode == 0
+    run = Run(run_dir, *DDP, *TINY, "trainer.log_every_n_steps=2")
+    run.wait_for(lambda: run.logged("from epoch 1"))
+    run.proc.send_signal(signal.SIGUSR1)  # to train.py only: it passes the signal on to the ranks
+    assert run.finish() == 128 + signal.SIGUSR1, run.output()
+    assert "trainer.resume=auto" in run.output() and "Traceback" not in run.output()
+    assert run.leftovers() == []
+    stopped = _checkpoint(run_dir)
+    if stopped["batch"]:
+        assert len(stopped["rng"]) == 2  # each rank's random stream, to continue mid-epoch
+    result = run_train(run_dir, *DDP, *TINY, "trainer.resume=auto")
+    assert result.returncode == 0, result.stderr
+    _assert_same_weights(_checkpoint(run_dir), _checkpoint(whole))
+
+
+@pytest.mark.parametrize(
+    "fault, reason", [("", "RuntimeError: injected failure on rank 1"), ("+model.kill=true", "killed by SIGKILL")]
+)
+def test_a_failing_rank_ends_the_ddp_job_naming_it_and_leaves_no_process(tmp_path, fault, reason):
+    run_dir = tmp_path / "run"
+    faulty = ["model._target_=tests.faults.FailingNet", "+model.at_step=3", *([fault] if fault else [])]
+    run = Run(run_dir, *DDP, *TINY, "launcher.timeout_s=20", *faulty)
+    run.wait_for(lambda: run.logged("from epoch 1"))  # training starts; rank 1 fails at its 3rd step
+    start = time.monotonic()
+    code = run.finish(timeout=120)
+    elapsed = time.monotonic() - start
+    assert code == 1, run.output()
+    assert f"error: rank 1 failed: {reason}" in run.output()
+    assert "rank 1 failed" in (run_dir / "train.log").read_text()
+    assert elapsed < 20, f"{elapsed:.0f} s from the start of training to the end of the job"
+    assert run.leftovers() == []
