@@ -40,6 +40,12 @@ OmegaConf.register_new_resolver(
     "rank_zero_only", lambda launcher, value: value if environment.is_rank_zero(launcher, os.environ) else None,
     replace=True,
 )
+# Seed recipes give a batch per GPU; trainer.batch_size is global: ${per_device:128} = 128 x processes.
+OmegaConf.register_new_resolver(
+    "per_device",
+    lambda batch, *, _root_: batch * (_root_.trainer.gpus or _root_.trainer.devices) * _root_.trainer.num_nodes,
+    replace=True,
+)
 log = logging.getLogger("train")
 
 

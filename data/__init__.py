@@ -48,6 +48,11 @@ def check(dataset: Any, data: Any) -> None:
             f"data.loader=device holds the dataset in device memory, which dataset={dataset.name} does not "
             "suit; use data.loader=dataloader"
         )
+    if data.loader == "device" and dataset.get("resize"):
+        raise ConfigError(
+            f"data.loader=device augments at the stored image size, but dataset.resize={dataset.resize} asks "
+            "for ImageNet-style resizing; use data.loader=dataloader, or dataset.resize=null"
+        )
     if hasattr(module, "check"):
         module.check(dataset)
     if hasattr(module, "files"):

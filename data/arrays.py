@@ -33,3 +33,11 @@ class ArrayDataset(Dataset):
         image = self.arrays.images[index].numpy()
         pil = Image.fromarray(image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0))
         return self.transform(pil), int(self.arrays.labels[index])
+
+
+def transformed(splits: tuple[ImageArrays, ImageArrays], cfg: Any) -> tuple[ArrayDataset, ArrayDataset]:
+    """(train, val) through the per-sample transforms of the DataLoader path."""
+    from data.transforms import sample_transform
+
+    train, val = splits
+    return ArrayDataset(train, sample_transform(cfg, train=True)), ArrayDataset(val, sample_transform(cfg, train=False))

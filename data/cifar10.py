@@ -12,9 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.arrays import ArrayDataset, ImageArrays
+from data.arrays import ArrayDataset, ImageArrays, transformed
 from data.download import dataset_root
-from data.transforms import small_image_transform
 from errors import ConfigError
 
 FOLDER = "cifar-10-batches-py"
@@ -51,8 +50,7 @@ def arrays(cfg: Any) -> tuple[ImageArrays, ImageArrays]:
 
 
 def load(cfg: Any) -> tuple[ArrayDataset, ArrayDataset]:
-    train, val = arrays(cfg)
-    return ArrayDataset(train, small_image_transform(cfg, train=True)), ArrayDataset(val, small_image_transform(cfg, train=False))
+    return transformed(arrays(cfg), cfg)
 
 
 def write_batch(path: Path, images: np.ndarray, labels: np.ndarray) -> None:

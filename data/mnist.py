@@ -9,9 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.arrays import ArrayDataset, ImageArrays
+from data.arrays import ArrayDataset, ImageArrays, transformed
 from data.download import dataset_root
-from data.transforms import small_image_transform
 from errors import ConfigError
 
 FOLDER = Path("MNIST") / "raw"
@@ -43,8 +42,7 @@ def arrays(cfg: Any) -> tuple[ImageArrays, ImageArrays]:
 
 
 def load(cfg: Any) -> tuple[ArrayDataset, ArrayDataset]:
-    train, val = arrays(cfg)
-    return ArrayDataset(train, small_image_transform(cfg, train=True)), ArrayDataset(val, small_image_transform(cfg, train=False))
+    return transformed(arrays(cfg), cfg)
 
 
 def _read_split(images_path: Path, labels_path: Path) -> ImageArrays:

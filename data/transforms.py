@@ -8,6 +8,12 @@ import torch
 import torch.nn.functional as F
 
 
+def sample_transform(cfg: Any, train: bool) -> Callable:
+    """Small-image transforms, or ImageNet-style ones when the config resizes (`dataset.resize`:
+    seed 001 fine-tunes an ImageNet ResNet on CIFAR-10 at 224 px)."""
+    return imagenet_transform(cfg, train) if cfg.get("resize") else small_image_transform(cfg, train)
+
+
 def small_image_transform(cfg: Any, train: bool) -> Callable:
     """CIFAR-10 / MNIST: [RandomCrop(size, padding), RandomHorizontalFlip] for training, then
     ToTensor and Normalize(mean, std)."""

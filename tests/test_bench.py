@@ -60,3 +60,9 @@ def test_data_loaders_ratio_is_device_over_dataloader():
         dataloader, device = number(row["data.loader=dataloader"]), number(row["data.loader=device"])
         assert dataloader > 0 and device > 0
         assert number(row["ratio"]) == pytest.approx(device / dataloader, rel=0.01)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="on a GPU this is the real benchmark, not a smoke run")
+def test_gpu_benchmark_skips_cleanly_without_cuda():
+    done = subprocess.run([sys.executable, "-m", "bench.gpu", "--quick"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and "skipped, no CUDA" in done.stdout, done.stderr

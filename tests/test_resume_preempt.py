@@ -54,8 +54,16 @@ class Run:
             self.out.flush()
         return Path(self.out.name).read_text()
 
-    def leftovers(self) -> list[int]:
-        """Processes still alive that this run started (spawned ranks inherit the tag)."""
+    def leftovers(self, settle_s: float = 10.0) -> list[str]:
+        """Command lines of processes this run started (spawned ranks inherit the tag) still alive
+        `settle_s` after it ended: helpers such as multiprocessing's resource tracker leave only
+        once they notice their parent is gone."""
+        deadline = time.monotonic() + settle_s
+        while (found := self._tagged()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return [_cmdline(pid) for pid in found]
+
+    def _tagged(self) -> list[int]:
         found = []
         for entry in Path("/proc").iterdir():
             try:
@@ -64,6 +72,13 @@ class Run:
             except OSError:
                 pass
         return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return f"{pid}: " + (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:  # gone since
+        return f"{pid}: (exited)"
 
 
 def _checkpoint(run_dir: Path) -> dict:

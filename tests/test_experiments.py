@@ -1,0 +1,94 @@
+"""Each seed's reproduction composes as its text says and runs, tiny, through `python train.py`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import compose_config, run_train
+from tests.dataset_files import write_cifar, write_image_folder, write_mnist
+
+EXPERIMENTS = ("seed000", "seed001", "seed002", "seed003")
+TINY = ("trainer.epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.accelerator=cpu")
+
+
+def test_seed000_is_resnet50_ddp_with_128_images_per_device():
+    cfg = compose_config("experiment=seed000", "trainer.devices=4")
+    assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, cfg.launcher.name) == ("resnet50", "cifar10", "ddp", "spawn")
+    assert cfg.trainer.batch_size == 512 and cfg.trainer.epochs == 1
+    assert (cfg.optimizer.lr, cfg.optimizer.momentum, cfg.optimizer.weight_decay) == (0.1, 0.9, 5e-4)
+    assert compose_config("experiment=seed000", "trainer.gpus=2", "trainer.num_nodes=2").trainer.batch_size == 512
+
+
+def test_seed001_fine_tunes_resnet18_at_224_with_dp_and_steplr():
+    cfg = compose_config("experiment=seed001", "model.weights=w.pth")
+    assert (cfg.model.arch, cfg.strategy.name, cfg.dataset.image_size, cfg.dataset.resize) == ("resnet18", "dp", 224, 256)
+    assert (cfg.optimizer.lr, cfg.scheduler.step_size, cfg.scheduler.gamma, cfg.trainer.epochs) == (0.001, 7, 0.1, 25)
+
+
+def test_seed002_is_the_mnist_net_with_adadelta_and_steplr():
+    cfg = compose_config("experiment=seed002", "trainer.devices=2")
+    assert (cfg.model._target_, cfg.dataset.name, cfg.optimizer._target_) == (
+        "models.mnist_net.MnistNet", "mnist", "torch.optim.Adadelta"
+    )
+    assert (cfg.optimizer.lr, cfg.scheduler.step_size, cfg.scheduler.gamma, cfg.trainer.epochs) == (1.0, 1, 0.7, 14)
+    assert cfg.trainer.batch_size == 128 and cfg.launcher.name == "auto"
+
+
+def test_seed003_is_resnet50_ddp_on_an_image_folder():
+    cfg = compose_config("experiment=seed003", "dataset.root=/data/imagenet")
+    assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, cfg.trainer.batch_size) == ("resnet50", "imagefolder", "ddp", 256)
+    assert (cfg.optimizer.weight_decay, cfg.scheduler.step_size, cfg.trainer.epochs) == (1e-4, 30, 90)
+
+
+def _run(run_dir, *overrides):
+    result = run_train(run_dir, *overrides, *TINY)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_seed000_runs_tiny_under_ddp(tmp_path):
+    write_cifar(tmp_path / "cifar", per_batch=8, val=8)
+    metrics = _run(
+        tmp_path / "run", "experiment=seed000", f"dataset.root={tmp_path / 'cifar'}", "dataset.download=false",
+        "trainer.devices=2", "trainer.batch_size=8",
+    )
+    assert (metrics["model"], metrics["strategy"], metrics["world_size"]) == ("resnet50", "ddp", 2)
+
+
+@pytest.mark.slow
+def test_seed001_fine_tunes_from_a_local_weights_file_at_224(tmp_path):
+    import torchvision
+
+    weights = tmp_path / "resnet18.pth"
+    torch.save(torchvision.models.resnet18().state_dict(), weights)  # the format torchvision ships
+    write_cifar(tmp_path / "cifar", per_batch=4, val=4)
+    run_dir = tmp_path / "run"
+    metrics = _run(
+        run_dir, "experiment=seed001", f"model.weights={weights}", f"dataset.root={tmp_path / 'cifar'}",
+        "dataset.download=false", "trainer.batch_size=4",
+    )
+    assert (metrics["model"], metrics["strategy"]) == ("resnet18", "dp")
+    assert (run_dir / "checkpoints" / "best.pt").is_file()
+
+
+@pytest.mark.slow
+def test_seed002_runs_tiny_on_mnist_files(tmp_path):
+    write_mnist(tmp_path / "mnist", train=64, val=32)
+    metrics = _run(
+        tmp_path / "run", "experiment=seed002", f"dataset.root={tmp_path / 'mnist'}", "dataset.download=false",
+        "trainer.devices=2", "trainer.batch_size=16",
+    )
+    assert (metrics["dataset"], metrics["world_size"]) == ("mnist", 2)
+
+
+@pytest.mark.slow
+def test_seed003_runs_tiny_on_an_image_folder(tmp_path):
+    root = write_image_folder(tmp_path / "images", classes=2, per_class=2)
+    metrics = _run(
+        tmp_path / "run", "experiment=seed003", f"dataset.root={root}", "dataset.num_classes=2",
+        "trainer.devices=1", "trainer.batch_size=2",
+    )
+    assert (metrics["model"], metrics["dataset"]) == ("resnet50", "imagefolder")
