@@ -1,6 +1,6 @@
 """The baseline for the default job: the same work as `python train.py`, written as a plain script.
 
-scikit-learn's digits with the same split and normalisation, seed 002's Net, SGD + cosine over
+scikit-learn's digits with the same split (data.digits) and normalisation, seed 002's Net, SGD + cosine over
 `--epochs` (15, as conf/trainer/default.yaml) at batch 64, evaluated each epoch. Prints one JSON line: final validation accuracy.
 """
 from __future__ import annotations
@@ -10,10 +10,9 @@ import json
 
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, TensorDataset
 
+from data.digits import images_and_labels, stratified_split
 from models.mnist_net import MnistNet
 
 def tensors(images, labels) -> TensorDataset:
@@ -26,10 +25,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=15)
     epochs = parser.parse_args().epochs
     torch.manual_seed(0)
-    images, labels = load_digits(return_X_y=True)
-    x_train, x_val, y_train, y_val = train_test_split(images, labels, test_size=0.2, stratify=labels, random_state=0)
-    train = DataLoader(tensors(x_train, y_train), batch_size=64, shuffle=True)
-    val = DataLoader(tensors(x_val, y_val), batch_size=64)
+    images, labels = images_and_labels()
+    train_idx, val_idx = stratified_split(labels, 0.2)
+    train = DataLoader(tensors(images[train_idx], labels[train_idx]), batch_size=64, shuffle=True)
+    val = DataLoader(tensors(images[val_idx], labels[val_idx]), batch_size=64)
     model = MnistNet(1, 10, 8)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4, nesterov=True)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs)

@@ -1,24 +1,46 @@
-"""scikit-learn's handwritten digits (1,797 8x8 images shipped inside the package): no download."""
+"""scikit-learn's handwritten digits (1,797 8x8 images shipped inside the package): no download.
+
+Read straight from the file scikit-learn ships, as its `load_digits` does: importing sklearn
+itself costs about a second of start-up on every run and every rank (bench.startup).
+"""
 from __future__ import annotations
 
+import importlib.util
+import math
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
 from data.arrays import ImageArrays
 
 
-def arrays(cfg: Any) -> tuple[ImageArrays, ImageArrays]:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+def images_and_labels() -> tuple[np.ndarray, np.ndarray]:
+    """(1797 x 64 pixels 0..16, 1797 labels), the rows of sklearn/datasets/data/digits.csv.gz."""
+    package = importlib.util.find_spec("sklearn")  # finds the package without running it
+    rows = np.loadtxt(Path(package.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz", delimiter=",")
+    return rows[:, :-1], rows[:, -1].astype(np.int64)
 
-    images, labels = load_digits(return_X_y=True)
-    # A fixed stratified split, independent of trainer.seed, so every run tests on the same images.
-    x_train, x_val, y_train, y_val = train_test_split(
-        images, labels, test_size=cfg.val_fraction, stratify=labels, random_state=0
-    )
-    return _arrays(x_train, y_train), _arrays(x_val, y_val)
+
+def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) indices: each class keeps its share in val (largest remainders fill the total)."""
+    classes, counts = np.unique(labels, return_counts=True)
+    quotas = counts * val_fraction
+    per_class = np.floor(quotas).astype(int)
+    short = math.ceil(val_fraction * len(labels)) - per_class.sum()
+    per_class[np.argsort(-(quotas - per_class), kind="stable")[:short]] += 1
+    rng = np.random.default_rng(seed)
+    val = np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in zip(classes, per_class)])
+    return np.setdiff1d(np.arange(len(labels)), val), np.sort(val)
+
+
+def arrays(cfg: Any) -> tuple[ImageArrays, ImageArrays]:
+    images, labels = images_and_labels()
+    # A fixed split, independent of trainer.seed, so every run tests on the same images.
+    train, val = stratified_split(labels, cfg.val_fraction)
+    return _arrays(images[train], labels[train]), _arrays(images[val], labels[val])
 
 
 def load(cfg: Any) -> tuple[TensorDataset, TensorDataset]:

@@ -25,7 +25,7 @@ def number(cell: str) -> float:
 
 def test_overhead_ratio_is_ours_over_plain():
     rows = bench("overhead", "--quick")
-    assert [r["case"] for r in rows] == ["simple_cnn 3x32x32", "mnist_net 1x28x28"]
+    assert [r["case"] for r in rows] == ["simple_cnn 3x32x32"]  # --quick: the first case only
     for row in rows:
         ours, plain = number(row["train.py samples/s"]), number(row["plain loop samples/s"])
         assert ours > 0 and plain > 0

@@ -1,6 +1,7 @@
 """Per-rank loaders: the global batch splits evenly and validation counts every sample once."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from data import build_loaders
@@ -33,3 +34,18 @@ def test_train_shards_are_disjoint_and_reshuffled_each_epoch():
         # 1,437 samples: DistributedSampler pads one duplicate so both ranks take 719 steps' worth
         assert len(set(orders[0, epoch]) | set(orders[1, epoch])) == 1437
     assert orders[0, 0] != orders[0, 1]
+
+
+def test_digits_are_sklearns_and_the_split_is_stratified_and_fixed():
+    from sklearn.datasets import load_digits
+
+    from data import digits
+
+    images, labels = digits.images_and_labels()
+    expected_images, expected_labels = load_digits(return_X_y=True)
+    assert np.array_equal(images, expected_images) and np.array_equal(labels, expected_labels)
+    train, val = digits.stratified_split(labels, 0.2)
+    assert (len(train), len(val)) == (1437, 360) and not set(train) & set(val)
+    share = np.bincount(labels[val]) / np.bincount(labels)
+    assert share.min() > 0.18 and share.max() < 0.22  # every class keeps its fifth
+    assert np.array_equal(val, digits.stratified_split(labels, 0.2)[1])

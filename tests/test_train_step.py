@@ -95,7 +95,11 @@ def test_accumulation_all_reduces_once_per_optimizer_step(process_group, tmp_pat
     state = TrainState()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     reporter = Reporter(make_context(1, 1, 2, 2, "cpu", False), tmp_path)  # a silent rank
-    averages, _ = train_epoch(model, optimizer, loaders, process_group, trainer, state, reporter, grad_scaler("32", CPU))
+    averages, _ = train_epoch(
+        model, optimizer, loaders, process_group, trainer, state, reporter,
+        checkpointer=None,  # no step checkpoints configured: never called
+        scaler=grad_scaler("32", CPU),
+    )
     assert state.step == 3 and len(calls) == 3 and averages.samples == 20
 
 
