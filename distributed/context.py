@@ -74,8 +74,6 @@ def shutdown(ctx: DistContext, clean: bool) -> None:
     dist.destroy_process_group()
 
 
-
-
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
     """Dropout/augmentation randomness from (seed, epoch, rank): a resumed run draws the same."""
     return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
