@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import ROOT, median, python_json, table, train, verdict
+from bench.common import ROOT, python_json, table, train, verdict
 from bench.data_loaders import write_cifar_shaped
 
 SPEEDUP_TARGET, DDP_OVERHEAD_TARGET, TTA_TARGET_S, TTA_ACC = 2.0, 0.03, 60.0, 0.94

@@ -66,6 +66,16 @@ def _pickle_that_runs_code(path: Path) -> None:
     path.write_bytes(pickle.dumps({"data": Exploit(), "labels": []}))
 
 
+def _assert_one_line_error(read, dataset: str, words: list[str]) -> None:
+    """`read()` fails with one line that names the file's problem and the prep command."""
+    with pytest.raises(ConfigError) as error:
+        read()
+    message = str(error.value)
+    assert "\n" not in message and f"python -m data.download dataset={dataset}" in message
+    for word in words:
+        assert word in message
+
+
 @pytest.mark.parametrize(
     "spoil, words",
     [
@@ -79,12 +89,7 @@ def _pickle_that_runs_code(path: Path) -> None:
 def test_malformed_cifar_batch_is_one_line_naming_the_file_and_fix(tmp_path, spoil, words):
     write_cifar(tmp_path, per_batch=4, val=4)
     spoil(tmp_path / cifar10.FOLDER / "data_batch_3")
-    with pytest.raises(ConfigError) as error:
-        cifar10.read(tmp_path)
-    message = str(error.value)
-    assert "\n" not in message and "python -m data.download dataset=cifar10" in message
-    for word in words:
-        assert word in message
+    _assert_one_line_error(lambda: cifar10.read(tmp_path), "cifar10", words)
 
 
 @pytest.mark.parametrize("gz", [False, True])
@@ -102,12 +107,7 @@ def test_malformed_mnist_file_is_one_line_naming_the_file_and_fix(tmp_path, gz, 
     if gz:
         images.with_name(images.name + ".gz").write_bytes(gzip.compress(images.read_bytes()))
         images.unlink()
-    with pytest.raises(ConfigError) as error:
-        mnist.read(tmp_path)
-    message = str(error.value)
-    assert "\n" not in message and "python -m data.download dataset=mnist" in message
-    for word in words:
-        assert word in message
+    _assert_one_line_error(lambda: mnist.read(tmp_path), "mnist", words)
 
 
 def test_truncated_gzip_and_label_count_mismatch_are_errors(tmp_path):
