@@ -105,5 +105,5 @@ def _options(cfg: DictConfig, labels: dict[str, str], devices: int, ctx: DistCon
         "batch_size": trainer.batch_size,
         "epochs": trainer.epochs,
         "seed": trainer.seed,
-        "precision": trainer.get("precision"),  # None (left out) until the config has one
+        "precision": trainer.precision,
     }
