@@ -26,3 +26,15 @@ class Preempted(Exception):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+class NonFiniteLoss(Exception):
+    """trainer.nonfinite=stop: a loss was NaN or infinite; nothing after the last finite state was saved."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(
+            f"the loss became non-finite (NaN or inf) at optimizer step {step}; stopped without saving "
+            "past it (last.pt holds the last finite state); lower optimizer.lr, set trainer.grad_clip, "
+            "or skip such steps with trainer.nonfinite=skip"
+        )
+        self.step = step

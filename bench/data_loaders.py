@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bench.common import ROOT, table, verdict
+from bench.common import table, verdict
 
 TARGET = 5.0
 LOADERS = ("dataloader", "device")
@@ -52,12 +52,13 @@ def epoch_rate(loaders, epoch: int, device: torch.device, step=None) -> float:
     return samples / (time.perf_counter() - start)
 
 
-def measure(cfg, ctx, epochs: int) -> dict[str, float]:
-    import models
+def measure(composed, ctx, epochs: int) -> dict[str, float]:
+    from config.check import factory, typed
     from data import build_loaders
 
+    cfg = typed(composed)
     loaders = build_loaders(cfg.dataset, cfg.data, ctx, cfg.trainer.batch_size, cfg.trainer.seed)
-    model = models.build(cfg.model).to(ctx.device)
+    model = factory(composed.model)().to(ctx.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def step(x, y):
@@ -75,9 +76,7 @@ def measure(cfg, ctx, epochs: int) -> dict[str, float]:
 
 
 def main() -> None:
-    from hydra import compose, initialize_config_dir
-
-    import train  # noqa: F401  registers the config schema, as `python train.py` does
+    from config.setup import compose
     from distributed.context import make_context
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -92,10 +91,9 @@ def main() -> None:
         write_cifar_shaped(Path(root), images)
         base = ["dataset=cifar10", f"dataset.root={root}", "dataset.download=false", "model=simple_cnn"]
         results = {}
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            for name in LOADERS:
-                cfg = compose("config", overrides=[*base, *args.overrides, f"data.loader={name}"])
-                results[name] = measure(cfg, ctx, epochs)
+        for name in LOADERS:
+            cfg = compose(*base, *args.overrides, f"data.loader={name}")
+            results[name] = measure(cfg, ctx, epochs)
 
     dataloader, device = results["dataloader"], results["device"]
     print(

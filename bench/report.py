@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         print(
             f"error: no metrics.json under {args.directory}; point at a sweep dir such as multirun/<date>/<time>, "
-            "or run one first: python train.py -m +sweep=scaling",
+            "or run one first: python train.py -m sweep=scaling",
             file=sys.stderr,
         )
         return 2

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, TensorDataset, get_worker_info
 
+from config.schema import DataConfig, DatasetConfig, Loader
 from distributed.context import DistContext, epoch_seed
 from errors import ConfigError
 
@@ -27,8 +28,6 @@ _MODULES = {
     "cifar10": "data.cifar10",
     "imagefolder": "data.imagefolder",
 }
-LOADERS = ("dataloader", "device")
-
 
 def dataset_module(name: str) -> ModuleType:
     if name not in _MODULES:
@@ -36,19 +35,17 @@ def dataset_module(name: str) -> ModuleType:
     return importlib.import_module(_MODULES[name])
 
 
-def check(dataset: Any, data: Any) -> None:
+def check(dataset: DatasetConfig, data: DataConfig) -> None:
     """What train.py can find wrong before any process starts: loader choice, files, folders."""
     from data import download
 
     module = dataset_module(dataset.name)
-    if data.loader not in LOADERS:
-        raise ConfigError(f"data.loader={data.loader}: choose dataloader or device")
-    if data.loader == "device" and not hasattr(module, "arrays"):
+    if data.loader == Loader.device and not hasattr(module, "arrays"):
         raise ConfigError(
             f"data.loader=device holds the dataset in device memory, which dataset={dataset.name} does not "
             "suit; use data.loader=dataloader"
         )
-    if data.loader == "device" and dataset.get("resize"):
+    if data.loader == Loader.device and dataset.resize:
         raise ConfigError(
             f"data.loader=device augments at the stored image size, but dataset.resize={dataset.resize} asks "
             "for ImageNet-style resizing; use data.loader=dataloader, or dataset.resize=null"
@@ -68,15 +65,20 @@ class Loaders:
     train_sampler: DistributedSampler  # call set_epoch(e) before each epoch
 
 
-def build_loaders(dataset: Any, data: Any, ctx: DistContext, global_batch: int, seed: int) -> Loaders:
-    """Each rank gets `global_batch / world_size` per step; validation covers every sample once."""
+def build_loaders(
+    dataset: DatasetConfig, data: DataConfig, ctx: DistContext, global_batch: int, seed: int,
+    shuffle: bool = True, drop_last: bool = False,
+) -> Loaders:
+    """Each rank gets `global_batch / world_size` per step; validation covers every sample once.
+    `shuffle=False` (trainer.overfit_batches): every epoch draws the same batches; `drop_last`:
+    every training batch has the same shape."""
     from data.download import prepare
 
     module = dataset_module(dataset.name)
     prepare(module, dataset, ctx)
     batch = global_batch // ctx.world_size
-    if data.loader == "device":
-        return _device_loaders(module, dataset, ctx, batch, seed)
+    if data.loader == Loader.device:
+        return _device_loaders(module, dataset, ctx, batch, seed, shuffle, drop_last)
     train_set, val_set = module.load(dataset)
     workers = num_workers(data, ctx, train_set)
     pin = ctx.device.type == "cuda" if data.pin_memory is None else data.pin_memory
@@ -87,27 +89,33 @@ def build_loaders(dataset: Any, data: Any, ctx: DistContext, global_batch: int, 
         multiprocessing_context=_fork_if_possible() if workers > 0 else None,
     )
     # DistributedSampler at world size 1 is a seeded shuffle: single and DDP draw from one permutation.
-    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed)
-    train = DataLoader(EpochSeeded(train_set, seed, ctx.rank), batch_size=batch, sampler=EpochIndices(sampler), **options)
+    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=shuffle, seed=seed)
+    train = DataLoader(
+        EpochSeeded(train_set, seed, ctx.rank), batch_size=batch, sampler=EpochIndices(sampler), drop_last=drop_last,
+        **options,
+    )
     # A strided shard without padding: every validation sample is counted exactly once globally.
     val_shard = Subset(val_set, range(ctx.rank, len(val_set), ctx.world_size))
     val = DataLoader(val_shard, batch_size=batch, shuffle=False, **options)
     return Loaders(train, val, sampler)
 
 
-def _device_loaders(module: ModuleType, dataset: Any, ctx: DistContext, batch: int, seed: int) -> Loaders:
+def _device_loaders(
+    module: ModuleType, dataset: DatasetConfig, ctx: DistContext, batch: int, seed: int, shuffle: bool,
+    drop_last: bool,
+) -> Loaders:
     from data.device_loader import DeviceLoader
     from data.transforms import BatchTransform
 
     train_set, val_set = module.arrays(dataset)
     transform = BatchTransform(dataset, train_set.scale, ctx.device)
-    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed)
-    train = DeviceLoader(train_set, transform, batch, ctx.device, sampler, seed, ctx.rank)
+    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=shuffle, seed=seed)
+    train = DeviceLoader(train_set, transform, batch, ctx.device, sampler, seed, ctx.rank, drop_last)
     val = DeviceLoader(val_set, transform, batch, ctx.device, range(ctx.rank, len(val_set), ctx.world_size))
     return Loaders(train, val, sampler)
 
 
-def num_workers(data: Any, ctx: DistContext, train_set: Dataset, env: Mapping[str, str] = os.environ) -> int:
+def num_workers(data: DataConfig, ctx: DistContext, train_set: Dataset, env: Mapping[str, str] = os.environ) -> int:
     """`data.num_workers=null`: the CPUs of this task shared among the ranks that run in it, and
     none for tensors already in memory (a worker would only copy them)."""
     if data.num_workers is not None:

@@ -1,6 +1,7 @@
 """A whole split as one tensor of images, as stored on disk, plus labels: both loaders start here."""
 from __future__ import annotations
 
+from config.schema import DatasetConfig
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -35,7 +36,7 @@ class ArrayDataset(Dataset):
         return self.transform(pil), int(self.arrays.labels[index])
 
 
-def transformed(splits: tuple[ImageArrays, ImageArrays], cfg: Any) -> tuple[ArrayDataset, ArrayDataset]:
+def transformed(splits: tuple[ImageArrays, ImageArrays], cfg: DatasetConfig) -> tuple[ArrayDataset, ArrayDataset]:
     """(train, val) through the per-sample transforms of the DataLoader path."""
     from data.transforms import sample_transform
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from config.schema import DatasetConfig
 from data.arrays import ArrayDataset, ImageArrays, transformed
 from data.download import dataset_root
 from errors import ConfigError
@@ -45,11 +46,11 @@ def read(root: Path) -> tuple[ImageArrays, ImageArrays]:
     return _read_split(root, TRAIN), _read_split(root, VAL)
 
 
-def arrays(cfg: Any) -> tuple[ImageArrays, ImageArrays]:
+def arrays(cfg: DatasetConfig) -> tuple[ImageArrays, ImageArrays]:
     return read(dataset_root(cfg))
 
 
-def load(cfg: Any) -> tuple[ArrayDataset, ArrayDataset]:
+def load(cfg: DatasetConfig) -> tuple[ArrayDataset, ArrayDataset]:
     return transformed(arrays(cfg), cfg)
 
 

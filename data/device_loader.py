@@ -27,6 +27,7 @@ class DeviceLoader:
         order: DistributedSampler | range,
         seed: int = 0,
         rank: int = 0,
+        drop_last: bool = False,
     ) -> None:
         """`order`: a DistributedSampler to train (reshuffled and re-augmented per epoch), or the
         fixed indices of this rank's validation shard (no augmentation)."""
@@ -37,13 +38,15 @@ class DeviceLoader:
         self.device = device
         self.order = order
         self.seed, self.rank = seed, rank
+        self.drop_last = drop_last
 
     @property
     def training(self) -> bool:
         return isinstance(self.order, DistributedSampler)
 
     def __len__(self) -> int:
-        return math.ceil(len(self.order) / self.batch_size)
+        batches = len(self.order) / self.batch_size
+        return math.floor(batches) if self.drop_last else math.ceil(batches)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         generator = None
@@ -51,5 +54,5 @@ class DeviceLoader:
             # (seed, epoch, rank): a resumed run draws the same crops and flips as an unbroken one.
             generator = torch.Generator(self.device).manual_seed(epoch_seed(self.seed, self.order.epoch, self.rank))
         indices = torch.as_tensor(list(self.order), dtype=torch.long).to(self.device, non_blocking=True)
-        for batch in indices.split(self.batch_size):
+        for batch in indices.split(self.batch_size)[: len(self)]:
             yield self.transform(self.images[batch], generator), self.labels[batch]

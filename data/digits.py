@@ -8,12 +8,12 @@ from __future__ import annotations
 import importlib.util
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from config.schema import DatasetConfig
 from data.arrays import ImageArrays
 
 
@@ -36,14 +36,14 @@ def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> 
     return np.setdiff1d(np.arange(len(labels)), val), np.sort(val)
 
 
-def arrays(cfg: Any) -> tuple[ImageArrays, ImageArrays]:
+def arrays(cfg: DatasetConfig) -> tuple[ImageArrays, ImageArrays]:
     images, labels = images_and_labels()
     # A fixed split, independent of trainer.seed, so every run tests on the same images.
     train, val = stratified_split(labels, cfg.val_fraction)
     return _arrays(images[train], labels[train]), _arrays(images[val], labels[val])
 
 
-def load(cfg: Any) -> tuple[TensorDataset, TensorDataset]:
+def load(cfg: DatasetConfig) -> tuple[TensorDataset, TensorDataset]:
     return tuple(_normalised(split, cfg) for split in arrays(cfg))
 
 
@@ -52,6 +52,6 @@ def _arrays(images, labels) -> ImageArrays:
     return ImageArrays(pixels, torch.as_tensor(labels, dtype=torch.long), scale=16.0)  # pixels are 0..16
 
 
-def _normalised(split: ImageArrays, cfg: Any) -> TensorDataset:
+def _normalised(split: ImageArrays, cfg: DatasetConfig) -> TensorDataset:
     x = (split.images.float() / split.scale - cfg.mean[0]) / cfg.std[0]
     return TensorDataset(x, split.labels)

@@ -3,7 +3,7 @@
 In a run, rank 0 downloads what is missing while the others wait; on clusters whose compute nodes
 have no internet, fetch ahead of time on a login node:
 
-    python -m data.download dataset=cifar10 [dataset.root=/shared/datasets]
+    python -m data.download dataset=cifar10 [paths.data_dir=/shared/datasets]
 """
 from __future__ import annotations
 
@@ -11,31 +11,31 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
-import torch.distributed as dist
-
+from config.schema import DatasetConfig
+from distributed.collectives import on_main_first
 from distributed.context import DistContext
 from errors import ConfigError
 
-DEFAULT_ROOT = Path(__file__).resolve().parent / "cache"  # git-ignored
 # Rank 0 may spend minutes on a download; the others must outwait it, not launcher.timeout_s.
 _DOWNLOAD_TIMEOUT = timedelta(minutes=30)
 
 
-def dataset_root(cfg: Any) -> Path:
-    return DEFAULT_ROOT if cfg.get("root") is None else Path(cfg.root)
+def dataset_root(cfg: DatasetConfig) -> Path:
+    if cfg.root is None:
+        raise ConfigError(f"dataset.root=null: dataset={cfg.name} needs a folder for its files (paths.data_dir)")
+    return Path(cfg.root)
 
 
-def missing(module: ModuleType, cfg: Any) -> list[Path]:
+def missing(module: ModuleType, cfg: DatasetConfig) -> list[Path]:
     return [path for path in module.files(dataset_root(cfg)) if not path.is_file()]
 
 
-def prep_command(cfg: Any) -> str:
+def prep_command(cfg: DatasetConfig) -> str:
     return f"python -m data.download dataset={cfg.name} dataset.root={dataset_root(cfg)}"
 
 
-def require(module: ModuleType, cfg: Any) -> None:
+def require(module: ModuleType, cfg: DatasetConfig) -> None:
     """Files missing and not to be downloaded: a one-line error naming the root and the fix."""
     absent = missing(module, cfg)
     if absent and not cfg.download:
@@ -46,7 +46,7 @@ def require(module: ModuleType, cfg: Any) -> None:
         )
 
 
-def fetch(module: ModuleType, cfg: Any) -> None:
+def fetch(module: ModuleType, cfg: DatasetConfig) -> None:
     """Download what is missing with torchvision's code; failures become one line."""
     if not missing(module, cfg):
         return
@@ -63,26 +63,16 @@ def fetch(module: ModuleType, cfg: Any) -> None:
         raise ConfigError(f"downloaded {cfg.name} into {root} but {missing(module, cfg)[0]} is still missing")
 
 
-def prepare(module: ModuleType, cfg: Any, ctx: DistContext) -> None:
+def prepare(module: ModuleType, cfg: DatasetConfig, ctx: DistContext) -> None:
     """Download once: rank 0 fetches while the other ranks wait, then all learn whether it worked."""
     if not hasattr(module, "files"):
         return
-    if not ctx.distributed:
+
+    def fetch_on_main() -> None:
         require(module, cfg)
         fetch(module, cfg)
-        return
-    group = dist.new_group(backend="gloo", timeout=_DOWNLOAD_TIMEOUT)
-    outcome: list[str | None] = [None]
-    if ctx.is_main:
-        try:
-            require(module, cfg)
-            fetch(module, cfg)
-        except ConfigError as e:
-            outcome[0] = str(e)
-    dist.broadcast_object_list(outcome, src=0, group=group)
-    dist.destroy_process_group(group)
-    if outcome[0] is not None:
-        raise ConfigError(outcome[0])
+
+    on_main_first(fetch_on_main, ctx, _DOWNLOAD_TIMEOUT)
     absent = missing(module, cfg)
     if absent:  # this rank's node does not share rank 0's filesystem
         raise ConfigError(
@@ -93,13 +83,10 @@ def prepare(module: ModuleType, cfg: Any, ctx: DistContext) -> None:
 
 def main(argv: list[str]) -> int:
     """Compose the config as train.py would, fetch the dataset, read it back to prove it whole."""
-    from hydra import compose, initialize_config_dir
-
-    import train  # noqa: F401  registers the config schema, as `python train.py` does
+    from config.setup import load
     from data import dataset_module
 
-    with initialize_config_dir(config_dir=str(Path(train.__file__).parent / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=argv).dataset
+    cfg = load(*argv).dataset
     module = dataset_module(cfg.name)
     try:
         if not hasattr(module, "files"):

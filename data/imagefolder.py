@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from PIL import Image
 
+from config.schema import DatasetConfig
 from data.transforms import imagenet_transform
 from errors import ConfigError
 
 SPLITS = ("train", "val")
 
 
-def check(cfg: Any) -> None:
+def check(cfg: DatasetConfig) -> None:
     """The folders exist, hold the same classes, and as many as the model is built for."""
     if cfg.root is None:
         raise ConfigError("dataset.root=null: give the folder that holds train/ and val/ (dataset.root=/data/imagenet)")
@@ -26,7 +26,7 @@ def check(cfg: Any) -> None:
         )
 
 
-def load(cfg: Any):
+def load(cfg: DatasetConfig):
     from torchvision.datasets import ImageFolder
 
     check(cfg)

@@ -4,11 +4,11 @@ from __future__ import annotations
 import gzip
 import zlib
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
+from config.schema import DatasetConfig
 from data.arrays import ArrayDataset, ImageArrays, transformed
 from data.download import dataset_root
 from errors import ConfigError
@@ -37,11 +37,11 @@ def read(root: Path) -> tuple[ImageArrays, ImageArrays]:
     return _read_split(train_images, train_labels), _read_split(val_images, val_labels)
 
 
-def arrays(cfg: Any) -> tuple[ImageArrays, ImageArrays]:
+def arrays(cfg: DatasetConfig) -> tuple[ImageArrays, ImageArrays]:
     return read(dataset_root(cfg))
 
 
-def load(cfg: Any) -> tuple[ArrayDataset, ArrayDataset]:
+def load(cfg: DatasetConfig) -> tuple[ArrayDataset, ArrayDataset]:
     return transformed(arrays(cfg), cfg)
 
 

@@ -2,33 +2,34 @@
 in DataLoader workers), or per batch on the training device (the device loader)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from config.schema import DatasetConfig
 
-def sample_transform(cfg: Any, train: bool) -> Callable:
+
+def sample_transform(cfg: DatasetConfig, train: bool) -> Callable:
     """Small-image transforms, or ImageNet-style ones when the config resizes (`dataset.resize`:
     seed 001 fine-tunes an ImageNet ResNet on CIFAR-10 at 224 px)."""
-    return imagenet_transform(cfg, train) if cfg.get("resize") else small_image_transform(cfg, train)
+    return imagenet_transform(cfg, train) if cfg.resize else small_image_transform(cfg, train)
 
 
-def small_image_transform(cfg: Any, train: bool) -> Callable:
+def small_image_transform(cfg: DatasetConfig, train: bool) -> Callable:
     """CIFAR-10 / MNIST: [RandomCrop(size, padding), RandomHorizontalFlip] for training, then
     ToTensor and Normalize(mean, std)."""
     from torchvision import transforms as T
 
-    augment = cfg.get("augment") or {}
     steps = []
-    if train and augment.get("crop_padding"):
-        steps.append(T.RandomCrop(cfg.image_size, padding=augment["crop_padding"]))
-    if train and augment.get("flip"):
+    if train and cfg.augment.crop_padding:
+        steps.append(T.RandomCrop(cfg.image_size, padding=cfg.augment.crop_padding))
+    if train and cfg.augment.flip:
         steps.append(T.RandomHorizontalFlip())
-    return T.Compose([*steps, T.ToTensor(), T.Normalize(list(cfg.mean), list(cfg.std))])
+    return T.Compose([*steps, T.ToTensor(), *_normalize(cfg)])
 
 
-def imagenet_transform(cfg: Any, train: bool) -> Callable:
+def imagenet_transform(cfg: DatasetConfig, train: bool) -> Callable:
     """ImageNet-style: RandomResizedCrop(size) + flip for training, Resize + CenterCrop to validate."""
     from torchvision import transforms as T
 
@@ -36,22 +37,26 @@ def imagenet_transform(cfg: Any, train: bool) -> Callable:
         steps = [T.RandomResizedCrop(cfg.image_size)] + ([T.RandomHorizontalFlip()] if cfg.augment.flip else [])
     else:
         steps = [T.Resize(cfg.resize), T.CenterCrop(cfg.image_size)]
-    return T.Compose([*steps, T.ToTensor(), T.Normalize(list(cfg.mean), list(cfg.std))])
+    return T.Compose([*steps, T.ToTensor(), *_normalize(cfg)])
+
+
+def _normalize(cfg: DatasetConfig) -> list[Callable]:
+    from torchvision import transforms as T
+
+    return [] if cfg.mean is None else [T.Normalize(cfg.mean, cfg.std)]
 
 
 class BatchTransform:
     """small_image_transform for a whole batch already on the device: the same crop (zero
     padding), flip and normalisation, drawn from an explicit generator instead of per sample."""
 
-    def __init__(self, cfg: Any, scale: float, device: torch.device) -> None:
-        augment = cfg.get("augment") or {}
-        self.padding = int(augment.get("crop_padding") or 0)
-        self.flip = bool(augment.get("flip"))
+    def __init__(self, cfg: DatasetConfig, scale: float, device: torch.device) -> None:
+        self.padding = cfg.augment.crop_padding
+        self.flip = cfg.augment.flip
         self.scale = scale
-        channels = cfg.channels
-        mean, std = cfg.get("mean", [0.0] * channels), cfg.get("std", [1.0] * channels)
-        self.mean = torch.tensor(list(mean), device=device).view(1, -1, 1, 1)
-        self.std = torch.tensor(list(std), device=device).view(1, -1, 1, 1)
+        mean, std = cfg.mean or [0.0] * cfg.channels, cfg.std or [1.0] * cfg.channels
+        self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
+        self.std = torch.tensor(std, device=device).view(1, -1, 1, 1)
 
     def __call__(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """`generator` None: validation, normalise only. Crop and flip run on the stored dtype."""

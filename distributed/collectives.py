@@ -1,10 +1,16 @@
-"""Collectives that are no-ops without a process group, so callers never branch on it."""
+"""Every collective the rest of the code needs, as no-ops without a process group, so callers
+never branch on it and nothing outside distributed/ imports torch.distributed."""
 from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from distributed.context import DistContext
+
+T = TypeVar("T")
 
 
 def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
@@ -12,3 +18,38 @@ def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     if ctx.distributed:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def all_reduce_max(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    if ctx.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
+def all_gather_object(obj: T, ctx: DistContext) -> list[T]:
+    """Every rank's `obj`, indexed by rank (pickled: for small things such as RNG states)."""
+    if not ctx.distributed:
+        return [obj]
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def on_main_first(fn: Callable[[], T], ctx: DistContext, timeout: timedelta) -> T:
+    """Rank 0 runs `fn` while the others wait up to `timeout` (not launcher.timeout_s: a download
+    may take minutes), then every rank returns what it returned or raises what it raised."""
+    if not ctx.distributed:
+        return fn()
+    group = dist.new_group(backend="gloo", timeout=timeout)
+    outcome: list[Any] = [None]
+    if ctx.is_main:
+        try:
+            outcome[0] = (fn(), None)
+        except Exception as e:  # passed on whole: every rank raises the same one-line error
+            outcome[0] = (None, e)
+    dist.broadcast_object_list(outcome, src=0, group=group)
+    dist.destroy_process_group(group)
+    value, error = outcome[0]
+    if error is not None:
+        raise error
+    return value

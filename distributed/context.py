@@ -19,6 +19,11 @@ class DistContext:
     local_world_size: int  # processes on this node
     device: torch.device
     backend: str | None  # None: no process group (a single in-process run)
+    devices: tuple[torch.device, ...] = ()  # what this process computes on: dp's GPUs, else (device,)
+
+    def __post_init__(self) -> None:
+        if not self.devices:
+            object.__setattr__(self, "devices", (self.device,))
 
     @property
     def is_main(self) -> bool:
@@ -30,16 +35,22 @@ class DistContext:
 
 
 def make_context(
-    rank: int, local_rank: int, world_size: int, local_world_size: int, accelerator: str, use_process_group: bool
+    rank: int, local_rank: int, world_size: int, local_world_size: int, accelerator: str, use_process_group: bool,
+    devices_per_process: int = 1,
 ) -> DistContext:
-    """One process per device: CUDA rank r drives GPU `local_rank`; CPU ranks share the host."""
-    if accelerator == "gpu":
-        device = torch.device("cuda", local_rank)
-        backend = "nccl"
-    else:
+    """One process per device: CUDA rank r drives GPU `local_rank`; CPU ranks share the host.
+
+    Clusters that bind each task to its own GPU (srun --gpus-per-task=1, --gpu-bind) show every
+    rank one device, cuda:0: `local_rank % visible` finds it (config.check refuses other splits).
+    """
+    if accelerator != "gpu":
         device = torch.device("cpu")
-        backend = "gloo"
-    return DistContext(rank, local_rank, world_size, local_world_size, device, backend if use_process_group else None)
+        return DistContext(rank, local_rank, world_size, local_world_size, device, "gloo" if use_process_group else None)
+    device = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+    devices = tuple(torch.device("cuda", i) for i in range(devices_per_process)) if devices_per_process > 1 else ()
+    return DistContext(
+        rank, local_rank, world_size, local_world_size, device, "nccl" if use_process_group else None, devices
+    )
 
 
 def init(ctx: DistContext, timeout_s: float) -> None:

@@ -15,22 +15,23 @@ import torch
 import torch.multiprocessing as mp
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
+from config.schema import Accelerator, LauncherConfig, TrainerConfig
 from distributed import environment
 from distributed.context import DistContext, make_context
 from distributed.environment import EnvRank
+from distributed.strategies import Strategy
 from errors import ConfigError, Preempted, RankFailed
 
 # After one rank fails, the others get this long to leave on their own, then SIGTERM, then SIGKILL.
 _GRACE_S = 5.0
-
-LAUNCHERS = ("auto", "spawn", "torchrun", "slurm")
 
 
 @dataclass(frozen=True)
 class LaunchPlan:
     launcher: str  # "spawn" | "torchrun" | "slurm", resolved from "auto"
     accelerator: str  # "gpu" | "cpu", resolved from "auto"
-    devices: int  # processes on each node (dp: 1, however many GPUs it drives)
+    devices: int  # devices per node, as asked (trainer.devices or trainer.gpus)
+    processes_per_node: int  # one per device, but dp: one that drives them all
     num_nodes: int
     process_group: bool  # DDP needs one, even at world size 1
     master_addr: str | None  # None: torchrun exported it already
@@ -40,17 +41,27 @@ class LaunchPlan:
 
     @property
     def world_size(self) -> int:
-        return self.devices * self.num_nodes
+        return self.processes_per_node * self.num_nodes
+
+    @property
+    def devices_per_process(self) -> int:
+        return self.devices // self.processes_per_node
+
+    def context(self, rank: int, local_rank: int) -> DistContext:
+        return make_context(
+            rank, local_rank, self.world_size, self.processes_per_node, self.accelerator, self.process_group,
+            self.devices_per_process,
+        )
 
 
-def plan_launch(trainer: Any, strategy: Any, launcher: Any, env: Mapping[str, str] = os.environ) -> LaunchPlan:
+def plan_launch(
+    trainer: TrainerConfig, strategy: Strategy, launcher: LauncherConfig, env: Mapping[str, str] = os.environ
+) -> LaunchPlan:
     """Resolve launcher/accelerator/devices against this machine and its environment.
 
     Raises ConfigError on a mismatch, before any process starts.
     """
-    name = launcher.name
-    if name not in LAUNCHERS:
-        raise ConfigError(f"launcher={name}: choose one of {', '.join(LAUNCHERS)}")
+    name = launcher.name.value
     if name == "auto":
         name = environment.detect(env)
     env_rank = None
@@ -59,54 +70,53 @@ def plan_launch(trainer: Any, strategy: Any, launcher: Any, env: Mapping[str, st
     elif name == "slurm":
         fixed = launcher.master_addr  # set: no need to ask scontrol for the first node
         env_rank = environment.from_slurm(env, (lambda _: [fixed]) if fixed else environment.scontrol_hostnames)
-    accelerator, devices, num_nodes = trainer.accelerator, int(trainer.devices), int(trainer.num_nodes)
-    if accelerator not in ("auto", "gpu", "cpu"):
-        raise ConfigError(f"trainer.accelerator={accelerator}: choose auto, gpu or cpu")
-    if trainer.gpus is not None:
-        accelerator, devices = "gpu", int(trainer.gpus)
-    visible = torch.cuda.device_count()
-    if accelerator == "auto":
-        accelerator = "gpu" if visible else "cpu"
+    devices, num_nodes = trainer.devices_per_node, trainer.num_nodes
+    accelerator = Accelerator.gpu if trainer.gpus is not None else trainer.accelerator
+    visible = torch.cuda.device_count()  # counts without creating a CUDA context
+    if accelerator == Accelerator.auto:
+        accelerator = Accelerator.gpu if visible else Accelerator.cpu
     if devices < 1 or num_nodes < 1:
         raise ConfigError(f"trainer.devices={devices} trainer.num_nodes={num_nodes}: need at least 1 of each")
+    processes = strategy.processes_per_node(devices)
     if env_rank is not None:
-        _check_world(env_rank, devices, num_nodes, accelerator, env)
+        _check_world(env_rank, processes, num_nodes, accelerator, env)
     elif num_nodes > 1:
         raise ConfigError(
             f"trainer.num_nodes={num_nodes} with launcher={name}, which starts processes on this machine only; "
             "start each node with torchrun (--nnodes) or srun (sbatch slurm/train.sbatch)"
         )
-    if accelerator == "gpu" and devices > visible:
-        raise ConfigError(
-            f"trainer.devices={devices} asks for {devices} GPU(s) per node but {visible} are visible; "
-            f"rehearse on CPU with trainer.accelerator=cpu trainer.devices={devices} strategy=ddp"
-        )
-    if strategy.name == "single" and devices * num_nodes > 1:
-        raise ConfigError(
-            f"strategy=single trains on one device but trainer.devices={devices} trainer.num_nodes={num_nodes}; "
-            "use strategy=ddp for several devices"
-        )
-    if strategy.name == "dp" and accelerator == "cpu" and devices > 1:
-        raise ConfigError(
-            f"strategy=dp with trainer.devices={devices} splits each batch over {devices} GPUs but runs on CPU; "
-            f"use trainer.devices=1, or strategy=ddp to rehearse {devices} devices on CPU"
-        )
-    if strategy.name == "ddp" and env_rank is None and launcher.master_port is not None:
+    if accelerator == Accelerator.gpu:
+        _check_gpus(devices, visible, env_rank is not None and processes == devices)
+    strategy.check(trainer, accelerator, devices, num_nodes)
+    if strategy.process_group and env_rank is None and launcher.master_port is not None:
         _check_port_free(launcher.master_addr or "127.0.0.1", int(launcher.master_port))
     return LaunchPlan(
         launcher=name,
-        accelerator=accelerator,
-        devices=1 if strategy.name == "dp" else devices,  # dp: one process drives every GPU
+        accelerator=accelerator.value,
+        devices=devices,
+        processes_per_node=processes,
         num_nodes=num_nodes,
-        process_group=strategy.name == "ddp",
+        process_group=strategy.process_group,
         master_addr=env_rank.master_addr if env_rank else (launcher.master_addr or "127.0.0.1"),
         master_port=launcher.master_port or (env_rank.master_port if env_rank else None),
         env_rank=env_rank,
     )
 
 
+def _check_gpus(devices: int, visible: int, one_process_per_gpu_started: bool) -> None:
+    """Enough GPUs for the processes here. Under torchrun/SLURM a node's tasks may each see just
+    their own GPU (srun --gpus-per-task=1, --gpu-bind): then cuda:0 is every rank's."""
+    if one_process_per_gpu_started and visible == 1:
+        return
+    if devices > visible:
+        raise ConfigError(
+            f"trainer.devices={devices} asks for {devices} GPU(s) per node but {visible} are visible; "
+            f"rehearse on CPU with trainer.accelerator=cpu trainer.devices={devices} strategy=ddp"
+        )
+
+
 def _check_world(
-    env_rank: EnvRank, devices: int, num_nodes: int, accelerator: str, env: Mapping[str, str]
+    env_rank: EnvRank, devices: int, num_nodes: int, accelerator: Accelerator, env: Mapping[str, str]
 ) -> None:
     """Under torchrun/SLURM the environment decides the world; the config must say the same."""
     found = env_rank.launcher
@@ -117,7 +127,7 @@ def _check_world(
             f"trainer.devices={env_rank.local_world_size} trainer.num_nodes={env_rank.num_nodes}"
         )
     gpus_on_node = env.get("SLURM_GPUS_ON_NODE")
-    if found == "slurm" and accelerator == "gpu" and gpus_on_node and int(gpus_on_node) != devices:
+    if found == "slurm" and accelerator == Accelerator.gpu and gpus_on_node and int(gpus_on_node) != devices:
         raise ConfigError(
             f"SLURM runs {devices} task(s) per node but gave {gpus_on_node} GPU(s) per node; DDP wants one task "
             f"per GPU: ask for --ntasks-per-node=N with --gpus-per-node=N (or --gres=gpu:N)"
@@ -131,12 +141,8 @@ def launch(plan: LaunchPlan, worker: Callable[..., Any], *args: Any) -> None:
         os.environ["MASTER_ADDR"] = plan.master_addr
         os.environ["MASTER_PORT"] = str(plan.master_port or _free_port(plan.master_addr))
     if plan.env_rank is not None:
-        r = plan.env_rank
-        worker(
-            make_context(r.rank, r.local_rank, r.world_size, r.local_world_size, plan.accelerator, plan.process_group),
-            *args,
-        )
-    elif plan.devices == 1:
+        worker(plan.context(plan.env_rank.rank, plan.env_rank.local_rank), *args)
+    elif plan.processes_per_node == 1:
         _run_rank(0, plan, worker, args)
     else:
         _spawn(plan, worker, args)
@@ -148,7 +154,7 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
     A rank that raises or dies makes torch stop the others (after _GRACE_S); a survivor stuck
     in a collective with the dead rank fails by itself within launcher.timeout_s at the latest.
     """
-    ranks = mp.start_processes(_spawned_rank, args=(plan, worker, args), nprocs=plan.devices, join=False)
+    ranks = mp.start_processes(_spawned_rank, args=(plan, worker, args), nprocs=plan.processes_per_node, join=False)
 
     def forward(signum: int, frame: Any) -> None:
         for process in ranks.processes:
@@ -190,8 +196,7 @@ def _spawned_rank(local_rank: int, plan: LaunchPlan, worker: Callable[..., Any],
 
 
 def _run_rank(local_rank: int, plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
-    ctx: DistContext = make_context(local_rank, local_rank, plan.devices, plan.devices, plan.accelerator, plan.process_group)
-    worker(ctx, *args)
+    worker(plan.context(local_rank, local_rank), *args)
 
 
 def _check_port_free(addr: str, port: int) -> None:

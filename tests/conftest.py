@@ -8,17 +8,29 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
-import train  # noqa: F401  registers the structured-config schema, as `python train.py` does
-
-ROOT = Path(__file__).resolve().parents[1]
+from config.check import run_config, typed
+from config.schema import Config, RunConfig
+from config.setup import ROOT, compose
 
 
 def compose_config(*overrides: str) -> DictConfig:
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    """The config `python train.py *overrides` composes, as Hydra gives it to main()."""
+    return compose(*overrides)
+
+
+def typed_config(*overrides: str) -> Config:
+    return typed(compose(*overrides))
+
+
+def job_config(run_dir: Path, *overrides: str) -> RunConfig:
+    """What train.py hands each worker for `python train.py *overrides`, run in `run_dir`."""
+    cfg = compose(*overrides, hydra=True)
+    choices = dict(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return run_config(cfg, typed(cfg), run_dir, choices, [o.split("=", 1)[0] for o in overrides])
 
 
 def run_train(run_dir: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:

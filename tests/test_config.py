@@ -8,15 +8,15 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from errors import ConfigError
-from train import check
+from config.check import check
 from training.preemption import parse_signals
-from tests.conftest import compose_config, run_train
+from tests.conftest import compose_config, run_train, typed_config
 
 
 def test_default_config_composes_to_the_embedded_dataset():
     cfg = compose_config()
     assert cfg.dataset.name == "digits"
-    assert cfg.strategy.name == "single"
+    assert cfg.strategy.name.value == "single"
     assert cfg.model.in_channels == cfg.dataset.channels == 1
 
 
@@ -31,6 +31,23 @@ def test_a_wrong_type_fails_at_composition():
 
 
 @pytest.mark.parametrize(
+    "override, allowed",
+    [
+        ("trainer.accelerator=tpu", "[auto, gpu, cpu]"),
+        ("strategy.name=dpp", "[single, dp, ddp]"),
+        ("data.loader=gpu", "[dataloader, device]"),
+        ("launcher.name=mpirun", "[auto, spawn, torchrun, slurm]"),
+        ("trainer.nonfinite=ignore", "[stop, skip]"),
+    ],
+)
+def test_a_closed_choice_outside_its_values_fails_at_composition_naming_them(override, allowed):
+    with pytest.raises((ConfigCompositionException, ValidationError)) as error:
+        compose_config(override)
+    message = str(error.value) + str(error.value.__cause__)
+    assert allowed in message and override.split("=")[0].split(".")[-1] in message
+
+
+@pytest.mark.parametrize(
     "overrides, words",
     [
         (["trainer.gpus=4"], ["trainer.devices=4", "0 are visible", "trainer.accelerator=cpu"]),
@@ -38,7 +55,6 @@ def test_a_wrong_type_fails_at_composition():
         (["trainer.accelerator=cpu", "trainer.devices=2"], ["strategy=single", "strategy=ddp"]),
         (["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=3"], ["trainer.batch_size=64", "multiple of 3"]),
         (["trainer.epochs=0"], ["trainer.epochs=0"]),
-        (["trainer.accelerator=tpu"], ["trainer.accelerator=tpu", "auto, gpu or cpu"]),
         (["trainer.resume=/nonexistent/last.pt"], ["trainer.resume=/nonexistent/last.pt", "no such file"]),
         (["trainer.epochs=-2"], ["trainer.epochs=-2"]),
         (["trainer.checkpoint_every_n_steps=0"], ["trainer.checkpoint_every_n_steps=0", "positive"]),
@@ -48,28 +64,28 @@ def test_a_wrong_type_fails_at_composition():
 )
 def test_check_names_the_key_and_the_fix(overrides, words):
     with pytest.raises(ConfigError) as error:
-        check(compose_config(*overrides))
+        check(typed_config(*overrides))
     for word in words:
         assert word in str(error.value)
 
 
 def test_gpus_shorthand_means_gpu_accelerator():
     with pytest.raises(ConfigError, match="asks for 2 GPU"):
-        check(compose_config("trainer.gpus=2", "strategy=ddp"))
+        check(typed_config("trainer.gpus=2", "strategy=ddp"))
 
 
 def test_cpu_ddp_plan():
-    plan = check(compose_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"))
-    assert (plan.accelerator, plan.devices, plan.process_group) == ("cpu", 2, True)
+    plan = check(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"))
+    assert (plan.accelerator, plan.processes_per_node, plan.process_group) == ("cpu", 2, True)
     assert set(plan.forward_signals) == {signal.SIGTERM, signal.SIGUSR1}  # passed on to spawned ranks
 
 
 def test_resume_auto_starts_fresh_but_a_plain_run_never_overwrites_last_pt(tmp_path):
-    assert check(compose_config("trainer.resume=auto"), tmp_path).devices == 1  # no last.pt yet: fresh
+    assert check(typed_config("trainer.resume=auto"), tmp_path).world_size == 1  # no last.pt yet: fresh
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.pt").write_bytes(b"a previous attempt")
     with pytest.raises(ConfigError, match="already holds checkpoints/last.pt; continue it with trainer.resume=auto"):
-        check(compose_config(), tmp_path)
+        check(typed_config(), tmp_path)
 
 
 def test_signal_names_may_drop_the_sig_prefix():

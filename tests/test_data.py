@@ -6,12 +6,12 @@ import pytest
 
 from data import build_loaders
 from distributed.context import make_context
-from tests.conftest import compose_config
+from tests.conftest import typed_config
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_validation_shards_cover_every_sample_exactly_once(world_size):
-    cfg = compose_config()
+    cfg = typed_config()
     seen = []
     for rank in range(world_size):
         ctx = make_context(rank, rank, world_size, world_size, "cpu", use_process_group=False)
@@ -22,7 +22,7 @@ def test_validation_shards_cover_every_sample_exactly_once(world_size):
 
 
 def test_train_shards_are_disjoint_and_reshuffled_each_epoch():
-    cfg = compose_config()
+    cfg = typed_config()
     orders = {}
     for rank in range(2):
         ctx = make_context(rank, rank, 2, 2, "cpu", use_process_group=False)

@@ -10,12 +10,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import models
+from config.check import factory
+from config.schema import Config, Loader
 from data import build_loaders, cifar10
 from distributed.context import make_context
 from tests.conftest import ROOT, run_train
 from tests.dataset_files import write_cifar, write_image_folder, write_mnist
-from training.loop import Batches, evaluate
+from training.trainer import Batches, evaluate
 
 pytestmark = pytest.mark.slow
 
@@ -35,13 +36,14 @@ def _train(run_dir, *overrides):
 def _single_process_val_acc(run_dir, batch: int) -> float:
     """Evaluate the run's last checkpoint in one process with the DataLoader path."""
     saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    cfg = OmegaConf.create(saved["config"])
-    model = models.build(cfg.model)
+    composed = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(saved["config"]))
+    model = factory(composed.model)()
     model.load_state_dict(saved["model"])
-    cfg.data.loader, cfg.data.num_workers = "dataloader", 0
+    cfg: Config = OmegaConf.to_object(composed)
+    cfg.data.loader, cfg.data.num_workers = Loader.dataloader, 0
     ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
     val = build_loaders(cfg.dataset, cfg.data, ctx, global_batch=batch, seed=0).val
-    return evaluate(model, val, Batches(ctx, None), ctx).acc
+    return evaluate(model, val, Batches(ctx.device, None), ctx).acc
 
 
 @pytest.fixture(scope="module")

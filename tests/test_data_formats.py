@@ -14,17 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 
+from config.schema import DatasetConfig
 from data import check, cifar10, download, imagefolder, mnist
 from distributed.context import make_context
 from errors import ConfigError
-from tests.conftest import compose_config
+from tests.conftest import ROOT, typed_config
 from tests.dataset_files import class_images, write_cifar, write_image_folder, write_mnist
 
 
 def _dataset(name: str, root: Path, *overrides: str):
-    return compose_config(f"dataset={name}", f"dataset.root={root}", *overrides)
+    return typed_config(f"dataset={name}", f"dataset.root={root}", *overrides)
 
 
 def test_cifar_batches_read_back_pixel_exact(tmp_path):
@@ -139,11 +139,13 @@ def test_check_reads_the_files_so_a_bad_one_fails_before_training(tmp_path):
         check(cfg.dataset, cfg.data)
 
 
-def test_default_root_is_the_git_ignored_cache_in_the_repo():
-    cfg = compose_config("dataset=cifar10")
-    root = download.dataset_root(cfg.dataset)
-    assert root == Path(download.__file__).parent / "cache"
-    assert "data/cache/" in (root.parents[1] / ".gitignore").read_text().split()
+def test_default_root_is_a_git_ignored_folder_outside_the_package_and_DATA_DIR_moves_it(monkeypatch):
+    monkeypatch.delenv("DATA_DIR", raising=False)
+    root = download.dataset_root(typed_config("dataset=cifar10").dataset)
+    assert root == ROOT / "datasets" and Path(download.__file__).parent not in root.parents
+    assert "datasets/" in (ROOT / ".gitignore").read_text().split()
+    monkeypatch.setenv("DATA_DIR", "/shared/datasets")
+    assert download.dataset_root(typed_config("dataset=mnist").dataset) == Path("/shared/datasets")
 
 
 @pytest.mark.parametrize(
@@ -158,7 +160,7 @@ def test_default_root_is_the_git_ignored_cache_in_the_repo():
 def test_image_folder_checks(tmp_path, overrides, words):
     root = write_image_folder(tmp_path / "images", classes=3, per_class=1, size=8)
     formatted = [o.format(root=root, missing=tmp_path / "nowhere") for o in overrides]
-    cfg = compose_config("dataset=imagefolder", *formatted)
+    cfg = typed_config("dataset=imagefolder", *formatted)
     with pytest.raises(ConfigError) as error:
         check(cfg.dataset, cfg.data)
     for word in words:
@@ -167,7 +169,7 @@ def test_image_folder_checks(tmp_path, overrides, words):
 
 def test_image_folder_uses_imagenet_transforms_and_names_an_unreadable_image(tmp_path):
     root = write_image_folder(tmp_path, classes=2, per_class=2, size=40)
-    cfg = compose_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2")
+    cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2")
     train, val = imagefolder.load(cfg.dataset)
     assert train[0][0].shape == val[0][0].shape == (3, 224, 224)
     bad = root / "val" / "class1" / "broken.png"
@@ -261,7 +263,7 @@ def _download_on_two_ranks(rank: int, port: int, archive: bytes, root: str, out:
     ctx = make_context(rank, rank, 2, 2, "cpu", use_process_group=True)
     context.init(ctx, timeout_s=60)
     patch = pytest.MonkeyPatch()  # a spawned process has no fixtures
-    cfg = OmegaConf.create({"name": "cifar10", "root": root, "download": True})
+    cfg = DatasetConfig(name="cifar10", channels=3, image_size=32, num_classes=10, root=root)
     outcomes = []
     try:
         for files in ({}, {CIFAR10.filename: archive}):

@@ -11,7 +11,7 @@ from torch.utils.data import TensorDataset
 from data import build_loaders, num_workers
 from data.transforms import random_crop_flip
 from distributed.context import make_context
-from tests.conftest import compose_config
+from tests.conftest import typed_config
 from tests.dataset_files import write_cifar
 
 
@@ -31,7 +31,7 @@ def cifar_root(tmp_path_factory) -> Path:
 
 
 def _cifar(root, *overrides):
-    return compose_config("dataset=cifar10", f"dataset.root={root}", "data.num_workers=0", *overrides)
+    return typed_config("dataset=cifar10", f"dataset.root={root}", "data.num_workers=0", *overrides)
 
 
 def test_device_shards_are_disjoint_cover_the_epoch_and_match_the_dataloader_order(cifar_root):
@@ -66,7 +66,7 @@ def test_device_validation_equals_the_dataloader_path_and_counts_each_sample_onc
 def test_digits_device_loader_trains_on_the_same_batches_as_the_dataloader():
     batches = {}
     for name in ("dataloader", "device"):
-        loaders = _loaders(compose_config(f"data.loader={name}"), batch=64)
+        loaders = _loaders(typed_config(f"data.loader={name}"), batch=64)
         loaders.train_sampler.set_epoch(1)
         batches[name] = list(loaders.train)
     for (x, y), (x_ref, y_ref) in zip(batches["device"], batches["dataloader"], strict=True):
@@ -74,8 +74,8 @@ def test_digits_device_loader_trains_on_the_same_batches_as_the_dataloader():
 
 
 def test_synthetic_device_loader_serves_the_tensors_unchanged():
-    x, y = next(iter(_loaders(compose_config("dataset=synthetic", "data.loader=device"), batch=512).val))
-    x_ref, y_ref = next(iter(_loaders(compose_config("dataset=synthetic"), batch=512).val))
+    x, y = next(iter(_loaders(typed_config("dataset=synthetic", "data.loader=device"), batch=512).val))
+    x_ref, y_ref = next(iter(_loaders(typed_config("dataset=synthetic"), batch=512).val))
     assert x.shape == (512, 3, 32, 32) and torch.equal(x, x_ref) and torch.equal(y, y_ref)
 
 
@@ -126,7 +126,7 @@ def test_persistent_workers_augment_a_resumed_epoch_as_an_unbroken_run_does(cifa
 
 
 def test_num_workers_auto_splits_the_tasks_cpus_among_local_ranks():
-    cfg = compose_config()
+    cfg = typed_config()
     images = object()  # anything that is not an in-memory TensorDataset
     two_ranks = make_context(0, 0, 2, 2, "cpu", use_process_group=False)
     assert num_workers(cfg.data, two_ranks, images, env={"SLURM_CPUS_PER_TASK": "8"}) == 4
@@ -134,5 +134,5 @@ def test_num_workers_auto_splits_the_tasks_cpus_among_local_ranks():
     # srun started each rank as a task of its own: the task's CPUs are this rank's alone
     assert num_workers(cfg.data, two_ranks, images, env={"SLURM_CPUS_PER_TASK": "8", "SLURM_NTASKS": "2"}) == 8
     assert num_workers(cfg.data, two_ranks, TensorDataset(torch.zeros(1)), env={"SLURM_CPUS_PER_TASK": "8"}) == 0
-    fixed = compose_config("data.num_workers=3")
+    fixed = typed_config("data.num_workers=3")
     assert num_workers(fixed.data, two_ranks, images, env={"SLURM_CPUS_PER_TASK": "8"}) == 3

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from config.schema import LauncherName, StrategyName
 from tests.conftest import compose_config, run_train
 from tests.dataset_files import write_cifar, write_image_folder, write_mnist
 
@@ -15,7 +16,7 @@ TINY = ("trainer.epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_
 
 def test_seed000_is_resnet50_ddp_with_128_images_per_device():
     cfg = compose_config("experiment=seed000", "trainer.devices=4")
-    assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, cfg.launcher.name) == ("resnet50", "cifar10", "ddp", "spawn")
+    assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, cfg.launcher.name) == ("resnet50", "cifar10", StrategyName.ddp, LauncherName.spawn)
     assert cfg.trainer.batch_size == 512 and cfg.trainer.epochs == 1
     assert (cfg.optimizer.lr, cfg.optimizer.momentum, cfg.optimizer.weight_decay) == (0.1, 0.9, 5e-4)
     assert compose_config("experiment=seed000", "trainer.gpus=2", "trainer.num_nodes=2").trainer.batch_size == 512
@@ -23,7 +24,7 @@ def test_seed000_is_resnet50_ddp_with_128_images_per_device():
 
 def test_seed001_fine_tunes_resnet18_at_224_with_dp_and_steplr():
     cfg = compose_config("experiment=seed001", "model.weights=w.pth")
-    assert (cfg.model.arch, cfg.strategy.name, cfg.dataset.image_size, cfg.dataset.resize) == ("resnet18", "dp", 224, 256)
+    assert (cfg.model.arch, cfg.strategy.name, cfg.dataset.image_size, cfg.dataset.resize) == ("resnet18", StrategyName.dp, 224, 256)
     assert (cfg.optimizer.lr, cfg.scheduler.step_size, cfg.scheduler.gamma, cfg.trainer.epochs) == (0.001, 7, 0.1, 25)
 
 
@@ -33,12 +34,12 @@ def test_seed002_is_the_mnist_net_with_adadelta_and_steplr():
         "models.mnist_net.MnistNet", "mnist", "torch.optim.Adadelta"
     )
     assert (cfg.optimizer.lr, cfg.scheduler.step_size, cfg.scheduler.gamma, cfg.trainer.epochs) == (1.0, 1, 0.7, 14)
-    assert cfg.trainer.batch_size == 128 and cfg.launcher.name == "auto"
+    assert cfg.trainer.batch_size == 128 and cfg.launcher.name == LauncherName.auto
 
 
 def test_seed003_is_resnet50_ddp_on_an_image_folder():
     cfg = compose_config("experiment=seed003", "dataset.root=/data/imagenet")
-    assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, cfg.trainer.batch_size) == ("resnet50", "imagefolder", "ddp", 256)
+    assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, cfg.trainer.batch_size) == ("resnet50", "imagefolder", StrategyName.ddp, 256)
     assert (cfg.optimizer.weight_decay, cfg.scheduler.step_size, cfg.trainer.epochs) == (1e-4, 30, 90)
 
 

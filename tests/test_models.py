@@ -7,10 +7,9 @@ import math
 import pytest
 import torch
 
-import models
 from distributed.context import make_context
 from training.run import train
-from tests.conftest import compose_config
+from tests.conftest import job_config
 
 MODELS = ["simple_cnn", "mnist_net", "resnet18", "resnet50"]
 DATASETS = ["digits", "synthetic"]
@@ -26,14 +25,14 @@ def _tiny(dataset: str) -> list[str]:
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_every_model_trains_on_every_dataset(model, dataset, tmp_path):
-    cfg = compose_config(f"model={model}", f"dataset={dataset}", *_tiny(dataset))
+    job = job_config(tmp_path, f"model={model}", f"dataset={dataset}", *_tiny(dataset))
     ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
-    torch.manual_seed(cfg.trainer.seed)
-    before = models.build(cfg.model).state_dict()
-    trained = train(ctx, cfg, tmp_path, {"model": model, "dataset": dataset, "strategy": "single"})
+    torch.manual_seed(job.trainer.seed)
+    before = job.model().state_dict()
+    trained = train(ctx, job)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert math.isfinite(metrics["train_loss"]) and metrics["steps"] == 2
     changed = [k for k, v in trained.state_dict().items() if v.is_floating_point() and not torch.equal(v, before[k])]
     assert changed, "two optimizer steps changed no parameter"
-    x = torch.zeros(3, cfg.dataset.channels, cfg.dataset.image_size, cfg.dataset.image_size)
-    assert trained.eval()(x).shape == (3, cfg.dataset.num_classes)
+    x = torch.zeros(3, job.dataset.channels, job.dataset.image_size, job.dataset.image_size)
+    assert trained.eval()(x).shape == (3, job.dataset.num_classes)

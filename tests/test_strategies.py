@@ -1,5 +1,9 @@
 """single ≡ dp ≡ ddp at the same global batch, accumulation ≡ a bigger batch, SyncBatchNorm on CPU.
 
+The equivalence holds for models without BatchNorm (simple_cnn here): with BatchNorm, DP and DDP
+normalise each device's slice of the batch unless strategy.sync_batchnorm is on. DP runs on CPU
+as the module itself (one device), so its rows check the bookkeeping, not DataParallel.
+
 Every run here goes through training.run.train, the worker `python train.py` starts; DDP runs
 are 2 gloo processes started by the real launcher.
 """
@@ -15,12 +19,12 @@ from torch import nn
 
 from distributed import context
 from distributed.context import DistContext
+from config.check import check
 from distributed.launch import launch
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from models.simple_cnn import SimpleCNN
-from train import check
 from training.run import train
-from tests.conftest import compose_config, run_train
+from tests.conftest import job_config, run_train, typed_config
 
 pytestmark = pytest.mark.slow
 
@@ -48,8 +52,8 @@ def _train_and_dump(ctx: DistContext, jobs: list[tuple], out: str, check_sync_bn
     try:
         if check_sync_bn:
             _compare_sync_bn_with_batchnorm(ctx, Path(out))
-        for name, cfg in jobs:
-            model = train(ctx, cfg, Path(out) / name, {"model": "m", "dataset": "d", "strategy": name})
+        for name, job in jobs:
+            model = train(ctx, job)
             torch.save(model.state_dict(), Path(out) / f"{name}.rank{ctx.rank}.pt")
             del model
     finally:
@@ -61,15 +65,16 @@ def _run_all(runs: dict[str, tuple], base: tuple, out: Path, check_sync_bn: bool
 
     Returns each run's final weights, one state_dict per rank.
     """
-    cfgs = {name: compose_config(*base, *overrides) for name, overrides in runs.items()}
-    by_plan: dict[int, list] = {}
-    for name, cfg in cfgs.items():
-        by_plan.setdefault(check(cfg).devices, []).append((name, cfg))
-    for jobs in by_plan.values():
-        launch(check(jobs[0][1]), _train_and_dump, jobs, str(out), check_sync_bn)
+    plans = {name: check(typed_config(*base, *overrides)) for name, overrides in runs.items()}
+    by_processes: dict[int, list] = {}
+    for name, overrides in runs.items():
+        job = job_config(out / name, *base, *overrides)
+        by_processes.setdefault(plans[name].world_size, []).append((name, job))
+    for jobs in by_processes.values():
+        launch(plans[jobs[0][0]], _train_and_dump, jobs, str(out), check_sync_bn)
     return {
-        name: [torch.load(out / f"{name}.rank{r}.pt", weights_only=True) for r in range(check(cfg).devices)]
-        for name, cfg in cfgs.items()
+        name: [torch.load(out / f"{name}.rank{r}.pt", weights_only=True) for r in range(plan.world_size)]
+        for name, plan in plans.items()
     }
 
 

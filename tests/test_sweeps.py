@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
+from config.check import check, typed
+from config.schema import StrategyName
+from config.setup import compose
 from errors import ConfigError
 from tests.conftest import ROOT
-from train import check
 
 TINY = ("trainer.accelerator=cpu", "trainer.epochs=2", "trainer.limit_train_batches=2",
         "trainer.limit_val_batches=1", "trainer.progress_bar=false")
@@ -35,30 +36,30 @@ def _hparams(events: EventAccumulator) -> dict:
 
 @pytest.mark.parametrize("sweep", ["scaling", "dp_vs_ddp"])
 def test_ready_made_sweeps_compose_job_by_job(sweep):
-    overrides = [f"+sweep={sweep}", "trainer.accelerator=cpu"]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        params = compose(config_name="config", overrides=overrides, return_hydra_config=True).hydra.sweeper.params
-        strategies = str(params["strategy"]).split(",")
-        missing = [s for s in strategies if not (ROOT / "conf" / "strategy" / f"{s}.yaml").exists()]
-        if missing:
-            pytest.skip(f"strategy={','.join(missing)} is not in conf/strategy/ on this branch")
-        jobs = list(itertools.product(*([f"{key}={value}" for value in str(values).split(",")]
-                                        for key, values in params.items())))
-        assert len(jobs) == {"scaling": 4, "dp_vs_ddp": 6}[sweep]
-        for job in jobs:
-            cfg = compose(config_name="config", overrides=[*overrides, *job])
-            if cfg.strategy.name == "dp" and cfg.trainer.devices > 1:
-                with pytest.raises(ConfigError, match="strategy=ddp"):  # DP splits over GPUs, not CPUs
-                    check(cfg)
-                continue
-            processes = 1 if cfg.strategy.name == "dp" else cfg.trainer.devices  # DP: one process
-            assert check(cfg).devices == processes, job
+    overrides = [f"sweep={sweep}", "trainer.accelerator=cpu"]
+    params = compose(*overrides, hydra=True).hydra.sweeper.params
+    strategies = str(params["strategy"]).split(",")
+    missing = [s for s in strategies if not (ROOT / "conf" / "strategy" / f"{s}.yaml").exists()]
+    if missing:
+        pytest.skip(f"strategy={','.join(missing)} is not in conf/strategy/ on this branch")
+    jobs = list(itertools.product(*([f"{key}={value}" for value in str(values).split(",")]
+                                    for key, values in params.items())))
+    assert len(jobs) == {"scaling": 4, "dp_vs_ddp": 6}[sweep]
+    for job in jobs:
+        cfg = typed(compose(*overrides, *job))
+        dp = cfg.strategy.name == StrategyName.dp
+        if dp and cfg.trainer.devices > 1:
+            with pytest.raises(ConfigError, match="strategy=ddp"):  # DP splits over GPUs, not CPUs
+                check(cfg)
+            continue
+        processes = 1 if dp else cfg.trainer.devices  # DP: one process
+        assert check(cfg).processes_per_node == processes, job
 
 
 @pytest.mark.slow
 def test_scaling_sweep_runs_ddp_per_job_and_reports(tmp_path):
     sweep = tmp_path / "sweep"
-    jobs = _multirun(sweep, "+sweep=scaling", "trainer.devices=1,2")  # the command line narrows 1,2,4,8
+    jobs = _multirun(sweep, "sweep=scaling", "trainer.devices=1,2")  # the command line narrows 1,2,4,8
     assert [job.name for job in jobs] == ["0", "1"]
     metrics = [json.loads((job / "metrics.json").read_text()) for job in jobs]
     assert [(m["strategy"], m["devices"], m["world_size"], m["batch_size"]) for m in metrics] == [

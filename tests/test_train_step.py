@@ -10,17 +10,18 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from config.check import check
+from config.schema import LoggerConfig, StrategyConfig, StrategyName, TrainerConfig
 from data import Loaders
-from distributed.context import make_context
-from distributed.strategy import wrap
+from distributed import strategies
+from distributed.context import DistContext, make_context
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from errors import ConfigError
-from train import check
 from training.checkpoint import Checkpointer, TrainState
-from training.loop import forward_backward, optimizer_step, train_epoch
-from training.precision import grad_scaler
+from training.precision import Precision
 from training.reporting import Reporter
-from tests.conftest import compose_config
+from training.trainer import Trainer
+from tests.conftest import typed_config
 
 CPU = torch.device("cpu")
 
@@ -41,8 +42,20 @@ def _batch(n: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, 3, 6, 6), torch.randint(0, 10, (n,))
 
 
-def _trainer(*overrides: str):
-    return compose_config("trainer.progress_bar=false", *overrides).trainer
+def _trainer(
+    model: nn.Module, tmp_path, ctx: DistContext | None = None, strategy: StrategyConfig | None = None,
+    loaders: Loaders | None = None, scaler: torch.amp.GradScaler | None = None, **settings,
+) -> Trainer:
+    """A Trainer around `model` (wrapped by `strategy`, default single) on a silent rank."""
+    ctx = ctx or make_context(0, 0, 1, 1, "cpu", use_process_group=False)
+    chosen = strategies.get(strategy or StrategyConfig())
+    wrapped = chosen.wrap(model, ctx, compile=False, precision_dtype=None)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    options = TrainerConfig(progress_bar=False, **settings)
+    scaler = scaler or Precision.of(options.precision, CPU).grad_scaler()
+    checkpointer = Checkpointer(ctx, tmp_path, wrapped, optimizer, None, "", scaler)
+    reporter = Reporter(make_context(1, 1, 2, 2, "cpu", False), tmp_path, LoggerConfig())  # a silent rank
+    return Trainer(wrapped, chosen, optimizer, None, loaders, checkpointer, reporter, scaler, ctx, options)
 
 
 @pytest.fixture
@@ -55,65 +68,60 @@ def process_group():
         dist.destroy_process_group()
 
 
-def test_bf16_mixed_runs_forward_in_bfloat16_and_keeps_fp32_gradients():
+def test_bf16_mixed_runs_forward_in_bfloat16_and_keeps_fp32_gradients(tmp_path):
     model = TinyNet()
-    logits, loss = forward_backward(model, *_batch(), _trainer("trainer.precision=bf16-mixed"),
-                                    grad_scaler("bf16-mixed", CPU), group_size=1, sync=True)
+    logits, loss = _trainer(model, tmp_path, precision="bf16-mixed").step(*_batch(), group_size=1, sync=True)
     assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
     assert all(p.grad.dtype == torch.float32 for p in model.parameters())
-    logits, _ = forward_backward(model, *_batch(), _trainer(), grad_scaler("32", CPU), group_size=1, sync=True)
+    logits, _ = _trainer(model, tmp_path).step(*_batch(), group_size=1, sync=True)
     assert logits.dtype == torch.float32
 
 
-def test_channels_last_feeds_nhwc_images():
+def test_channels_last_feeds_nhwc_images(tmp_path):
     model = TinyNet().to(memory_format=torch.channels_last)
-    scaler = grad_scaler("32", CPU)
-    forward_backward(model, *_batch(), _trainer("trainer.channels_last=true"), scaler, group_size=1, sync=True)
-    forward_backward(model, *_batch(), _trainer(), scaler, group_size=1, sync=True)
+    _trainer(model, tmp_path, channels_last=True).step(*_batch(), group_size=1, sync=True)
+    _trainer(model, tmp_path).step(*_batch(), group_size=1, sync=True)
     assert model.input_formats == [True, False]
 
 
-def test_grad_clip_bounds_the_update():
+def test_grad_clip_bounds_the_update(tmp_path):
     model = nn.Linear(3, 1, bias=False)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    trainer = _trainer(model, tmp_path, grad_clip=0.5)
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = 1.0
     before = model.weight.detach().clone()
     (model(torch.full((1, 3), 1000.0)).sum()).backward()
-    optimizer_step(model, optimizer, grad_scaler("32", CPU), grad_clip=0.5)
+    trainer.optimizer_step()
     assert (model.weight.detach() - before).norm().item() == pytest.approx(0.5, rel=1e-5)
     assert model.weight.grad is None  # cleared with set_to_none
 
 
 def test_accumulation_all_reduces_once_per_optimizer_step(process_group, tmp_path):
     """5 micro-batches in groups of 2 make 3 steps (the last group holds one): 3 all-reduces."""
-    model = DistributedDataParallel(TinyNet())
-    calls = []
-    model.register_comm_hook(None, lambda state, bucket: calls.append(1) or allreduce_hook(None, bucket))
     data = TensorDataset(*_batch(20))
     sampler = DistributedSampler(data, num_replicas=1, rank=0)
     loaders = Loaders(DataLoader(data, batch_size=4, sampler=sampler), DataLoader(data), sampler)
-    trainer = _trainer("trainer.accumulate_grad_batches=2", "trainer.limit_train_batches=5")
-    state = TrainState()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    reporter = Reporter(make_context(1, 1, 2, 2, "cpu", False), tmp_path)  # a silent rank
-    averages, _ = train_epoch(
-        model, optimizer, loaders, process_group, trainer, state, reporter,
-        checkpointer=None,  # no step checkpoints configured: never called
-        scaler=grad_scaler("32", CPU),
+    trainer = _trainer(
+        TinyNet(), tmp_path, process_group, StrategyConfig(StrategyName.ddp), loaders,
+        accumulate_grad_batches=2, limit_train_batches=5,
     )
-    assert state.step == 3 and len(calls) == 3 and averages.samples == 20
+    calls = []
+    trainer.model.register_comm_hook(None, lambda state, bucket: calls.append(1) or allreduce_hook(None, bucket))
+    averages, _ = trainer.train_epoch()
+    assert trainer.state.step == 3 and len(calls) == 3 and averages.samples == 20
 
 
 def test_fp16_on_cpu_and_multi_device_dp_on_cpu_are_config_errors():
     with pytest.raises(ConfigError, match="trainer.precision=16-mixed needs CUDA.*bf16-mixed"):
-        check(compose_config("trainer.accelerator=cpu", "trainer.precision=16-mixed"))
+        check(typed_config("trainer.accelerator=cpu", "trainer.precision=16-mixed"))
     with pytest.raises(ConfigError, match="strategy=dp with trainer.devices=2.*strategy=ddp"):
-        check(compose_config("strategy=dp", "trainer.accelerator=cpu", "trainer.devices=2"))
+        check(typed_config("strategy=dp", "trainer.accelerator=cpu", "trainer.devices=2"))
     with pytest.raises(ConfigError, match="trainer.accumulate_grad_batches=0"):
-        check(compose_config("trainer.accumulate_grad_batches=0"))
+        check(typed_config("trainer.accumulate_grad_batches=0"))
     with pytest.raises(ConfigError, match="trainer.precision=64"):
-        check(compose_config("trainer.precision=64"))
-    plan = check(compose_config("strategy=dp", "trainer.accelerator=cpu"))
-    assert (plan.devices, plan.process_group) == (1, False)
+        check(typed_config("trainer.precision=64"))
+    plan = check(typed_config("strategy=dp", "trainer.accelerator=cpu"))
+    assert (plan.processes_per_node, plan.process_group) == (1, False)
 
 
 WRAPPERS = {
@@ -130,60 +138,65 @@ def test_a_checkpoint_saved_under_any_strategy_loads_under_any_other(process_gro
         torch.manual_seed(0)
         source = wrap_saved(TinyNet())
         optimizer = torch.optim.SGD(source.parameters(), lr=0.1)
-        Checkpointer(process_group, tmp_path, source, optimizer, None, "").save(f"{saved_by}.pt", TrainState())
+        Checkpointer(process_group, tmp_path, source, optimizer, None, "", None).save(f"{saved_by}.pt", TrainState())
         saved = torch.load(tmp_path / f"{saved_by}.pt", weights_only=True)["model"]
         assert set(saved) == plain_keys, saved_by
         for loaded_by, wrap_loaded in WRAPPERS.items():
             torch.manual_seed(1)
             target = wrap_loaded(TinyNet())
             optimizer = torch.optim.SGD(target.parameters(), lr=0.1)
-            Checkpointer(process_group, tmp_path, target, optimizer, None, "").restore(tmp_path / f"{saved_by}.pt")
+            Checkpointer(process_group, tmp_path, target, optimizer, None, "", None).restore(tmp_path / f"{saved_by}.pt")
             for name, value in target.state_dict().items():
                 key = name.replace("module.", "").replace("_orig_mod.", "")
                 assert torch.equal(value, saved[key]), (saved_by, loaded_by, name)
 
 
 def test_the_grad_scaler_state_is_checkpointed(tmp_path):
-    ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
-    model = TinyNet()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    trainer = _trainer(TinyNet(), tmp_path, scaler=torch.amp.GradScaler("cpu", init_scale=1024.0))
     x, _ = _batch()
-    scaler.scale(model(x).sum() * float("inf")).backward()
-    optimizer_step(model, optimizer, scaler, grad_clip=None)  # overflow: skip the step, halve the scale
-    Checkpointer(ctx, tmp_path, model, optimizer, None, "", scaler=scaler).save("last.pt", TrainState())
+    trainer.scaler.scale(trainer.model(x).sum() * float("inf")).backward()
+    trainer.optimizer_step()  # overflow: skip the step, halve the scale
+    trainer.checkpointer.save("last.pt", TrainState())
     restored = torch.amp.GradScaler("cpu")
-    Checkpointer(ctx, tmp_path, model, optimizer, None, "", scaler=restored).restore(tmp_path / "last.pt")
+    Checkpointer(trainer.ctx, tmp_path, trainer.model, trainer.optimizer, None, "", restored).restore(tmp_path / "last.pt")
     assert restored.get_scale() == 512.0
 
 
 def test_ddp_options_reach_distributed_data_parallel(process_group):
-    strategy = compose_config(
+    strategy = typed_config(
         "strategy=ddp", "strategy.find_unused_parameters=true", "strategy.bucket_cap_mb=1",
         "strategy.gradient_as_bucket_view=false",
     ).strategy
-    model = wrap(TinyNet(), strategy, process_group)
+    model = _wrap(TinyNet(), strategy, process_group)
     assert (model.find_unused_parameters, model.static_graph, model.gradient_as_bucket_view) == (True, False, False)
     assert model.bucket_bytes_cap == 1024 * 1024
     # static_graph finds unused parameters itself, so it goes without find_unused_parameters.
-    model = wrap(TinyNet(), compose_config("strategy=ddp", "strategy.static_graph=true").strategy, process_group)
+    model = _wrap(TinyNet(), typed_config("strategy=ddp", "strategy.static_graph=true").strategy, process_group)
     assert (model.static_graph, model.gradient_as_bucket_view) == (True, True)
 
 
 @pytest.mark.parametrize("as_view", [True, False])
-def test_gradient_as_bucket_view_shares_one_buffer_for_all_gradients(process_group, as_view):
-    """seed 002: the gradients live in DDP's bucket instead of a copy of their own."""
-    strategy = compose_config("strategy=ddp", f"strategy.gradient_as_bucket_view={as_view}").strategy
-    model = wrap(TinyNet(), strategy, process_group)
-    forward_backward(model, *_batch(), _trainer(), grad_scaler("32", CPU), group_size=1, sync=True)
-    storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
-    assert (len(storages) == 1) == as_view
+def test_gradient_as_bucket_view_shares_one_buffer_for_all_gradients(process_group, as_view, tmp_path):
+    """seed 002: the gradients live in DDP's bucket instead of a copy of their own, across steps
+    too: zero_grad keeps them (set_to_none would drop the views)."""
+    strategy = typed_config("strategy=ddp", f"strategy.gradient_as_bucket_view={as_view}").strategy
+    trainer = _trainer(TinyNet(), tmp_path, process_group, strategy)
+    for _ in range(2):
+        trainer.step(*_batch(), group_size=1, sync=True)
+        storages = {p.grad.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+        assert (len(storages) == 1) == as_view
+        trainer.optimizer_step()
+    assert all((p.grad is None) != as_view for p in trainer.model.parameters())
 
 
 def test_sync_batchnorm_swaps_every_batchnorm_and_keeps_its_statistics(process_group):
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Sequential(nn.BatchNorm1d(4)))
     net[1].running_mean.fill_(0.5)
-    strategy = compose_config("strategy=ddp", "strategy.sync_batchnorm=true").strategy
-    model = wrap(net, strategy, process_group).module
+    strategy = typed_config("strategy=ddp", "strategy.sync_batchnorm=true").strategy
+    model = _wrap(net, strategy, process_group).module
     assert isinstance(model[1], GlooSyncBatchNorm) and isinstance(model[2][0], GlooSyncBatchNorm)
     assert torch.equal(model[1].running_mean, torch.full((4,), 0.5))
+
+
+def _wrap(model: nn.Module, strategy: StrategyConfig, ctx: DistContext) -> nn.Module:
+    return strategies.get(strategy).wrap(model, ctx, compile=False, precision_dtype=None)

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import yaml
 from torch import nn
 
+from distributed.collectives import all_gather_object
 from distributed.context import DistContext
-from distributed.strategy import unwrap
+from distributed.strategies import unwrap
 from errors import ConfigError
 
 log = logging.getLogger("train")
@@ -170,22 +170,19 @@ class Checkpointer:
         return state
 
 
-def restore_rng(rng: list[torch.Tensor]) -> None:
+def restore_rng(rng: list[torch.Tensor], ctx: DistContext) -> None:
     torch.set_rng_state(rng[0].cpu())
-    if len(rng) > 1:
-        torch.cuda.set_rng_state(rng[1].cpu())
+    for device, state in zip(ctx.devices, rng[1:]):
+        torch.cuda.set_rng_state(state.cpu(), device)
 
 
-def _gather_rng(ctx: DistContext) -> list[torch.Tensor]:
-    """Each rank's global RNG state (CPU, and CUDA when on a GPU), indexed by rank."""
+def _gather_rng(ctx: DistContext) -> list[list[torch.Tensor]]:
+    """Each rank's RNG states (CPU, then each GPU it drives: dp's replicas draw dropout on
+    every one of them), indexed by rank."""
     states = [torch.get_rng_state()]
     if ctx.device.type == "cuda":
-        states.append(torch.cuda.get_rng_state(ctx.device))
-    if not ctx.distributed:
-        return [states]
-    gathered: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(gathered, states)
-    return gathered
+        states += [torch.cuda.get_rng_state(device) for device in ctx.devices]
+    return all_gather_object(states, ctx)
 
 
 def _best_in(path: Path) -> float | None:

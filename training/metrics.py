@@ -20,11 +20,19 @@ class Accumulator:
     def __init__(self, device: torch.device) -> None:
         self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss*n, correct, n
 
-    def update(self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> None:
+    def update(
+        self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor | None = None
+    ) -> None:
+        """`keep` (a 0-d bool tensor): False leaves this batch out, without a host sync."""
         n = targets.shape[0]
-        self.sums[0] += loss.detach() * n
-        self.sums[1] += (logits.argmax(dim=1) == targets).sum()
-        self.sums[2] += n
+        if keep is None:
+            self.sums[0] += loss.detach() * n
+            self.sums[1] += (logits.argmax(dim=1) == targets).sum()
+            self.sums[2] += n
+            return
+        self.sums[0] += torch.where(keep, loss.detach() * n, 0.0)
+        self.sums[1] += torch.where(keep, (logits.argmax(dim=1) == targets).sum(), 0)
+        self.sums[2] += keep * n
 
     def all_reduce(self, ctx: DistContext) -> "Accumulator":
         """Sum over ranks in place: afterwards every rank holds the global figures."""
@@ -42,14 +50,22 @@ class Accumulator:
         return Averages(loss_sum / max(n, 1), correct / max(n, 1), int(n))
 
 
-def peak_memory_mb(devices: list[torch.device], ctx: DistContext) -> list[float] | None:
+def reset_peak_memory(ctx: DistContext) -> None:
+    """Sweep jobs of one process (single, dp, 1-device ddp under -m) share CUDA's counters:
+    without a reset each job would report the running maximum of those before it."""
+    if ctx.device.type == "cuda":
+        for device in ctx.devices:
+            torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(ctx: DistContext) -> list[float] | None:
     """Peak allocated CUDA memory of every device in the job, in MB; None on CPU.
 
     Rank r fills its own slots (DP: one per GPU it drives) and a sum over ranks gathers them.
     """
     if ctx.device.type != "cuda":
         return None
-    local = [torch.cuda.max_memory_allocated(device) for device in devices]
+    local = [torch.cuda.max_memory_allocated(device) for device in ctx.devices]
     slots = torch.zeros(ctx.world_size * len(local), dtype=torch.float64, device=ctx.device)
     slots[ctx.rank * len(local):(ctx.rank + 1) * len(local)] = torch.tensor(local, dtype=torch.float64)
     return (all_reduce_sum(slots, ctx) / 1e6).tolist()

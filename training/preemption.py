@@ -16,15 +16,15 @@ import subprocess
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from distributed.collectives import all_reduce_max
 from distributed.context import DistContext
 from errors import ConfigError, Preempted
 
 log = logging.getLogger("train")
 
 
-def parse_signals(names: Any, key: str) -> list[signal.Signals]:
+def parse_signals(names: list[str], key: str) -> list[signal.Signals]:
     """`[SIGTERM, USR1]` -> signals; a ConfigError naming `key` for anything else."""
     parsed = []
     for name in names or []:
@@ -54,8 +54,7 @@ class PreemptionWatch:
         if not self.ctx.distributed:
             return bool(self.received)
         self._flag.fill_(self.received)
-        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
-        self.received = int(self._flag.item())
+        self.received = int(all_reduce_max(self._flag, self.ctx).item())
         return bool(self.received)
 
     def preempted(self) -> Preempted:
@@ -68,6 +67,8 @@ class PreemptionWatch:
 
 def requeue_or_explain(preempted: Preempted, requeue_on: list[signal.Signals], resume_command: str) -> None:
     """Under SLURM a requeue signal puts the job back in the queue; otherwise say how to resume."""
+    if not preempted.is_main:
+        return
     job = _slurm_job_id()
     if job and preempted.signum in requeue_on:
         try:

@@ -11,8 +11,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from config.schema import LoggerConfig
 from distributed.context import DistContext
-from distributed.strategy import unwrap
+from distributed.strategies import unwrap
 
 log = logging.getLogger("train")
 
@@ -42,16 +43,18 @@ def configure_logging(ctx: DistContext, run_dir: Path) -> None:
 
 # The final figures that TensorBoard's HParams tab sets against each job's options.
 HPARAM_METRICS = ("val_acc", "best_val_acc", "train_samples_per_s", "wall_s")
-SAMPLES = 16  # validation images in the per-epoch grid
 
 
 class Reporter:
-    """TensorBoard scalars, hparams and sample images, and the final metrics.json; silent on every rank but 0."""
+    """TensorBoard scalars, hparams and sample images (logger=tensorboard), and the final
+    metrics.json; silent on every rank but 0."""
 
-    def __init__(self, ctx: DistContext, run_dir: Path) -> None:
-        self.enabled = ctx.is_main
+    def __init__(self, ctx: DistContext, run_dir: Path, logger: LoggerConfig) -> None:
+        self.is_main = ctx.is_main
+        self.enabled = ctx.is_main and logger.tensorboard  # TensorBoard
         self.run_dir = run_dir
         self.device = ctx.device
+        self.sample_images = logger.sample_images
         self._writer = None
         self._samples: tuple[torch.Tensor, torch.Tensor] | None = None
         if self.enabled:
@@ -67,10 +70,10 @@ class Reporter:
     @torch.no_grad()
     def samples(self, step: int, model: nn.Module, loader: Any) -> None:
         """A grid of the same validation images each epoch, captioned predicted / true label."""
-        if not self.enabled:
+        if not (self.enabled and self.sample_images):
             return
         if self._samples is None:
-            self._samples = _first_samples(loader, SAMPLES)
+            self._samples = _first_samples(loader, self.sample_images)
         images, targets = self._samples
         if not len(images):
             return
@@ -96,7 +99,7 @@ class Reporter:
 
     def write_metrics(self, metrics: dict[str, Any]) -> None:
         """One JSON object on one line: sweep reports read one file per run."""
-        if self.enabled:
+        if self.is_main:
             (self.run_dir / "metrics.json").write_text(json.dumps(metrics) + "\n")
 
     def close(self) -> None:

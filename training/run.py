@@ -1,37 +1,35 @@
-"""One rank's whole life: join the group, build data/model/strategy, train, leave (also on error)."""
+"""One rank's whole life: join the group, build data, model and Trainer, train, leave (also on error)."""
 from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-import models
+from config.schema import RunConfig
 from data import build_loaders
-from distributed import context
+from distributed import context, strategies
 from distributed.context import DistContext
-from distributed.strategy import unwrap, wrap
 from errors import Preempted
 from training.checkpoint import Checkpointer, TrainState, find_resume
-from training.loop import fit
-from training.precision import grad_scaler
+from training.metrics import reset_peak_memory
+from training.precision import Precision
 from training.preemption import PreemptionWatch, parse_signals
 from training.reporting import Reporter, configure_logging
+from training.trainer import Trainer
 
 log = logging.getLogger("train")
 
 
-def run(ctx: DistContext, cfg: DictConfig, run_dir: str, labels: dict[str, str]) -> None:
-    """The worker every launcher starts once per device. `labels` name the chosen config options."""
-    configure_logging(ctx, Path(run_dir))
-    context.init(ctx, cfg.launcher.timeout_s)
+def run(ctx: DistContext, job: RunConfig) -> None:
+    """The worker every launcher starts once per device."""
+    configure_logging(ctx, job.run_dir)
+    context.init(ctx, job.launcher.timeout_s)
     finished = False
     try:
-        train(ctx, cfg, Path(run_dir), labels)
+        train(ctx, job)
         finished = True
     except Preempted:
         finished = True  # every rank stopped at the same step: leave together, after rank 0 saved
@@ -40,70 +38,57 @@ def run(ctx: DistContext, cfg: DictConfig, run_dir: str, labels: dict[str, str])
         context.shutdown(ctx, clean=finished)
 
 
-def train(ctx: DistContext, cfg: DictConfig, run_dir: Path, labels: dict[str, str]) -> nn.Module:
-    """Build everything from `cfg`, train, report; return the trained (unwrapped) model."""
-    from hydra.utils import instantiate
-
+def train(ctx: DistContext, job: RunConfig) -> nn.Module:
+    """Build everything `job` names, train, report; return the trained (unwrapped) model."""
     start = time.perf_counter()
-    trainer = cfg.trainer
-    signals = parse_signals(trainer.preempt_signals, "trainer.preempt_signals")
+    settings = job.trainer
+    if ctx.device.type == "cuda":
+        torch.backends.cudnn.benchmark = settings.cudnn_benchmark
+    reset_peak_memory(ctx)
+    signals = parse_signals(settings.preempt_signals, "trainer.preempt_signals")
     # From here on a preemption signal is noted, not fatal: the loop stops at an agreed step.
-    preemption = PreemptionWatch(ctx, signals, trainer.preempt_check_every_n_steps or trainer.log_every_n_steps)
-    torch.manual_seed(trainer.seed)  # the same initial weights on every rank
-    loaders = build_loaders(cfg.dataset, cfg.data, ctx, trainer.batch_size, trainer.seed)
-    net = models.build(cfg.model).to(ctx.device)
-    if trainer.channels_last:
-        net = net.to(memory_format=torch.channels_last)
-    model = wrap(net, cfg.strategy, ctx, devices=_devices(trainer, ctx), compile=trainer.compile)
-    optimizer = instantiate(cfg.optimizer, model.parameters())
-    scheduler = instantiate(cfg.scheduler, optimizer) if cfg.scheduler.get("_target_") else None
-    scaler = grad_scaler(trainer.precision, ctx.device)
-    checkpointer = Checkpointer(
-        ctx, run_dir / "checkpoints", model, optimizer, scheduler, OmegaConf.to_yaml(cfg), scaler=scaler
+    preemption = PreemptionWatch(ctx, signals, settings.preempt_check_every_n_steps or settings.log_every_n_steps)
+    torch.manual_seed(settings.seed)  # the same initial weights on every rank
+    loaders = build_loaders(
+        job.dataset, job.data, ctx, settings.batch_size, settings.seed,
+        shuffle=settings.overfit_batches is None,
+        drop_last=settings.compile,  # a partial last batch would make torch.compile compile again
     )
-    resume = find_resume(trainer.resume, run_dir)
+    if settings.overfit_batches:  # validate on the very batches it trains on: they must be learnt
+        loaders = replace(loaders, val=loaders.train)
+    net = job.model().to(ctx.device)
+    if settings.channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    strategy = strategies.get(job.strategy)
+    precision = Precision.of(settings.precision, ctx.device)
+    model = strategy.wrap(net, ctx, settings.compile, precision.dtype)
+    optimizer = job.optimizer(model.parameters())
+    scheduler = job.scheduler(optimizer) if job.scheduler is not None else None
+    scaler = precision.grad_scaler()
+    checkpointer = Checkpointer(ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler)
+    resume = find_resume(settings.resume, job.run_dir)
     state = checkpointer.restore(resume) if resume else TrainState()
     log.info(
         "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d%s",
-        labels["model"], labels["dataset"], labels["strategy"], ctx.world_size, ctx.device.type,
-        trainer.batch_size, state.epoch + 1, f" batch {state.batch + 1} ({resume})" if resume else "",
+        job.labels["model"], job.labels["dataset"], job.labels["strategy"], ctx.world_size, ctx.device.type,
+        settings.batch_size, state.epoch + 1, f" batch {state.batch + 1} ({resume})" if resume else "",
     )
-    reporter = Reporter(ctx, run_dir)
+    reporter = Reporter(ctx, job.run_dir, job.logger)
+    trainer = Trainer(
+        model, strategy, optimizer, scheduler, loaders, checkpointer, reporter, scaler, ctx, settings, state, preemption
+    )
     try:
-        metrics = fit(
-            model, optimizer, scheduler, loaders, ctx, trainer, state, reporter, checkpointer, scaler, preemption
-        )
+        metrics = trainer.fit()
         if metrics:
-            devices = _devices(trainer, ctx)
             final = {
-                **metrics, **labels, "world_size": ctx.world_size, "devices": devices,
-                "batch_size": trainer.batch_size, "wall_s": time.perf_counter() - start,
+                **metrics, **job.labels, "world_size": ctx.world_size, "devices": len(ctx.devices) * ctx.world_size,
+                "batch_size": settings.batch_size, "wall_s": time.perf_counter() - start,
             }
             reporter.write_metrics(final)
-            reporter.hparams(_options(cfg, labels, devices, ctx), final)
+            reporter.hparams(job.hparams, final)
     finally:
         preemption.close()
         reporter.close()
-    return unwrap(model)
-
-
-def _devices(trainer: DictConfig, ctx: DistContext) -> int:
-    """DDP runs one rank per device; DP drives all of them from one process."""
-    return max(ctx.world_size, int(trainer.gpus or trainer.devices))
-
-
-def _options(cfg: DictConfig, labels: dict[str, str], devices: int, ctx: DistContext) -> dict[str, Any]:
-    """The choices that tell one sweep job from another, for TensorBoard's HParams tab."""
-    trainer = cfg.trainer
-    return {
-        **labels,
-        "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
-        "lr": cfg.optimizer.lr,
-        "scheduler": cfg.scheduler.get("_target_", "none").rsplit(".", 1)[-1],
-        "accelerator": ctx.device.type,
-        "devices": devices,
-        "batch_size": trainer.batch_size,
-        "epochs": trainer.epochs,
-        "seed": trainer.seed,
-        "precision": trainer.precision,
-    }
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()  # the next sweep job in this process starts with the memory free
+    return strategies.unwrap(model)

@@ -1,0 +1,191 @@
+"""Every config key the code reads, with its one default, as plain dataclasses.
+
+Registered in Hydra's ConfigStore (config.setup), so a typo'd key or a wrong type fails at
+composition; converted once with OmegaConf.to_object, so everything below train.py receives these
+types and never a DictConfig. Closed choices are Enums matched by name (OmegaConf 2.3 rejects
+Literal and matches Enums by member name); trainer.precision stays a string, because its
+names ("32", "bf16-mixed") are not identifiers, and config.check validates it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+MISSING = "???"  # OmegaConf's mark for a value the YAML must give (its own MISSING, without importing it)
+
+
+class Accelerator(Enum):
+    auto = "auto"  # a GPU if one is visible, else the CPU
+    gpu = "gpu"
+    cpu = "cpu"
+
+
+class StrategyName(Enum):
+    single = "single"
+    dp = "dp"
+    ddp = "ddp"
+
+
+class LauncherName(Enum):
+    auto = "auto"  # torchrun's or SLURM's ranks if they started us, else spawn
+    spawn = "spawn"
+    torchrun = "torchrun"
+    slurm = "slurm"
+
+
+class Loader(Enum):
+    dataloader = "dataloader"  # workers, per-sample transforms
+    device = "device"  # the split held on the device, augmented a batch at a time
+
+
+class NonFinite(Enum):
+    stop = "stop"  # end the run at the step, naming it; last.pt keeps the last finite state
+    skip = "skip"  # drop the step's update, count it, go on
+
+
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+
+
+def devices_per_node(gpus: Optional[int], devices: int) -> int:
+    """trainer.gpus=N is shorthand for accelerator=gpu devices=N."""
+    return int(gpus if gpus is not None else devices)
+
+
+@dataclass
+class TrainerConfig:
+    accelerator: Accelerator = Accelerator.auto
+    devices: int = 1  # per node: one process each (dp: one process drives them all)
+    gpus: Optional[int] = None  # shorthand: trainer.gpus=4 means accelerator=gpu devices=4
+    num_nodes: int = 1  # torchrun/SLURM must start devices x num_nodes processes
+    epochs: int = 15
+    max_steps: Optional[int] = None  # stop early after this many optimizer steps
+    batch_size: int = 64  # global: each of N ranks takes batch_size / N
+    seed: int = 0
+    limit_train_batches: Optional[int] = None  # dry runs: batches per epoch
+    limit_val_batches: Optional[int] = None
+    overfit_batches: Optional[int] = None  # train (unshuffled) and validate on these first batches only
+    log_every_n_steps: int = 50
+    progress_bar: bool = True
+    precision: str = "32"  # 32 | bf16-mixed | 16-mixed (fp16 autocast with a GradScaler; CUDA only)
+    accumulate_grad_batches: int = 1  # micro-batches of batch_size per optimizer step; max_steps counts steps
+    grad_clip: Optional[float] = None  # max gradient norm (all parameters together); None: no clipping
+    channels_last: bool = False  # NHWC memory format for model and images (faster convs on tensor cores)
+    compile: bool = False  # torch.compile the model before DDP wraps it
+    cudnn_benchmark: bool = True  # let cuDNN time its conv algorithms once per input shape (CUDA only)
+    nonfinite: NonFinite = NonFinite.stop  # a NaN/inf loss: stop the run, or skip the step
+    resume: Optional[str] = None  # a last.pt/best.pt path, or auto: this run dir's last.pt if there is one
+    checkpoint_every_n_steps: Optional[int] = None  # also save last.pt every N steps (mid-epoch)
+    # Preemption: these signals make every rank finish its step and save last.pt, then exit;
+    # under SLURM the requeue signals also requeue the job (SIGTERM is also scancel's: no requeue).
+    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    requeue_signals: List[str] = field(default_factory=lambda: ["SIGUSR1"])
+    preempt_check_every_n_steps: Optional[int] = None  # None: ranks agree on a stop at each log step
+
+    @property
+    def devices_per_node(self) -> int:
+        return devices_per_node(self.gpus, self.devices)
+
+
+@dataclass
+class StrategyConfig:
+    name: StrategyName = StrategyName.single
+    # DistributedDataParallel's options (single and dp ignore them)
+    gradient_as_bucket_view: bool = True  # gradients are views into the buckets: one copy less in memory
+    find_unused_parameters: bool = False  # true only for models that skip parameters in some forwards
+    static_graph: bool = False
+    bucket_cap_mb: Optional[float] = None  # None: DDP's default, 25
+    sync_batchnorm: bool = False  # BatchNorm statistics over the global batch (on CPU ranks too)
+
+
+@dataclass
+class LauncherConfig:
+    name: LauncherName = LauncherName.auto
+    master_addr: Optional[str] = None  # None: 127.0.0.1 (spawn), torchrun's, the job's first node (SLURM)
+    master_port: Optional[int] = None  # None: a free port (spawn), torchrun's, from the SLURM job id
+    # Every collective's limit; NCCL aborts a rank that waits longer. A first torch.compile step,
+    # 8 ranks scanning an ImageNet folder or a checkpoint fsync on a network disk take minutes.
+    timeout_s: float = 600.0
+
+
+@dataclass
+class DataConfig:
+    loader: Loader = Loader.dataloader
+    num_workers: Optional[int] = None  # None: this task's CPUs / local ranks (0 for in-memory tensors)
+    pin_memory: Optional[bool] = None  # None: on when training on CUDA
+    persistent_workers: bool = True  # workers live across epochs
+
+
+@dataclass
+class AugmentConfig:  # training only
+    crop_padding: int = 0  # RandomCrop(image_size, padding)
+    flip: bool = False  # RandomHorizontalFlip
+
+
+@dataclass
+class DatasetConfig:
+    name: str = MISSING  # digits | synthetic | mnist | cifar10 | imagefolder (conf/dataset/)
+    channels: int = MISSING
+    image_size: int = MISSING  # imagefolder and resize: the crop
+    num_classes: int = MISSING
+    root: Optional[str] = None  # where the files live (mnist, cifar10: ${paths.data_dir})
+    download: bool = True  # rank 0 fetches missing files; false on nodes without internet
+    resize: Optional[int] = None  # set: ImageNet-style RandomResizedCrop / Resize + CenterCrop
+    mean: Optional[List[float]] = None  # None: no normalisation
+    std: Optional[List[float]] = None
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    val_fraction: float = 0.2  # digits: the stratified validation share
+    train_size: int = 2048  # synthetic: samples per split
+    val_size: int = 512
+    seed: int = 0  # synthetic: the random images
+
+
+@dataclass
+class PathsConfig:  # values in conf/paths/default.yaml: they depend on the machine
+    root_dir: str = MISSING
+    data_dir: str = MISSING
+    log_dir: str = MISSING
+    sweep_dir: str = MISSING
+
+
+@dataclass
+class LoggerConfig:
+    tensorboard: bool = True  # scalars, hparams and sample images under <run dir>/tb
+    sample_images: int = 16  # validation images drawn with their predictions each epoch
+
+
+@dataclass
+class Config:
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    # `_target_` nodes: config.check turns them into factories (Hydra partials) for the workers.
+    model: Any = None
+    optimizer: Any = None
+    scheduler: Any = None
+    optimized_metric: str = "best_val_acc"  # the metrics.json figure main() returns to a sweeper
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What every worker receives: typed settings, factories for what must be built per process,
+    and the run's identity. Picklable, for torch.multiprocessing.spawn."""
+
+    trainer: TrainerConfig
+    strategy: StrategyConfig
+    launcher: LauncherConfig
+    data: DataConfig
+    dataset: DatasetConfig
+    logger: LoggerConfig
+    model: Callable[[], Any]  # () -> nn.Module
+    optimizer: Callable[..., Any]  # (parameters) -> Optimizer
+    scheduler: Optional[Callable[..., Any]]  # (optimizer) -> LRScheduler, None: a constant lr
+    run_dir: Path
+    labels: Dict[str, str]  # the chosen model, dataset and strategy options, for the log and metrics.json
+    hparams: Dict[str, Any]  # what tells one sweep job from another (TensorBoard's HParams tab)
+    config_yaml: str  # the composed config, saved in every checkpoint

@@ -1,0 +1,59 @@
+"""Hydra's side of the config: the schema in its ConfigStore, the resolvers conf/ uses, and
+`compose()` for tests and tools that need the config `python train.py` would get."""
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from config.schema import Config, devices_per_node
+from distributed import environment
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = ROOT / "conf"
+
+
+def _per_device(batch: int, *, _root_: DictConfig) -> int:
+    """${per_device:128}: the seeds give a batch per GPU; trainer.batch_size is the global one."""
+    trainer = _root_.trainer
+    return batch * devices_per_node(trainer.gpus, trainer.devices) * trainer.num_nodes
+
+
+def _name(choice: Enum | str) -> str:
+    """An Enum key (launcher.name) reaches a resolver as the member: its name is the choice."""
+    return choice.name if isinstance(choice, Enum) else str(choice)
+
+
+# conf/config.yaml names the run dir with run_name and rank_zero_only, so every torchrun/SLURM
+# rank picks the same dir and only rank 0 writes .hydra/ (Hydra #2070).
+RESOLVERS = {
+    "run_name": lambda launcher, default: environment.run_name(_name(launcher), os.environ, default),
+    "rank_zero_only": lambda launcher, value: value if environment.is_rank_zero(_name(launcher), os.environ) else None,
+    "per_device": _per_device,
+    "project_root": lambda: str(ROOT),
+}
+
+
+def register() -> None:
+    """Idempotent: train.py, Hydra's callback import and every tool may call it."""
+    ConfigStore.instance().store(name="schema", node=Config)
+    for name, resolver in RESOLVERS.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
+
+
+def compose(*overrides: str, hydra: bool = False) -> DictConfig:
+    """The config `python train.py *overrides` composes (with `hydra`, its hydra node too)."""
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
+
+
+def load(*overrides: str) -> Config:
+    """compose(), typed: what a worker's RunConfig is made of."""
+    return OmegaConf.to_object(compose(*overrides))

@@ -1,0 +1,184 @@
+"""One object per strategy: how many processes and devices it uses, what it refuses, how it wraps
+a plain nn.Module and unwraps it again, and how a micro-batch skips the gradient all-reduce.
+
+Chosen once, by `get`; nothing else compares strategy names.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from config.schema import Accelerator, StrategyConfig, StrategyName, TrainerConfig
+from distributed.context import DistContext
+from distributed.sync_batchnorm import convert_sync_batchnorm
+from errors import ConfigError
+
+log = logging.getLogger("train")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    config: StrategyConfig
+    name: ClassVar[str]
+    process_group: ClassVar[bool] = False  # needs torch.distributed, even at world size 1
+
+    def processes_per_node(self, devices: int) -> int:
+        return devices
+
+    def devices_per_process(self, devices: int) -> int:
+        return 1
+
+    def check(self, trainer: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
+        """Raise a one-line ConfigError for a combination this strategy cannot train."""
+
+    def wrap(self, model: nn.Module, ctx: DistContext, compile: bool, precision_dtype: torch.dtype | None) -> nn.Module:
+        """`model` is on ctx.device. compile comes after module swaps and before DDP wraps, as
+        nanoGPT and timm do."""
+        return torch.compile(model) if compile else model
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """A micro-batch that is not the last of its accumulation group: no gradient all-reduce."""
+        return contextlib.nullcontext()
+
+    @property
+    def zero_grad_to_none(self) -> bool:
+        """Free the gradients between steps (the default), unless a strategy aliases them."""
+        return True
+
+
+class Single(Strategy):
+    name = "single"
+
+    def processes_per_node(self, devices: int) -> int:
+        return 1
+
+    def check(self, trainer: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
+        if devices * num_nodes > 1:
+            raise ConfigError(
+                f"strategy=single trains on one device but trainer.devices={devices} trainer.num_nodes={num_nodes}; "
+                "use strategy=ddp for several devices"
+            )
+
+
+class DataParallel(Strategy):
+    """nn.DataParallel: one process drives every GPU of the node, splitting each batch over them."""
+
+    name = "dp"
+
+    def processes_per_node(self, devices: int) -> int:
+        return 1
+
+    def devices_per_process(self, devices: int) -> int:
+        return devices
+
+    def check(self, trainer: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
+        if accelerator == Accelerator.cpu and devices > 1:
+            raise ConfigError(
+                f"strategy=dp with trainer.devices={devices} splits each batch over {devices} GPUs but runs on CPU; "
+                f"use trainer.devices=1, or strategy=ddp to rehearse {devices} devices on CPU"
+            )
+        if num_nodes > 1:
+            raise ConfigError(
+                f"strategy=dp runs in one process on one node but trainer.num_nodes={num_nodes}; use strategy=ddp"
+            )
+        if trainer.compile and devices > 1:
+            # DataParallel replicates its module on every forward; replicating torch.compile's
+            # OptimizedModule writes through to the original network (GPU-only: replicate needs CUDA).
+            raise ConfigError(
+                f"strategy=dp with trainer.compile=true on {devices} GPUs: DataParallel re-replicates the model "
+                "every step, which breaks a compiled model; use strategy=ddp (one compiled model per process) "
+                "or trainer.compile=false"
+            )
+
+    def wrap(self, model: nn.Module, ctx: DistContext, compile: bool, precision_dtype: torch.dtype | None) -> nn.Module:
+        model = super().wrap(model, ctx, compile, precision_dtype)
+        if ctx.device.type != "cuda" or len(ctx.devices) == 1:
+            return model  # one device: DataParallel would call the module as it is
+        if precision_dtype is not None:
+            model = AutocastReplica(model, precision_dtype)
+        return nn.DataParallel(model, device_ids=[d.index for d in ctx.devices])
+
+
+class AutocastReplica(nn.Module):
+    """DataParallel runs each replica in a thread of its own and re-enters autocast there
+    without a dtype (torch/nn/parallel/parallel_apply.py), and autocast's dtype is thread-local:
+    bf16-mixed would run in fp16, without loss scaling. Entering it here, inside the replica,
+    keeps the dtype (GPU-only: DataParallel replicates only on CUDA)."""
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.module, self.dtype = module, dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, dtype=self.dtype):
+            return self.module(x)
+
+
+class DDP(Strategy):
+    name = "ddp"
+    process_group = True
+
+    def check(self, trainer: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
+        if self.config.static_graph and trainer.accumulate_grad_batches > 1:
+            # DDP's static-graph setup fails on a first backward under no_sync (pytorch#187732),
+            # and skipping no_sync would all-reduce every micro-batch.
+            raise ConfigError(
+                f"strategy.static_graph=true with trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}: "
+                "DDP's static graph cannot skip the gradient sync of accumulated micro-batches; "
+                "set strategy.static_graph=false or trainer.accumulate_grad_batches=1"
+            )
+        if self.config.sync_batchnorm and trainer.compile:
+            log.warning(
+                "strategy.sync_batchnorm=true with trainer.compile=true: every synchronised BatchNorm breaks the "
+                "compiled graph (a collective per layer), so expect little gain from compiling"
+            )
+
+    def wrap(self, model: nn.Module, ctx: DistContext, compile: bool, precision_dtype: torch.dtype | None) -> nn.Module:
+        if self.config.sync_batchnorm:
+            model = convert_sync_batchnorm(model, ctx.device)
+        model = super().wrap(model, ctx, compile, precision_dtype)
+        options = self.config
+        return DistributedDataParallel(
+            model,
+            device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+            gradient_as_bucket_view=options.gradient_as_bucket_view,
+            find_unused_parameters=options.find_unused_parameters,
+            static_graph=options.static_graph,
+            bucket_cap_mb=options.bucket_cap_mb,
+        )
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return model.no_sync()
+
+    @property
+    def zero_grad_to_none(self) -> bool:
+        # set_to_none would drop the gradients' views into the buckets; the next backward would
+        # allocate fresh tensors and DDP would copy into its buckets again.
+        return not self.config.gradient_as_bucket_view
+
+
+_STRATEGIES: dict[StrategyName, type[Strategy]] = {
+    StrategyName.single: Single,
+    StrategyName.dp: DataParallel,
+    StrategyName.ddp: DDP,
+}
+
+
+def get(config: StrategyConfig) -> Strategy:
+    return _STRATEGIES[config.name](config)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module under DP/DDP and torch.compile: state_dict keys carry no `module.` or
+    `_orig_mod.` prefix, so a checkpoint loads under any strategy."""
+    if isinstance(model, (DistributedDataParallel, nn.DataParallel)):
+        model = model.module
+    if isinstance(model, AutocastReplica):
+        model = model.module
+    return getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
