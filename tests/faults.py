@@ -29,6 +29,19 @@ class FailingNet(MnistNet):
         return super().forward(x)
 
 
+class SlowNet(MnistNet):
+    """MnistNet that sleeps `delay_s` in every forward: the same math, slow enough for a signal to
+    land mid-training however long the job takes to start."""
+
+    def __init__(self, *args, delay_s: float = 0.2, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.delay_s = delay_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.delay_s)
+        return super().forward(x)
+
+
 class HangingNet(MnistNet):
     """MnistNet whose rank `hang_rank` stays alive but never returns from forward `at_step`: it
     sleeps forever or, with `stop`, SIGSTOPs itself (neither answers SIGTERM)."""
