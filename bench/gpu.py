@@ -83,7 +83,9 @@ def time_to_accuracy(cifar_root: Path) -> tuple[float | None, float]:
             "trainer.batch_size=512", "trainer.epochs=30", "optimizer=sgd", "optimizer.lr=0.2", "scheduler=cosine",
         ]
         start = time.time()
-        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{' '.join(cmd[1:])} failed:\n{done.stderr}")
         events = EventAccumulator(str(Path(run_dir) / "tb"))
         events.Reload()
         accs = events.Scalars("val/acc")

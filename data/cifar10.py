@@ -1,7 +1,8 @@
 """CIFAR-10 from torchvision's layout (root/cifar-10-batches-py/), read here, not by torchvision.
 
 torchvision's CIFAR10 refuses any file whose md5 differs from the official release; we accept
-every well-formed batch (a subset, a re-pickled copy) and reject malformed ones by name.
+every well-formed batch (a subset, a re-pickled copy, with str or bytes keys) and reject malformed
+ones by name.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ _ALLOWED = {
     ("numpy", "dtype"),
     ("numpy.core.multiarray", "_reconstruct"),
     ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"),  # how numpy pickles an array at protocol 5 (Python 3.14's default)
+    ("numpy._core.numeric", "_frombuffer"),
     ("_codecs", "encode"),  # how Python 3 pickles bytes at protocol 2
 }
 
@@ -75,7 +78,7 @@ def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         with path.open("rb") as f:
             entry = _Unpickler(f, encoding="latin1").load()
-        images, labels = entry["data"], np.asarray(entry["labels"], dtype=np.int64)
+        images, labels = _field(entry, "data"), np.asarray(_field(entry, "labels"), dtype=np.int64)
     except (OSError, EOFError, pickle.UnpicklingError, TypeError, KeyError, ValueError, IndexError) as e:
         raise ConfigError(f"{path}: not a CIFAR-10 batch ({type(e).__name__}: {e}); {fix}") from None
     if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.ndim == 2 and images.shape[1] == 3072):
@@ -83,6 +86,13 @@ def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if labels.shape != (len(images),) or (labels.size and not 0 <= labels.min() <= labels.max() <= 9):
         raise ConfigError(f"{path}: needs one label in 0..9 per image ({len(images)} images); {fix}")
     return images, labels
+
+
+def _field(entry: Any, key: str) -> Any:
+    """entry[key]; a copy re-pickled after `pickle.load(f, encoding="bytes")` has bytes keys."""
+    if isinstance(entry, dict) and key not in entry and key.encode() in entry:
+        return entry[key.encode()]
+    return entry[key]
 
 
 class _Unpickler(pickle.Unpickler):

@@ -172,10 +172,25 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
         raise RankFailed(e.error_index, reason) from None
     except ProcessRaisedException:
         rank, reason = _first_error(ranks.error_files)
+        hung = _hung_rank(ranks, reason)
+        if hung is not None:
+            raise RankFailed(hung, f"hung: rank {rank} waited launcher.timeout_s for it ({reason})") from None
         raise RankFailed(rank, reason) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _hung_rank(ranks: mp.ProcessContext, first_error: str) -> int | None:
+    """After a collective timed out: a rank that raised nothing and had to be killed. It was alive
+    but stuck, since a rank that merely waited on a failed peer would have failed by itself."""
+    if "timed out" not in first_error.lower():
+        return None
+    return next(
+        (rank for rank, (process, error_file) in enumerate(zip(ranks.processes, ranks.error_files))
+         if process.exitcode is not None and process.exitcode < 0 and not os.path.exists(error_file)),
+        None,
+    )
 
 
 def _first_error(error_files: list[str]) -> tuple[int, str]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -25,4 +26,37 @@ class FailingNet(MnistNet):
             if self.kill:
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected failure on rank {rank}")
+        return super().forward(x)
+
+
+class SlowNet(MnistNet):
+    """MnistNet that sleeps `delay_s` in every forward: the same math, slow enough for a signal to
+    land mid-training however long the job takes to start."""
+
+    def __init__(self, *args, delay_s: float = 0.2, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.delay_s = delay_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.delay_s)
+        return super().forward(x)
+
+
+class HangingNet(MnistNet):
+    """MnistNet whose rank `hang_rank` stays alive but never returns from forward `at_step`: it
+    sleeps forever or, with `stop`, SIGSTOPs itself (neither answers SIGTERM)."""
+
+    def __init__(self, *args, hang_rank: int = 1, at_step: int = 3, stop: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.hang_rank, self.at_step, self.stop = hang_rank, at_step, stop
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if rank == self.hang_rank and self.calls == self.at_step:
+            if self.stop:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            while True:
+                time.sleep(3600)
         return super().forward(x)

@@ -38,6 +38,25 @@ def test_cifar_batches_read_back_pixel_exact(tmp_path):
     assert int(val.images[3, 2, 5, 7]) == int(row[2 * 1024 + 5 * 32 + 7])
 
 
+def _repickle_with_bytes_keys(path: Path, protocol: int) -> None:
+    """What `pickle.dump(pickle.load(f, encoding="bytes"), out)` makes of a batch of the official
+    release, which Python 2 pickled: its keys and strings come back as bytes."""
+    entry = pickle.loads(path.read_bytes())
+    as_bytes = {key.encode(): value.encode() if isinstance(value, str) else value for key, value in entry.items()}
+    path.write_bytes(pickle.dumps(as_bytes, protocol=protocol))
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])  # 4: Python 3.8-3.13's default, 5: 3.14's
+def test_cifar_batches_re_pickled_with_bytes_keys_read_the_same(tmp_path, protocol):
+    write_cifar(tmp_path, per_batch=7, val=5)
+    expected = cifar10.read(tmp_path)
+    for path in cifar10.files(tmp_path):
+        _repickle_with_bytes_keys(path, protocol)
+    assert b"labels" in pickle.loads(cifar10.files(tmp_path)[0].read_bytes())
+    for ours, theirs in zip(cifar10.read(tmp_path), expected):
+        assert torch.equal(ours.images, theirs.images) and torch.equal(ours.labels, theirs.labels)
+
+
 def test_mnist_reads_what_torchvision_reads(tmp_path):
     from torchvision.datasets import MNIST
 
@@ -82,6 +101,8 @@ def _assert_one_line_error(read, dataset: str, words: list[str]) -> None:
         (_truncate, ["data_batch_3", "not a CIFAR-10 batch"]),
         (lambda p: p.write_bytes(b"hello"), ["data_batch_3", "not a CIFAR-10 batch"]),
         (_pickle_that_runs_code, ["data_batch_3", "posix.system is not part of a CIFAR batch"]),
+        (lambda p: p.write_bytes(pickle.dumps({b"images": np.zeros((2, 3072), np.uint8), b"targets": [0, 1]})),
+         ["data_batch_3", "not a CIFAR-10 batch (KeyError: 'data')"]),
         (lambda p: cifar10.write_batch(p, np.zeros((2, 3, 16, 16), np.uint8), np.zeros(2)), ["3072 pixels"]),
         (lambda p: cifar10.write_batch(p, np.zeros((2, 3, 32, 32), np.uint8), np.array([1, 10])), ["label in 0..9"]),
     ],

@@ -1,0 +1,59 @@
+"""A rank that hangs (alive, but stuck inside a step) ends a DDP job by launcher.timeout_s, naming
+it, with nothing left behind."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from tests.test_resume_preempt import DDP, TINY, Run
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 20
+# The peers' collective times out after TIMEOUT_S; torch then gives the ranks 5 s to leave, sends
+# SIGTERM, and after 5 s more SIGKILL (a stopped or sleeping rank ignores SIGTERM). Measured on the
+# 2-core machine: 31 s idle, up to 40 s while other jobs ran.
+BOUND_S = 45
+
+
+@dataclass
+class Ended:
+    code: int
+    output: str
+    seconds: float  # from the start of training to the end of the job
+    leftovers: list[str]
+
+
+@pytest.fixture(scope="module", params=["sleep", "sigstop"])
+def hung(request, tmp_path_factory) -> Ended:
+    run_dir = tmp_path_factory.mktemp("hung") / "run"
+    fault = ["model._target_=tests.faults.HangingNet", "+model.at_step=3", f"+model.stop={request.param == 'sigstop'}"]
+    run = Run(run_dir, *DDP, *TINY, f"launcher.timeout_s={TIMEOUT_S}", *fault)
+    try:
+        run.wait_for(lambda: run.logged("from epoch 1"))  # training starts; rank 1 hangs in its 3rd forward
+        start = time.monotonic()
+        code = run.finish(timeout=120)
+        return Ended(code, run.output(), time.monotonic() - start, run.leftovers())
+    finally:
+        # Whatever went wrong above, a stopped rank must not stay behind for good.
+        for pid in run._tagged():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_hung_rank_ends_the_job_in_time_and_leaves_no_process(hung):
+    assert hung.code == 1, hung.output
+    assert re.search(r"^error: rank \d failed: .*timed out", hung.output, re.MULTILINE | re.IGNORECASE), hung.output
+    assert hung.seconds < BOUND_S, f"{hung.seconds:.0f} s from the start of training to the end of the job"
+    assert hung.leftovers == []
+
+
+def test_the_error_names_the_hung_rank(hung):
+    assert "error: rank 1 failed: hung" in hung.output, hung.output
