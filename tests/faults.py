@@ -60,3 +60,19 @@ class HangingNet(MnistNet):
             while True:
                 time.sleep(3600)
         return super().forward(x)
+
+
+class NanNet(MnistNet):
+    """MnistNet whose output turns NaN from training forward `at_step` on, `times` forwards long."""
+
+    def __init__(self, *args, at_step: int = 3, times: int = 10**9, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.at_step, self.times = at_step, times
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if not self.training:
+            return out
+        self.calls += 1
+        return out * float("nan") if self.at_step <= self.calls < self.at_step + self.times else out

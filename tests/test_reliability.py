@@ -1,0 +1,126 @@
+"""Round two of reliability: the GPU-path refusals and wrappers reached on CPU, and non-finite
+losses that stop (or skip) without saving a broken model."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from config.check import check
+from config.schema import Accelerator, StrategyConfig, StrategyName, TrainerConfig
+from distributed import strategies
+from distributed.context import make_context
+from distributed.strategies import AutocastReplica
+from errors import ConfigError
+from tests.conftest import ROOT, run_train, typed_config
+from tests.test_launchers import SLURM_ENV, _plan
+
+DDP_CPU = ("strategy=ddp", "trainer.accelerator=cpu")
+
+
+def test_dp_refuses_compile_on_several_gpus_before_launch():
+    """DataParallel replicates its module each forward; a compiled module does not survive it."""
+    dp = strategies.get(StrategyConfig(StrategyName.dp))
+    with pytest.raises(ConfigError, match="strategy=dp with trainer.compile=true on 2 GPUs.*strategy=ddp"):
+        dp.check(TrainerConfig(compile=True), Accelerator.gpu, devices=2, num_nodes=1)
+    dp.check(TrainerConfig(compile=True), Accelerator.gpu, devices=1, num_nodes=1)  # one GPU: no replicas
+
+
+def test_static_graph_with_accumulation_is_a_one_line_error():
+    with pytest.raises(ConfigError, match="strategy.static_graph=true with trainer.accumulate_grad_batches=2"):
+        check(typed_config(*DDP_CPU, "strategy.static_graph=true", "trainer.accumulate_grad_batches=2"))
+    check(typed_config(*DDP_CPU, "strategy.static_graph=true"))
+
+
+def test_sync_batchnorm_with_compile_warns(caplog):
+    ddp = strategies.get(StrategyConfig(StrategyName.ddp, sync_batchnorm=True))
+    with caplog.at_level(logging.WARNING, logger="train"):
+        ddp.check(TrainerConfig(compile=True), Accelerator.cpu, devices=2, num_nodes=1)
+    assert "breaks the compiled graph" in caplog.text
+
+
+def test_autocast_replica_keeps_the_dtype_in_a_fresh_thread():
+    """DataParallel's parallel_apply re-enters autocast in each replica's thread without a dtype;
+    a new thread starts from the default dtype (fp16 on CUDA, bf16 on CPU)."""
+    net = nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    dtypes = {}
+
+    def replica(name: str, module: nn.Module) -> None:
+        with torch.autocast("cpu", enabled=True):  # what parallel_apply does in the thread
+            dtypes[name] = module(x).dtype
+
+    with torch.autocast("cpu", dtype=torch.float16):  # the loop's autocast, in the main thread
+        for name, module in (("bare", net), ("wrapped", AutocastReplica(net, torch.float16))):
+            thread = threading.Thread(target=replica, args=(name, module))
+            thread.start()
+            thread.join()
+    assert dtypes == {"bare": torch.bfloat16, "wrapped": torch.float16}
+    assert strategies.unwrap(AutocastReplica(net, torch.float16)) is net
+
+
+def test_collectives_wait_ten_minutes_by_default_and_one_in_debug_runs():
+    assert typed_config().launcher.timeout_s >= 600
+    assert typed_config("debug=fdr").launcher.timeout_s == 60
+
+
+def test_a_task_that_sees_one_gpu_uses_it_whatever_its_local_rank(monkeypatch):
+    """srun --gpus-per-task=1: each rank sees cuda:0 only."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert make_context(3, 1, 4, 2, "gpu", use_process_group=True).device == torch.device("cuda", 0)
+    gpu_slurm = ("trainer.accelerator=gpu", "trainer.devices=2", "trainer.num_nodes=2", "launcher.master_addr=gpu07")
+    assert _plan(SLURM_ENV, "strategy=ddp", *gpu_slurm).world_size == 4
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ConfigError, match="asks for 2 GPU"):
+        _plan(SLURM_ENV, "strategy=ddp", *gpu_slurm)
+
+
+def test_every_gpu_a_process_drives_gets_its_peak_reset(monkeypatch):
+    from training.metrics import reset_peak_memory
+
+    reset = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset.append)
+    reset_peak_memory(make_context(0, 0, 1, 1, "gpu", use_process_group=False, devices_per_process=2))
+    assert reset == [torch.device("cuda", 0), torch.device("cuda", 1)]
+
+
+def test_compiling_drops_the_partial_last_batch():
+    from data import build_loaders
+
+    cfg = typed_config()
+    ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
+    sizes = {drop: [len(y) for _, y in build_loaders(cfg.dataset, cfg.data, ctx, 500, 0, drop_last=drop).train]
+             for drop in (False, True)}
+    assert sizes == {False: [500, 500, 437], True: [500, 500]}
+
+
+NAN = ("model._target_=tests.faults.NanNet", "+model.at_step=5", "trainer.epochs=2", "trainer.limit_train_batches=4",
+       "trainer.limit_val_batches=1", "trainer.checkpoint_every_n_steps=1", "trainer.log_every_n_steps=2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", [(), (*DDP_CPU, "trainer.devices=2")], ids=["single", "ddp"])
+def test_a_nan_loss_stops_at_its_step_and_saves_nothing_past_it(run_dir, strategy):
+    result = run_train(run_dir, *NAN, *strategy)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "non-finite (NaN or inf) at optimizer step 5" in errors[0], result.stderr
+    last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert last["step"] == 4 and all(torch.isfinite(v).all() for v in last["model"].values())
+    best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)
+    assert best["epoch"] == 1 and all(torch.isfinite(v).all() for v in best["model"].values())
+
+
+@pytest.mark.slow
+def test_nonfinite_skip_drops_those_steps_counts_them_and_trains_on(run_dir):
+    result = run_train(run_dir, *NAN, "+model.times=2", "trainer.nonfinite=skip")
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["nonfinite_steps_skipped"] == 2 and metrics["steps"] == 8
+    last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in last["model"].values())
+    assert "step 5: non-finite gradients, update skipped" in (run_dir / "train.log").read_text()
