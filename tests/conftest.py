@@ -60,9 +60,6 @@ def same_weights(run_dir: Path, other: Path) -> bool:
 def spawn_reference(tmp_path_factory) -> Path:
     """2 spawn ranks of the tiny DDP job the launcher tests run under torchrun and SLURM."""
     run_dir = tmp_path_factory.mktemp("spawn") / "run"
-    result = run_train(
-        run_dir, "strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.epochs=1",
-        "trainer.limit_train_batches=3", "trainer.limit_val_batches=2",
-    )
+    result = run_train(run_dir, "debug=ddp_cpu")
     assert result.returncode == 0, result.stderr
     return run_dir

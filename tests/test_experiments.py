@@ -11,7 +11,7 @@ from tests.conftest import compose_config, run_train
 from tests.dataset_files import write_cifar, write_image_folder, write_mnist
 
 EXPERIMENTS = ("seed000", "seed001", "seed002", "seed003")
-TINY = ("trainer.epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.accelerator=cpu")
+TINY = ("debug=fdr",)  # last, as on a command line: a few CPU batches of the recipe
 
 
 def test_seed000_is_resnet50_ddp_with_128_images_per_device():

@@ -16,8 +16,7 @@ from distributed import strategies
 from tests.conftest import ROOT, free_port, same_weights, typed_config
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-TINY = ["trainer.accelerator=cpu", "trainer.epochs=1", "trainer.limit_train_batches=3",
-        "trainer.limit_val_batches=2", "trainer.progress_bar=false"]
+TINY = ["debug=fdr"]
 
 TORCHRUN_ENV = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "2",
                 "MASTER_ADDR": "node0", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "abc"}

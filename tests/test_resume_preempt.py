@@ -17,7 +17,7 @@ from tests.conftest import ROOT, run_train
 pytestmark = pytest.mark.slow
 
 # 8 batches x 3 epochs; checkpoints every step, so kills land on every kind of moment.
-TINY = ["trainer.epochs=3", "trainer.limit_train_batches=8", "trainer.limit_val_batches=2"]
+TINY = ["debug=limit", "trainer.limit_train_batches=8"]
 DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
 
 

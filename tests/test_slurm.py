@@ -14,8 +14,7 @@ from tests.conftest import ROOT, same_weights
 pytestmark = pytest.mark.slow
 
 CLUSTER = ROOT / "slurm" / "local_cluster.sh"
-TINY = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.epochs=1",
-        "trainer.limit_train_batches=3", "trainer.limit_val_batches=2", "trainer.progress_bar=false"]
+TINY = ["debug=ddp_cpu", "trainer.progress_bar=false"]
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +71,7 @@ def test_sbatch_template_trains_two_tasks(slurm_env, tmp_path, spawn_reference):
     # named by the same resolver that names the default run dir.
     run_dirs = tmp_path / "outputs"
     cmd = ["sbatch", "--wait", f"--output={tmp_path / 'slurm.out'}", "--ntasks-per-node=2", "--cpus-per-task=1",
-           "--gres=gpu:0", str(ROOT / "slurm" / "train.sbatch"), *TINY[2:],  # it sets strategy and devices
+           "--gres=gpu:0", str(ROOT / "slurm" / "train.sbatch"), *TINY,
            f"hydra.run.dir='{run_dirs}/${{run_name:${{launcher.name}},clock}}'"]
     result = _run(cmd, slurm_env, ROOT)
     assert result.returncode == 0, (tmp_path / "slurm.out").read_text()[-3000:]

@@ -183,7 +183,7 @@ def test_gloo_sync_batchnorm_is_batchnorm_over_the_global_batch(sync_bn):
         assert all(error < 1e-5 for error in errors.values()), errors
 
 
-TINY = ("model=simple_cnn", "trainer.accelerator=cpu", "trainer.epochs=1", "trainer.limit_val_batches=1")
+TINY = ("debug=fdr", "model=simple_cnn")
 
 
 def _checkpoint(run_dir: Path) -> dict:
@@ -205,6 +205,7 @@ def test_fp16_on_cpu_is_a_one_line_error(run_dir):
 def test_bf16_channels_last_run_finishes_on_cpu(run_dir):
     result = run_train(
         run_dir, *TINY, "trainer.precision=bf16-mixed", "trainer.channels_last=true", "trainer.max_steps=3",
+        "trainer.limit_train_batches=6",
         "trainer.accumulate_grad_batches=2", "trainer.grad_clip=1.0",
     )
     assert result.returncode == 0, result.stderr
