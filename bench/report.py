@@ -130,6 +130,13 @@ def label(run: Run, keys: list[str]) -> str:
     return " ".join(f"{k}={short(values[k])}" for k in keys if k in values) or run.name
 
 
+def plot_label(run: Run, keys: list[str], longest: int = 40) -> str:
+    """label(), or where that is too long for a plot (a search's sampled floats), the job number."""
+    text = label(run, keys)
+    number = re.match(r"\d+", run.name)
+    return text if len(text) <= longest or number is None else f"#{number.group()}"
+
+
 def short(value: str | None) -> str:
     """Sampled floats (0.015171717849735478) to 4 significant digits; anything else as it is."""
     if value is None:
@@ -246,7 +253,7 @@ def _scaling(throughput: Any, efficiency: Any, table: list[Row], keys: list[str]
         series.setdefault(row.run.identity, []).append(row)
     for points in series.values():
         points = sorted(points, key=lambda row: row.run.devices)
-        name = label(points[0].run, keys) if keys else points[0].run.strategy
+        name = plot_label(points[0].run, keys) if keys else points[0].run.strategy
         devices = [row.run.devices for row in points]
         (line,) = throughput.plot(devices, [row.run.samples_per_s for row in points], "o-", label=name)
         scaled = [(row.run.devices, row.efficiency) for row in points if row.efficiency is not None]
@@ -268,7 +275,7 @@ def _objective_per_configuration(ax: Any, runs: list[Run], keys: list[str]) -> N
     values = [r.objective_value if r.objective == objective else r.best_val_acc for r in runs]
     positions = range(len(runs))
     ax.barh(positions, [v if v is not None else 0.0 for v in values], color="tab:blue")
-    ax.set_yticks(positions, [label(r, keys) for r in runs], fontsize="small")
+    ax.set_yticks(positions, [plot_label(r, keys) for r in runs], fontsize="small")
     ax.invert_yaxis()  # first run on top, as in the table
     ax.set(title=f"{objective} per configuration", xlabel=objective)
 
@@ -277,7 +284,7 @@ def _accuracy_vs_wall_time(ax: Any, runs: list[Run], keys: list[str], annotate: 
     ax.scatter([r.wall_s for r in runs], [r.best_val_acc for r in runs], color="tab:blue")
     if annotate:
         for r in runs:
-            ax.annotate(label(r, keys), (r.wall_s, r.best_val_acc), fontsize="x-small",
+            ax.annotate(plot_label(r, keys), (r.wall_s, r.best_val_acc), fontsize="x-small",
                         xytext=(4, 4), textcoords="offset points")
         ax.margins(x=0.3, y=0.1)  # room for the labels of the outermost points
     ax.set(title="Accuracy vs wall time", xlabel="wall time (s)", ylabel="best val accuracy")
@@ -297,7 +304,7 @@ def _search_trials(ax: Any, search: dict[str, Any]) -> None:
             ax.plot([search["best_trial"]], [search["best_value"]], "o", markersize=12, fillstyle="none",
                     color="tab:red", label=f"best: trial {search['best_trial']}")
         ax.legend(fontsize="small")
-    ax.set(title=f"{metric} over the search's trials", xlabel="trial", ylabel=metric)
+    ax.set(title=f"{metric} over the trials", xlabel="trial (#job)", ylabel=metric)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -120,6 +120,7 @@ def test_runs_are_named_by_the_overrides_that_differ(tmp_path):
     assert keys == ["model", "optimizer", "optimizer.lr"]  # trainer.epochs is the same everywhere
     assert report.label(runs[1], keys) == "model=simple_cnn optimizer=adamw"
     assert report.label(runs[4], keys) == "model=mnist_net optimizer=adamw optimizer.lr=0.003162"
+    assert (report.plot_label(runs[1], keys), report.plot_label(runs[4], keys)) == (report.label(runs[1], keys), "#10")
     header, _, *lines = report.markdown(report.rows(runs)).splitlines()
     assert header.startswith("| optimizer | optimizer.lr | strategy | devices | model |")  # model: its own column
     assert lines[1].startswith("| adamw | — | ? | 1 | simple_cnn |")
