@@ -156,6 +156,14 @@ def test_a_failed_trial_stops_the_search_and_an_interrupted_one_is_queued_again(
     assert queued.params == interrupted.params and queued.system_attrs["failed_trial"] == interrupted.number
 
 
+def test_a_search_whose_trials_all_fail_ends_even_when_failures_are_tolerated(tmp_path):
+    study, storage = _open(tmp_path)
+    with pytest.raises(RuntimeError, match="diverged"):
+        _study.run(study, SPACE, [], FakeLauncher(tmp_path, fail=True), tmp_path, n_trials=3, n_jobs=2,
+                   heartbeat=storage, max_failure_rate=1.0)
+    assert _states(study) == ["FAIL"] * 4  # two batches of two: 4 failures >= n_trials
+
+
 def test_results_name_the_best_trial_and_list_every_trial(tmp_path):
     study, storage = _open(tmp_path)
     _study.run(study, SPACE, [], FakeLauncher(tmp_path), tmp_path, n_trials=3, n_jobs=3, heartbeat=storage)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 import warnings
@@ -168,6 +169,7 @@ def run(
 ) -> None:
     """Launch batches of up to n_jobs trials until the study holds n_trials complete ones."""
     waiting_for = 0
+    failed = 0
     while True:
         _fail_stale(study)  # their retries come back WAITING, and ask() takes those first
         states = [t.state for t in study.get_trials(deepcopy=False)]
@@ -189,14 +191,19 @@ def run(
             # Optuna expects heartbeats from Study.optimize; with ask/tell, _Heartbeat beats instead.
             warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")
             trials = [study.ask(space) for _ in range(size)]
-        _run_batch(study, trials, fixed, launch, sweep_dir, heartbeat, max_failure_rate)
+        failures = _run_batch(study, trials, fixed, launch, sweep_dir, heartbeat)
         after_batch()
+        failed += len(failures)
+        # Failed trials do not count towards n_trials: a space that always fails must still end.
+        if failures and (len(failures) / len(trials) > max_failure_rate or failed >= n_trials):
+            raise failures[0]
 
 
 def _run_batch(
     study: optuna.Study, trials: list[Trial], fixed: list[str], launch: Launch, sweep_dir: Path,
-    heartbeat: RDBStorage | None, max_failure_rate: float,
-) -> None:
+    heartbeat: RDBStorage | None,
+) -> list[Exception]:
+    """Launch the trials, tell the study how each went; the exceptions of those that failed."""
     overrides = [[*fixed, *(override_of(k, v) for k, v in trial.params.items())] for trial in trials]
     failures: list[Exception] = []
     told: set[int] = set()
@@ -214,8 +221,7 @@ def _run_batch(
         except BaseException as e:
             _abandon(study, [t for i, t in enumerate(trials) if i not in told], retry=_interrupted(e))
             raise
-    if failures and len(failures) / len(trials) > max_failure_rate:
-        raise failures[0]
+    return failures
 
 
 def _tell(study: optuna.Study, trial: Trial, ret: JobReturn, sweep_dir: Path) -> Exception | None:
@@ -326,8 +332,6 @@ def write_results(path: Path, summary: dict[str, Any]) -> None:
 
 def sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any]:
     """The whole search for OptunaStudySweeper.sweep; failures it can name end the process in one line."""
-    import sys
-
     try:
         return _sweep(sweeper, arguments, sweep_dir)
     except SearchError as e:
