@@ -58,7 +58,7 @@ def test_baseline_is_the_one_device_run_that_differs_in_device_count_alone():
     assert report.baseline(_run("dp2", "dp", devices=2), runs) is dp1
     assert report.baseline(_run("x4", "fsdp", devices=4), runs) is None  # another strategy is another thing
     assert report.baseline(_run("b32", devices=2, batch_size=32), runs) is None
-    sgd1, adamw1 = (_run(o, devices=1, overrides=[("optimizer", o), ("trainer.devices", "1")]) for o in ("sgd", "adamw"))
+    sgd1, adamw1 = (_run(o, overrides=[("optimizer", o), ("trainer.devices", "1")]) for o in ("sgd", "adamw"))
     adamw2 = _run("adamw2", devices=2, overrides=[("optimizer", "adamw"), ("trainer.devices", "2")])
     assert report.baseline(adamw2, [sgd1, adamw1, adamw2]) is adamw1
     assert report.baseline(adamw1, [sgd1, adamw1]) is adamw1 and report.baseline(sgd1, [adamw1]) is None
@@ -112,8 +112,8 @@ def test_runs_are_named_by_the_overrides_that_differ(tmp_path):
                                             ("mnist_net", "adamw")]):
         _write(tmp_path, f"{i}_x", [f"model={model}", f"optimizer={optimizer}", "trainer.epochs=2"], model=model,
                devices=1, train_samples_per_s=100.0 + i)
-    _write(tmp_path, "10_x", ["model=mnist_net", "optimizer=adamw", "trainer.epochs=2", "optimizer.lr=0.0031622776601683794"],
-           model="mnist_net")
+    lr = "optimizer.lr=0.0031622776601683794"
+    _write(tmp_path, "10_x", ["model=mnist_net", "optimizer=adamw", "trainer.epochs=2", lr], model="mnist_net")
     runs = report.load_runs(tmp_path)
     assert [r.name for r in runs] == ["0_x", "1_x", "2_x", "3_x", "10_x"]  # job 10 after job 3
     keys = report.swept_keys(runs)

@@ -56,7 +56,8 @@ def test_hparams_put_the_overrides_first_and_declare_the_metrics(tmp_path):
     experiment = _hparams_plugin_data(events, metadata.EXPERIMENT_TAG).experiment
     infos = {info.name: info.differs for info in experiment.hparam_infos}
     # TensorBoard lists the hparams flagged as differing first; an override of an option is that option.
-    assert [name for name, differs in infos.items() if differs] == ["optimizer", "model", "lr", "optimizer.weight_decay"]
+    swept_first = ["optimizer", "model", "lr", "optimizer.weight_decay"]
+    assert [name for name, differs in infos.items() if differs] == swept_first
     assert set(infos) == {*options, "optimizer.weight_decay"}
     assert [(m.name.tag, m.display_name) for m in experiment.metric_infos] == list(HPARAM_METRICS.items())
     start = _hparams_plugin_data(events, metadata.SESSION_START_INFO_TAG).session_start_info.hparams

@@ -206,4 +206,5 @@ def experiment_summary(values: dict[str, Any], swept: Sequence[str]) -> Any:
     )
     content = plugin_data_pb2.HParamsPluginData(experiment=experiment, version=metadata.PLUGIN_DATA_VERSION)
     plugin_data = SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME, content=content.SerializeToString())
-    return Summary(value=[Summary.Value(tag=metadata.EXPERIMENT_TAG, metadata=SummaryMetadata(plugin_data=plugin_data))])
+    value = Summary.Value(tag=metadata.EXPERIMENT_TAG, metadata=SummaryMetadata(plugin_data=plugin_data))
+    return Summary(value=[value])

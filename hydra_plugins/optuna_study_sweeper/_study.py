@@ -148,7 +148,8 @@ def _flatten(command: dict[str, Any]) -> list[str]:
 def check_direction(metric: str, direction: str) -> None:
     """Catch the search that would hunt for the worst model."""
     lower = metric.lower()
-    if (direction == "minimize" and "acc" in lower) or (direction == "maximize" and ("loss" in lower or lower == "wall_s")):
+    lower_is_better = "loss" in lower or lower == "wall_s"
+    if (direction == "minimize" and "acc" in lower) or (direction == "maximize" and lower_is_better):
         better = "maximize" if direction == "minimize" else "minimize"
         raise SearchError(f"hydra.sweeper.direction={direction} for {metric}: {better} it")
 
@@ -315,9 +316,12 @@ def results(study: optuna.Study, metric: str, n_trials: int) -> dict[str, Any]:
     }
     if complete:
         best = study.best_trial
-        summary.update(best_trial=best.number, best_params=best.params, best_value=best.value, best_job=best.user_attrs.get("job"))
+        summary.update(
+            best_trial=best.number, best_params=best.params, best_value=best.value, best_job=best.user_attrs.get("job")
+        )
     summary["trials"] = [
-        {"number": t.number, "state": t.state.name, "value": t.value, "params": t.params, "job": t.user_attrs.get("job")}
+        {"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
+         "job": t.user_attrs.get("job")}
         for t in trials
     ]
     return summary

@@ -31,4 +31,6 @@ class OptunaStudySweeperConf:
     params: Optional[Dict[str, str]] = None
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="optuna_study", node=OptunaStudySweeperConf, provider="optuna_study_sweeper")
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="optuna_study", node=OptunaStudySweeperConf, provider="optuna_study_sweeper"
+)
