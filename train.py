@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from config import setup
-from config.check import check, overridden_keys, run_config, typed
+from config.check import check, run_config, swept_overrides, typed
 from distributed.launch import launch
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
 from training.preemption import parse_signals, requeue_or_explain, resume_command
@@ -30,9 +30,10 @@ def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir, overrides = Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task)
     settings = typed(cfg)
+    swept = swept_overrides(overrides, hydra_cfg.job.config.override_dirname.exclude_keys)
     try:
         plan = check(settings, run_dir)
-        launch(plan, run, run_config(cfg, settings, run_dir, hydra_cfg.runtime.choices, overridden_keys(overrides)))
+        launch(plan, run, run_config(cfg, settings, run_dir, hydra_cfg.runtime.choices, swept))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -6,9 +6,10 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -82,16 +83,22 @@ def factory(node: Any) -> Callable[..., Any]:
     return instantiate(node, _partial_=True, _convert_="all")
 
 
-def overridden_keys(overrides: list[str]) -> list[str]:
-    """`model=resnet18`, `+trainer.x=1`, `~y` -> the keys they set: what tells sweep jobs apart."""
-    return [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+def swept_overrides(task_overrides: Sequence[str], exclude_keys: Sequence[str] = ()) -> dict[str, Any]:
+    """A job's overrides (hydra.overrides.task) as {key: typed value}, in command-line order, less
+    `exclude_keys` (hydra.job.config.override_dirname.exclude_keys: what the run dir's name leaves out)."""
+    swept = {}
+    for override in OverridesParser.create().parse_overrides(list(task_overrides)):
+        if override.key_or_group not in exclude_keys and not override.is_delete():
+            value = override.value()
+            swept[override.key_or_group] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return swept
 
 
 def run_config(
-    cfg: DictConfig, settings: Config, run_dir: Path, choices: dict[str, str], swept: list[str]
+    cfg: DictConfig, settings: Config, run_dir: Path, choices: dict[str, str], swept: dict[str, Any]
 ) -> RunConfig:
     """The typed config every worker receives. `settings`: `cfg` typed; `choices`: the group
-    options Hydra picked; `swept`: the keys set on the command line."""
+    options Hydra picked; `swept`: the job's overrides (`swept_overrides`)."""
     labels = {group: choices[group] for group in ("model", "dataset", "strategy")}
     return RunConfig(
         trainer=settings.trainer,
@@ -105,15 +112,16 @@ def run_config(
         scheduler=factory(cfg.scheduler) if cfg.scheduler.get("_target_") else None,
         run_dir=run_dir,
         labels=labels,
-        hparams=_hparams(cfg, settings, labels, swept),
+        hparams=_hparams(cfg, settings, labels),
+        swept=swept,
         config_yaml=OmegaConf.to_yaml(cfg),
     )
 
 
-def _hparams(cfg: DictConfig, settings: Config, labels: dict[str, str], swept: list[str]) -> dict[str, Any]:
+def _hparams(cfg: DictConfig, settings: Config, labels: dict[str, str]) -> dict[str, Any]:
     """The choices that tell one sweep job from another, for TensorBoard's HParams tab."""
     trainer = settings.trainer
-    options = {
+    return {
         **labels,
         "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
         "lr": cfg.optimizer.lr,
@@ -125,11 +133,6 @@ def _hparams(cfg: DictConfig, settings: Config, labels: dict[str, str], swept: l
         "seed": trainer.seed,
         "precision": trainer.precision,
     }
-    for key in swept:  # anything else the command line set, under its own name
-        value = OmegaConf.select(cfg, key)
-        if key not in options and isinstance(value, (int, float, str, bool)):
-            options[key] = value
-    return options
 
 
 class OutputDirCheck(Callback):

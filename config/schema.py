@@ -187,5 +187,6 @@ class RunConfig:
     scheduler: Optional[Callable[..., Any]]  # (optimizer) -> LRScheduler, None: a constant lr
     run_dir: Path
     labels: Dict[str, str]  # the chosen model, dataset and strategy options, for the log and metrics.json
-    hparams: Dict[str, Any]  # what tells one sweep job from another (TensorBoard's HParams tab)
+    hparams: Dict[str, Any]  # the run's main options (TensorBoard's HParams tab)
+    swept: Dict[str, Any]  # its command-line overrides, {key: value}: the HParams tab lists them first
     config_yaml: str  # the composed config, saved in every checkpoint

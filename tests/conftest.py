@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import DictConfig, open_dict
 
-from config.check import run_config, typed
+from config.check import run_config, swept_overrides, typed
 from config.schema import Config, RunConfig
 from config.setup import ROOT, compose
 
@@ -30,7 +30,7 @@ def job_config(run_dir: Path, *overrides: str) -> RunConfig:
     choices = dict(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]
-    return run_config(cfg, typed(cfg), run_dir, choices, [o.split("=", 1)[0] for o in overrides])
+    return run_config(cfg, typed(cfg), run_dir, choices, swept_overrides(overrides))
 
 
 def run_train(run_dir: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -1,22 +1,48 @@
-"""bench.report: speed-up and efficiency against the right baseline, from whatever metrics.json holds."""
+"""bench.report: runs named by their overrides, speed-up only between runs that differ in devices alone."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
+from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+from tensorboard.plugins.hparams import plugin_data_pb2
 
 from bench import report
+from tests.conftest import ROOT
+
+TINY = ("trainer.accelerator=cpu", "trainer.epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
+        "trainer.progress_bar=false")
+# The job dirs proposed for conf/config.yaml's hydra.sweep: <job number>_<the job's overrides>, which
+# TensorBoard shows as the run's name. "-" and "+" because a path holding "=" or "," cannot be given
+# back as an override (trainer.resume=...) unquoted.
+SUBDIR = (
+    "hydra.sweep.subdir=${hydra.job.num}_${hydra.job.override_dirname}",
+    "hydra.job.config.override_dirname.kv_sep=-",
+    "hydra.job.config.override_dirname.item_sep=+",
+    "hydra.job.config.override_dirname.exclude_keys=[hparams_search,sweep,optimized_metric,trainer.accelerator,"
+    "trainer.progress_bar,trainer.limit_train_batches,trainer.limit_val_batches,trainer.resume,dataset.root,"
+    "dataset.download,model.weights]",
+)
 
 
-def _write(root, name, **metrics):
+def _write(root, name, overrides=None, **metrics):
     run = root / name
     run.mkdir(parents=True)
-    base = {"val_acc": 0.9, "best_val_acc": 0.95, "wall_s": 10.0, "model": "m", "dataset": "d", "batch_size": 64}
+    base = {"val_acc": 0.9, "best_val_acc": 0.95, "wall_s": 10.0, "model": "m", "dataset": "d", "batch_size": 64,
+            "train_samples_per_s": 100.0}
     (run / "metrics.json").write_text(json.dumps({**base, **metrics}) + "\n")
+    if overrides is not None:  # as Hydra records them
+        (run / ".hydra").mkdir()
+        (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
 
 
-def _run(name="r", strategy="ddp", devices=1, batch_size=64, samples_per_s=100.0):
-    return report.Run(name, strategy, devices, "m", "d", batch_size, samples_per_s, 0.9, 0.95, 10.0, None)
+def _run(name="r", strategy="ddp", devices=1, batch_size=64, samples_per_s=100.0, overrides=()):
+    return report.Run(name, strategy, devices, "m", "d", batch_size, samples_per_s, 0.9, 0.95, 10.0, None,
+                      overrides=tuple(overrides))
 
 
 def test_speedup_is_the_throughput_ratio_and_efficiency_its_share_of_ideal():
@@ -24,14 +50,18 @@ def test_speedup_is_the_throughput_ratio_and_efficiency_its_share_of_ideal():
     assert report.scaling(50.0, 1, 100.0) == pytest.approx((0.5, 0.5))
 
 
-def test_baseline_is_the_one_device_run_of_the_same_workload_and_strategy_first():
+def test_baseline_is_the_one_device_run_that_differs_in_device_count_alone():
     single, dp1, ddp1 = _run("s", "single"), _run("dp1", "dp"), _run("ddp1", "ddp")
     ddp4, other_batch = _run("ddp4", "ddp", devices=4), _run("b128", "single", batch_size=128)
     runs = [single, dp1, ddp1, ddp4, other_batch]
     assert report.baseline(ddp4, runs) is ddp1
     assert report.baseline(_run("dp2", "dp", devices=2), runs) is dp1
-    assert report.baseline(_run("x4", "fsdp", devices=4), runs) is single  # no fsdp on 1 device: another 1-device run
+    assert report.baseline(_run("x4", "fsdp", devices=4), runs) is None  # another strategy is another thing
     assert report.baseline(_run("b32", devices=2, batch_size=32), runs) is None
+    sgd1, adamw1 = (_run(o, overrides=[("optimizer", o), ("trainer.devices", "1")]) for o in ("sgd", "adamw"))
+    adamw2 = _run("adamw2", devices=2, overrides=[("optimizer", "adamw"), ("trainer.devices", "2")])
+    assert report.baseline(adamw2, [sgd1, adamw1, adamw2]) is adamw1
+    assert report.baseline(adamw1, [sgd1, adamw1]) is adamw1 and report.baseline(sgd1, [adamw1]) is None
 
 
 def test_rows_compute_speedup_per_workload(tmp_path):
@@ -77,7 +107,95 @@ def test_main_prints_the_table_and_writes_the_plot(tmp_path, capsys):
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_runs_are_named_by_the_overrides_that_differ(tmp_path):
+    for i, (model, optimizer) in enumerate([("simple_cnn", "sgd"), ("simple_cnn", "adamw"), ("mnist_net", "sgd"),
+                                            ("mnist_net", "adamw")]):
+        _write(tmp_path, f"{i}_x", [f"model={model}", f"optimizer={optimizer}", "trainer.epochs=2"], model=model,
+               devices=1, train_samples_per_s=100.0 + i)
+    lr = "optimizer.lr=0.0031622776601683794"
+    _write(tmp_path, "10_x", ["model=mnist_net", "optimizer=adamw", "trainer.epochs=2", lr], model="mnist_net")
+    runs = report.load_runs(tmp_path)
+    assert [r.name for r in runs] == ["0_x", "1_x", "2_x", "3_x", "10_x"]  # job 10 after job 3
+    keys = report.swept_keys(runs)
+    assert keys == ["model", "optimizer", "optimizer.lr"]  # trainer.epochs is the same everywhere
+    assert report.label(runs[1], keys) == "model=simple_cnn optimizer=adamw"
+    assert report.label(runs[4], keys) == "model=mnist_net optimizer=adamw optimizer.lr=0.003162"
+    assert (report.plot_label(runs[1], keys), report.plot_label(runs[4], keys)) == (report.label(runs[1], keys), "#10")
+    header, _, *lines = report.markdown(report.rows(runs)).splitlines()
+    assert header.startswith("| optimizer | optimizer.lr | strategy | devices | model |")  # model: its own column
+    assert lines[1].startswith("| adamw | — | ? | 1 | simple_cnn |")
+    assert all(line.count("| — | — |") == 1 for line in lines[:4])  # 1 device each: no speed-up to show
+
+
+def test_a_search_report_takes_the_best_trial_from_the_sweepers_results(tmp_path, capsys):
+    for i, lr in enumerate(["0.01", "0.1"]):
+        _write(tmp_path, str(i), [f"optimizer.lr={lr}"], best_val_acc=0.5 + i / 10)
+    results = {"name": "optuna", "study_name": "digits", "metric": "best_val_acc", "direction": "maximize",
+               "n_trials": 2, "complete": 2, "best_trial": 0, "best_value": 0.75, "best_params": {"optimizer.lr": 0.01},
+               "best_job": "0", "trials": [{"number": 0, "state": "COMPLETE", "value": 0.75},
+                                           {"number": 1, "state": "COMPLETE", "value": 0.6}]}
+    (tmp_path / "optimization_results.yaml").write_text(yaml.safe_dump(results))
+    assert report.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    # The sweeper's word, not a maximum over metrics.json (which would say run 1).
+    assert "Best: trial 0, best_val_acc = 0.75 (optimizer.lr=0.01), run 0" in out
+    assert "2 of 2 trials complete, maximize best_val_acc" in out
+    assert (tmp_path / "report.png").stat().st_size > 0
+
+
 def test_main_without_runs_says_what_to_do(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     assert "no metrics.json under" in capsys.readouterr().err
     assert not (tmp_path / "report.png").exists()
+
+
+def _sweep_and_report(sweep: Path, *overrides: str) -> list[str]:
+    """Run `python train.py -m` with the proposed job dirs, then bench.report on it: the table's lines."""
+    cmd = [sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep}", *TINY, *SUBDIR, *overrides]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = subprocess.run([sys.executable, "-m", "bench.report", str(sweep)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (sweep / "report.png").stat().st_size > 0
+    return [line for line in result.stdout.splitlines() if line.startswith("|")]
+
+
+@pytest.fixture(scope="module")
+def model_optimizer_sweep(tmp_path_factory) -> tuple[Path, list[str]]:
+    sweep = tmp_path_factory.mktemp("sweep") / "models"
+    return sweep, _sweep_and_report(sweep, "model=simple_cnn,mnist_net", "optimizer=sgd,adamw")
+
+
+@pytest.mark.slow
+def test_a_model_and_optimizer_sweep_reports_per_override_without_speedups(model_optimizer_sweep):
+    _, (header, _, *lines) = model_optimizer_sweep
+    assert header.startswith("| optimizer | strategy | devices | model |")
+    assert [line.split(" | ")[0] for line in lines] == ["| sgd", "| adamw", "| sgd", "| adamw"]
+    assert all(line.count(" | — | — | ") == 1 for line in lines)  # speed-up, efficiency: nothing to compare
+
+
+@pytest.mark.slow
+def test_tensorboard_names_each_sweep_run_by_its_overrides(model_optimizer_sweep):
+    sweep, _ = model_optimizer_sweep
+    runs = EventMultiplexer().AddRunsFromDirectory(str(sweep))
+    runs.Reload()
+    expected = {  # TensorBoard's run name -> the (model, optimizer) in its HParams row
+        "0_model-simple_cnn+optimizer-sgd+trainer.epochs-1/tb": ("simple_cnn", "SGD"),
+        "1_model-simple_cnn+optimizer-adamw+trainer.epochs-1/tb": ("simple_cnn", "AdamW"),
+        "2_model-mnist_net+optimizer-sgd+trainer.epochs-1/tb": ("mnist_net", "SGD"),
+        "3_model-mnist_net+optimizer-adamw+trainer.epochs-1/tb": ("mnist_net", "AdamW"),
+    }
+    assert sorted(runs.Runs()) == list(expected)
+    for run, tags in runs.PluginRunToTagToContent("hparams").items():
+        hparams = plugin_data_pb2.HParamsPluginData.FromString(tags["_hparams_/session_start_info"]).session_start_info
+        assert (hparams.hparams["model"].string_value, hparams.hparams["optimizer"].string_value) == expected[run]
+
+
+@pytest.mark.slow
+def test_a_scaling_sweep_still_reports_speedup_and_efficiency(tmp_path):
+    header, _, one, two = _sweep_and_report(tmp_path / "scaling", "sweep=scaling", "trainer.devices=1,2")
+    assert header.startswith("| strategy | devices |")  # trainer.devices has its column: no extra one
+    assert one.startswith("| ddp | 1 |") and "| 1.00× | 100% |" in one
+    assert two.startswith("| ddp | 2 |") and "| — | — |" not in two
+    assert one.endswith("| 0_strategy-ddp+trainer.devices-1+trainer.epochs-1 |")

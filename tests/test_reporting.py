@@ -1,10 +1,15 @@
-"""The per-epoch image summary: a grid of validation samples captioned predicted / true."""
+"""What TensorBoard shows: the per-epoch grid of validation samples, and the HParams tab's row per job."""
 from __future__ import annotations
 
 import numpy as np
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
-from training.reporting import sample_grid
+from config.check import swept_overrides
+from config.schema import LoggerConfig
+from distributed.context import DistContext
+from training.reporting import HPARAM_METRICS, Reporter, sample_grid
 
 
 def _caption_hues(grid: np.ndarray, index: int, tile: int = 96) -> set[str]:
@@ -29,3 +34,43 @@ def test_colour_images_keep_their_colours():
     image[0, 0] = 1.0  # pure red
     grid = sample_grid(image, torch.tensor([0]), torch.tensor([0]))
     assert tuple(grid[10, 10]) == (255, 0, 0)
+
+
+def _hparams_plugin_data(events: EventAccumulator, tag: str) -> plugin_data_pb2.HParamsPluginData:
+    return plugin_data_pb2.HParamsPluginData.FromString(events.PluginTagToContent(metadata.PLUGIN_NAME)[tag])
+
+
+def test_hparams_put_the_overrides_first_and_declare_the_metrics(tmp_path):
+    options = {"model": "simple_cnn", "dataset": "digits", "optimizer": "AdamW", "lr": 0.001, "devices": 1,
+               "epochs": 2, "seed": 0, "precision": "32"}
+    metrics = {"val_acc": 0.5, "best_val_acc": 0.75, "val_loss": 1.0, "train_samples_per_s": 900.0, "wall_s": 12.5,
+               "steps": 10}
+    task = ["optimizer=adamw", "model=simple_cnn", "optimizer.lr=0.001", "optimizer.weight_decay=0.1",
+            "trainer.accelerator=cpu"]
+    swept = swept_overrides(task, exclude_keys=["trainer.accelerator"])
+    assert swept == {"optimizer": "adamw", "model": "simple_cnn", "optimizer.lr": 0.001, "optimizer.weight_decay": 0.1}
+    reporter = Reporter(DistContext(0, 0, 1, 1, torch.device("cpu"), None), tmp_path, LoggerConfig())
+    reporter.hparams(options, metrics, swept)
+    reporter.close()
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    experiment = _hparams_plugin_data(events, metadata.EXPERIMENT_TAG).experiment
+    infos = {info.name: info.differs for info in experiment.hparam_infos}
+    # TensorBoard lists the hparams flagged as differing first; an override of an option is that option.
+    swept_first = ["optimizer", "model", "lr", "optimizer.weight_decay"]
+    assert [name for name, differs in infos.items() if differs] == swept_first
+    assert set(infos) == {*options, "optimizer.weight_decay"}
+    assert [(m.name.tag, m.display_name) for m in experiment.metric_infos] == list(HPARAM_METRICS.items())
+    start = _hparams_plugin_data(events, metadata.SESSION_START_INFO_TAG).session_start_info.hparams
+    assert (start["optimizer"].string_value, start["optimizer.weight_decay"].number_value) == ("AdamW", 0.1)
+    # Only the figures with no per-epoch series become scalars; the rest are read off val/*, throughput/*.
+    assert events.Tags()["scalars"] == ["final/best_val_acc", "final/wall_s"]
+    assert [e.value for e in events.Scalars("final/best_val_acc")] == [0.75]
+
+
+def test_hparams_write_nothing_on_other_ranks(tmp_path):
+    reporter = Reporter(DistContext(1, 1, 2, 2, torch.device("cpu"), None), tmp_path, LoggerConfig())
+    reporter.hparams({"model": "m"}, {"best_val_acc": 1.0}, {"model": "m"})
+    reporter.close()
+    assert not (tmp_path / "tb").exists()

@@ -58,7 +58,9 @@ def test_ready_made_sweeps_compose_job_by_job(sweep):
 def test_scaling_sweep_runs_ddp_per_job_and_reports(tmp_path):
     sweep = tmp_path / "sweep"
     jobs = _multirun(sweep, "sweep=scaling", "trainer.devices=1,2")  # the command line narrows 1,2,4,8
-    assert [job.name for job in jobs] == ["0", "1"]
+    # Each job's dir, and so its TensorBoard run, is named by the overrides that tell it apart.
+    assert [job.name for job in jobs] == [
+        "0_logger-tensorboard+strategy-ddp+trainer.devices-1", "1_logger-tensorboard+strategy-ddp+trainer.devices-2"]
     metrics = [json.loads((job / "metrics.json").read_text()) for job in jobs]
     assert [(m["strategy"], m["devices"], m["world_size"], m["batch_size"]) for m in metrics] == [
         ("ddp", 1, 1, 64), ("ddp", 2, 2, 64)]

@@ -5,7 +5,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -41,8 +41,17 @@ def configure_logging(ctx: DistContext, run_dir: Path) -> None:
     root.setLevel(logging.WARNING)
 
 
-# The final figures that TensorBoard's HParams tab sets against each job's options.
-HPARAM_METRICS = ("val_acc", "best_val_acc", "train_samples_per_s", "wall_s")
+# The figures TensorBoard's HParams tab sets against each job's options: tag -> column title.
+# TensorBoard takes a metric's value from the last point of the scalar series of its tag (there is no
+# other source), so the final validation figures and speed come from the per-epoch series, with no
+# chart of their own; the figures without a series are written once, at the last step, under final/.
+HPARAM_METRICS = {
+    "val/acc": "final val acc",
+    "final/best_val_acc": "best val acc",
+    "val/loss": "final val loss",
+    "throughput/samples_per_s": "samples/s (last epoch)",
+    "final/wall_s": "wall time (s)",
+}
 
 
 class Reporter:
@@ -84,18 +93,25 @@ class Reporter:
         net.train(training)
         self._writer.add_image("val/samples", sample_grid(images, predicted, targets), step, dataformats="HWC")
 
-    def hparams(self, options: dict[str, Any], metrics: dict[str, Any]) -> None:
-        """One row in the HParams tab: this job's options against its final figures."""
+    def hparams(self, options: dict[str, Any], metrics: dict[str, Any], swept: dict[str, Any] | None = None) -> None:
+        """One row in the HParams tab: this job's options against its final figures.
+
+        `swept`: the job's command-line overrides, {key: value} (`swept_overrides`): they head the
+        columns, under the option's name where they set one (optimizer.lr is lr).
+        """
         if not self.enabled:
             return
         from torch.utils.tensorboard.summary import hparams
 
-        final = {f"final/{key}": metrics[key] for key in HPARAM_METRICS if key in metrics}
+        values, heading = hparam_values(options, swept or {})
+        step = metrics.get("steps", 0)
+        _, start, end = hparams(values, {})  # the session's start and end, as torch writes them
         # SummaryWriter.add_hparams would open a second writer in a timestamped subdirectory, which
         # TensorBoard shows as a run of its own; written here, a sweep shows one run per job.
-        for summary in hparams({k: v for k, v in options.items() if v is not None}, final):
-            self._writer.file_writer.add_summary(summary, metrics.get("steps"))
-        self.scalars(metrics.get("steps", 0), final)
+        for summary in (experiment_summary(values, heading), start, end):
+            self._writer.file_writer.add_summary(summary, step)
+        self.scalars(step, {tag: metrics[tag[len("final/"):]] for tag in HPARAM_METRICS
+                            if tag.startswith("final/") and tag[len("final/"):] in metrics})
 
     def write_metrics(self, metrics: dict[str, Any]) -> None:
         """One JSON object on one line: sweep reports read one file per run."""
@@ -140,3 +156,45 @@ def sample_grid(images: torch.Tensor, predicted: torch.Tensor, targets: torch.Te
         grid.paste(tile_image, (x, y))
         draw.text((x + 2, y + tile + 1), f"pred {p} / true {t}", fill=(0, 140, 0) if p == t else (200, 0, 0))
     return np.asarray(grid)
+
+
+def hparam_values(options: dict[str, Any], swept: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The HParams of a job, overrides first, and the names the overrides took.
+
+    An override that sets one of the options shows as that option (model, optimizer.lr as lr,
+    trainer.devices as devices), with its value; any other shows under its own key.
+    """
+    values: dict[str, Any] = {}
+    for key, value in swept.items():
+        name = _option_name(key, options)
+        values[name] = options[name] if name in options else value
+    values.update((k, v) for k, v in options.items() if k not in values)
+    return {k: v for k, v in values.items() if v is not None}, [_option_name(k, options) for k in swept]
+
+
+def _option_name(key: str, options: dict[str, Any]) -> str:
+    section, _, leaf = key.rpartition(".")
+    return leaf if key not in options and section in ("trainer", "optimizer") and leaf in options else key
+
+
+def experiment_summary(values: dict[str, Any], swept: Sequence[str]) -> Any:
+    """TensorBoard's experiment for the HParams tab: every hparam, the overrides flagged as differing
+    (TensorBoard lists those first), and HPARAM_METRICS with their titles."""
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+    def data_type(value: Any) -> int:
+        if isinstance(value, bool):
+            return api_pb2.DATA_TYPE_BOOL
+        return api_pb2.DATA_TYPE_FLOAT64 if isinstance(value, (int, float)) else api_pb2.DATA_TYPE_STRING
+
+    experiment = api_pb2.Experiment(
+        hparam_infos=[api_pb2.HParamInfo(name=name, type=data_type(value), differs=name in swept)
+                      for name, value in values.items()],
+        metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=title)
+                      for tag, title in HPARAM_METRICS.items()],
+    )
+    content = plugin_data_pb2.HParamsPluginData(experiment=experiment, version=metadata.PLUGIN_DATA_VERSION)
+    plugin_data = SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME, content=content.SerializeToString())
+    value = Summary.Value(tag=metadata.EXPERIMENT_TAG, metadata=SummaryMetadata(plugin_data=plugin_data))
+    return Summary(value=[value])

@@ -85,7 +85,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
                 "batch_size": settings.batch_size, "wall_s": time.perf_counter() - start,
             }
             reporter.write_metrics(final)
-            reporter.hparams(job.hparams, final)
+            reporter.hparams(job.hparams, final, job.swept)
     finally:
         preemption.close()
         reporter.close()

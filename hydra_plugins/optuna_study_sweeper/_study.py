@@ -1,0 +1,381 @@
+"""The search: Optuna's ask/tell over Hydra's launcher, on a study kept in a database.
+
+The study, not this process, holds the progress: a sweep counts the study's complete trials and
+launches only what is missing to reach n_trials, so the same command run again after a kill
+carries on. Trials a killed sweep left RUNNING stop getting heartbeats; once they are older than
+the grace period any sweeper of the study fails them and runs their parameters again.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep, Transformer
+from hydra.core.utils import JobReturn
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.exceptions import ExperimentalWarning
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
+from optuna.trial import Trial, TrialState
+
+log = logging.getLogger(__name__)
+
+# (overrides of each job, number of the first job) -> one JobReturn per job, in order
+Launch = Callable[[list[list[str]], int], Sequence[JobReturn]]
+RESULTS = "optimization_results.yaml"
+
+
+class SearchError(Exception):
+    """A search that cannot start or go on as asked; the message says what to change."""
+
+
+def search_space(overrides: Sequence[str]) -> tuple[dict[str, BaseDistribution], list[str]]:
+    """Hydra sweep overrides as Optuna distributions; the plain ones pass to every trial as they are.
+
+    A later override of a key replaces an earlier one: the command line beats hparams_search's params.
+    """
+    space: dict[str, BaseDistribution] = {}
+    fixed: dict[str, str] = {}
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.get_key_element()
+        space.pop(key, None)
+        fixed.pop(key, None)
+        if override.is_sweep_override():
+            space[key] = distribution(override)
+        else:
+            assert override.input_line is not None
+            fixed[key] = override.input_line
+    return space, list(fixed.values())
+
+
+def distribution(override: Override) -> BaseDistribution:
+    """choice(...) and a,b,c: categorical; interval(a, b): uniform floats, tag(log, ...) log-uniform;
+    range(a, b, step): every step-th value, b excluded as in Hydra's basic sweeper."""
+    value = override.value()
+    if override.is_choice_sweep() or (isinstance(value, RangeSweep) and value.shuffle):
+        return CategoricalDistribution(list(override.sweep_iterator(transformer=Transformer.encode)))
+    if isinstance(value, RangeSweep):
+        values = list(override.sweep_iterator())
+        if not values:
+            raise SearchError(f"{override.input_line}: the range is empty")
+        if all(isinstance(v, int) for v in values):
+            return IntDistribution(values[0], values[-1], step=int(value.step or 1))
+        return FloatDistribution(float(values[0]), float(values[-1]), step=float(value.step or 1))
+    if isinstance(value, IntervalSweep):  # Hydra reads interval's ends as floats
+        return FloatDistribution(float(value.start), float(value.end), log="log" in value.tags)
+    raise SearchError(f"{override.input_line}: use choice(...), interval(a, b), tag(log, interval(a, b)) or range(...)")
+
+
+def override_of(key: str, value: Any) -> str:
+    return f"{key}={value}"
+
+
+def open_study(
+    name: str,
+    storage: str | None,
+    direction: str,
+    sampler: DictConfig,
+    command: dict[str, Any],
+    heartbeat_interval: int,
+    grace_period: int | None,
+) -> tuple[optuna.Study, RDBStorage | None]:
+    """Create the study, or load it if the storage holds one of this name run by the same command;
+    with the storage it is in, for heartbeats (the study's own handle on it is private)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeats: experimental since Optuna 2.9
+        rdb = RDBStorage(
+            storage,
+            heartbeat_interval=heartbeat_interval,
+            grace_period=grace_period,
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
+        ) if storage else None
+    earlier = _trial_count(rdb, name)
+    seed = sampler.get("seed")
+    # The first run's seed again would propose the first run's parameters again.
+    reseed = {"seed": seed + earlier} if seed is not None and earlier else {}
+    study = optuna.create_study(
+        study_name=name, storage=rdb, sampler=instantiate(sampler, **reseed), direction=direction, load_if_exists=True
+    )
+    _check_same_search(study, storage, direction, command)
+    return study, rdb
+
+
+def _trial_count(storage: RDBStorage | None, name: str) -> int:
+    if storage is None:
+        return 0
+    try:
+        return len(storage.get_all_trials(storage.get_study_id_from_name(name), deepcopy=False))
+    except KeyError:
+        return 0
+
+
+def _check_same_search(study: optuna.Study, storage: str | None, direction: str, command: dict[str, Any]) -> None:
+    """One study is one search: continuing it with other overrides would mix two searches' trials."""
+    if not study.user_attrs:
+        for key, value in command.items():
+            study.set_user_attr(key, value)
+        return
+    stored = {key: study.user_attrs.get(key) for key in command}
+    stored_direction = study.direction.name.lower()
+    if stored == command and stored_direction == direction:
+        return
+    then, now = _flatten(stored), _flatten(command)
+    if stored_direction != direction:
+        then, now = then + [f"direction={stored_direction}"], now + [f"direction={direction}"]
+    gone, new = [x for x in then if x not in now], [x for x in now if x not in then]
+    raise SearchError(
+        f"study {study.study_name} in {storage} ran with {' '.join(gone) or 'nothing more'}, this command has "
+        f"{' '.join(new) or 'nothing more'}; run the same search to continue it, or start another with "
+        "hydra.sweeper.study_name=NAME"
+    )
+
+
+def _flatten(command: dict[str, Any]) -> list[str]:
+    """The overrides, then the search space as key=distribution."""
+    return [*(command.get("overrides") or []), *(f"{k}={v}" for k, v in (command.get("search_space") or {}).items())]
+
+
+def check_direction(metric: str, direction: str) -> None:
+    """Catch the search that would hunt for the worst model."""
+    lower = metric.lower()
+    lower_is_better = "loss" in lower or lower == "wall_s"
+    if (direction == "minimize" and "acc" in lower) or (direction == "maximize" and lower_is_better):
+        better = "maximize" if direction == "minimize" else "minimize"
+        raise SearchError(f"hydra.sweeper.direction={direction} for {metric}: {better} it")
+
+
+def run(
+    study: optuna.Study,
+    space: dict[str, BaseDistribution],
+    fixed: list[str],
+    launch: Launch,
+    sweep_dir: Path,
+    *,
+    n_trials: int,
+    n_jobs: int,
+    heartbeat: RDBStorage | None = None,
+    max_failure_rate: float = 0.0,
+    poll_s: float = 10.0,
+    after_batch: Callable[[], None] = lambda: None,
+) -> None:
+    """Launch batches of up to n_jobs trials until the study holds n_trials complete ones."""
+    waiting_for = 0
+    failed = 0
+    while True:
+        _fail_stale(study)  # their retries come back WAITING, and ask() takes those first
+        states = [t.state for t in study.get_trials(deepcopy=False)]
+        complete, running = states.count(TrialState.COMPLETE), states.count(TrialState.RUNNING)
+        if complete >= n_trials:
+            return
+        size = min(n_jobs, n_trials - complete - running)
+        if size <= 0:
+            if running != waiting_for:
+                log.info(
+                    "%d trial(s) RUNNING elsewhere: another sweeper's, or left by a killed one (rerun once it "
+                    "misses its heartbeats)", running,
+                )
+                waiting_for = running
+            time.sleep(poll_s)
+            continue
+        waiting_for = 0
+        with warnings.catch_warnings():
+            # Optuna expects heartbeats from Study.optimize; with ask/tell, _Heartbeat beats instead.
+            warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")
+            trials = [study.ask(space) for _ in range(size)]
+        failures = _run_batch(study, trials, fixed, launch, sweep_dir, heartbeat)
+        after_batch()
+        failed += len(failures)
+        # Failed trials do not count towards n_trials: a space that always fails must still end.
+        if failures and (len(failures) / len(trials) > max_failure_rate or failed >= n_trials):
+            raise failures[0]
+
+
+def _run_batch(
+    study: optuna.Study, trials: list[Trial], fixed: list[str], launch: Launch, sweep_dir: Path,
+    heartbeat: RDBStorage | None,
+) -> list[Exception]:
+    """Launch the trials, tell the study how each went; the exceptions of those that failed."""
+    overrides = [[*fixed, *(override_of(k, v) for k, v in trial.params.items())] for trial in trials]
+    failures: list[Exception] = []
+    told: set[int] = set()
+    with _Heartbeat(heartbeat, trials):
+        try:
+            # Job numbers are trial numbers, so a job's dir stays unique in the study even when
+            # another sweeper's asks interleave with ours.
+            for run_of in _consecutive(trials):
+                returns = launch([overrides[i] for i in run_of], trials[run_of[0]].number)
+                for i, ret in zip(run_of, returns):
+                    error = _tell(study, trials[i], ret, sweep_dir)
+                    told.add(i)
+                    if error is not None:
+                        failures.append(error)
+        except BaseException as e:
+            _abandon(study, [t for i, t in enumerate(trials) if i not in told], retry=_interrupted(e))
+            raise
+    return failures
+
+
+def _tell(study: optuna.Study, trial: Trial, ret: JobReturn, sweep_dir: Path) -> Exception | None:
+    """Tell the study what the job returned; the job's exception if it failed."""
+    if ret.hydra_cfg is not None:
+        trial.set_user_attr("job", os.path.relpath(ret.hydra_cfg.hydra.runtime.output_dir, sweep_dir))
+    try:
+        value = ret.return_value  # re-raises the job's exception if it failed
+        if value is None:
+            raise ValueError("the job returned no value to optimise")
+        value = float(value)
+    except Exception as e:
+        log.warning("trial %d failed: %s: %s", trial.number, type(e).__name__, e)
+        study.tell(trial, state=TrialState.FAIL)
+        return e
+    study.tell(trial, value)
+    return None
+
+
+def _consecutive(trials: list[Trial]) -> Iterator[list[int]]:
+    """Indices of the trials in runs of consecutive trial numbers."""
+    start = 0
+    for i in range(1, len(trials) + 1):
+        if i == len(trials) or trials[i].number != trials[i - 1].number + 1:
+            yield list(range(start, i))
+            start = i
+
+
+def _interrupted(e: BaseException) -> bool:
+    """Ctrl-C, or a job preempted by a signal (train.py exits 128 + the signal): worth running again."""
+    return isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and isinstance(e.code, int) and e.code >= 128)
+
+
+def _abandon(study: optuna.Study, trials: list[Trial], retry: bool) -> None:
+    for trial in trials:
+        study.tell(trial, state=TrialState.FAIL)
+        if retry:  # queued as a stale trial's retry is, so both read the same in the study
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ExperimentalWarning)
+                RetryHeartbeatStaleTrialCallback()(study, study.get_trials(deepcopy=False)[trial.number])
+
+
+def _fail_stale(study: optuna.Study) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        fail_stale_trials(study)
+
+
+class _Heartbeat:
+    """Beats for the trials this sweeper runs, so that other sweepers of the study, and this command
+    run again after a kill, can tell them from trials whose sweeper is gone."""
+
+    def __init__(self, storage: RDBStorage | None, trials: list[Trial]) -> None:
+        self._storage = storage
+        # Trial ids, unlike numbers, address trials in the storage; ask/tell exposes no public one.
+        self._trial_ids = [trial._trial_id for trial in trials]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def __enter__(self) -> None:
+        if self._storage is not None:
+            self._record()  # before anything can fail: a trial never beaten for is never found stale
+            self._thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _beat(self) -> None:
+        assert self._storage is not None
+        while not self._stop.wait(self._storage.heartbeat_interval):
+            self._record()
+
+    def _record(self) -> None:
+        for trial_id in self._trial_ids:
+            self._storage.record_heartbeat(trial_id)
+
+
+def results(study: optuna.Study, metric: str, n_trials: int) -> dict[str, Any]:
+    """What optimization_results.yaml holds: hydra-optuna-sweeper's name/best_params/best_value, and every trial."""
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    summary: dict[str, Any] = {
+        "name": "optuna",
+        "study_name": study.study_name,
+        "metric": metric,
+        "direction": study.direction.name.lower(),
+        "n_trials": n_trials,
+        "complete": len(complete),
+    }
+    if complete:
+        best = study.best_trial
+        summary.update(
+            best_trial=best.number, best_params=best.params, best_value=best.value, best_job=best.user_attrs.get("job")
+        )
+    summary["trials"] = [
+        {"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
+         "job": t.user_attrs.get("job")}
+        for t in trials
+    ]
+    return summary
+
+
+def write_results(path: Path, summary: dict[str, Any]) -> None:
+    """Written after every batch, through a temp file: a report may read it while the search runs."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    OmegaConf.save(OmegaConf.create(summary), tmp)
+    tmp.replace(path)
+
+
+def sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any]:
+    """The whole search for OptunaStudySweeper.sweep; failures it can name end the process in one line."""
+    try:
+        return _sweep(sweeper, arguments, sweep_dir)
+    except SearchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any]:
+    check_direction(sweeper.metric, sweeper.direction)
+    space, fixed = search_space([*(override_of(k, v) for k, v in sweeper.params.items()), *arguments])
+    if not space:
+        raise SearchError("nothing to search: give hydra.sweeper.params (or pick one with hparams_search=...)")
+    command = {"overrides": sorted(fixed), "search_space": {k: repr(d) for k, d in sorted(space.items())}}
+    study, storage = open_study(
+        sweeper.study_name, sweeper.storage, sweeper.direction, sweeper.sampler, command,
+        sweeper.heartbeat_interval, sweeper.grace_period,
+    )
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    log.info(
+        "Study %s (%s %s) in %s: %d of %d trials complete; after a kill, run the same command again to go on",
+        study.study_name, sweeper.direction, sweeper.metric, sweeper.storage or "memory", done, sweeper.n_trials,
+    )
+
+    def launch(batch: list[list[str]], first: int) -> Sequence[JobReturn]:
+        sweeper.validate_batch_is_legal(batch)
+        return sweeper.launcher.launch(batch, initial_job_idx=first)
+
+    path = sweep_dir / RESULTS
+    run(
+        study, space, fixed, launch, sweep_dir, n_trials=sweeper.n_trials, n_jobs=sweeper.n_jobs, heartbeat=storage,
+        max_failure_rate=sweeper.max_failure_rate, poll_s=sweeper.heartbeat_interval,
+        after_batch=lambda: write_results(path, results(study, sweeper.metric, sweeper.n_trials)),
+    )
+    summary = results(study, sweeper.metric, sweeper.n_trials)
+    write_results(path, summary)
+    if "best_params" in summary:
+        log.info("Best parameters: %s", " ".join(override_of(k, v) for k, v in summary["best_params"].items()))
+        log.info(
+            "Best %s: %s (trial %d, %s)", sweeper.metric, summary["best_value"], summary["best_trial"],
+            sweep_dir / str(summary["best_job"]),
+        )
+    log.info("Results: %s", path)
+    return summary

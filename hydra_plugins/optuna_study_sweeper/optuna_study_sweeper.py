@@ -1,0 +1,65 @@
+"""The Sweeper Hydra instantiates. Hydra's plugin scan imports this module at every start of
+train.py, so Optuna is imported only when a sweep runs (in _study.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, List, Optional
+
+from hydra.core.plugins import Plugins
+from hydra.plugins.launcher import Launcher
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+
+class OptunaStudySweeper(Sweeper):
+    def __init__(
+        self,
+        metric: str,
+        direction: str,
+        study_name: str,
+        storage: Optional[str],
+        n_trials: int,
+        n_jobs: int,
+        max_failure_rate: float,
+        heartbeat_interval: int,
+        grace_period: Optional[int],
+        sampler: DictConfig,
+        params: Optional[DictConfig],
+    ) -> None:
+        if direction not in ("maximize", "minimize"):
+            raise ValueError(f"hydra.sweeper.direction={direction}: choose maximize or minimize")
+        if n_jobs < 1 or n_trials < 0 or not 0.0 <= max_failure_rate <= 1.0:
+            raise ValueError(
+                "hydra.sweeper: n_jobs must be 1 or more, n_trials 0 or more, max_failure_rate in [0, 1]"
+            )
+        self.metric = metric
+        self.direction = direction
+        self.study_name = study_name
+        self.storage = storage
+        self.n_trials = n_trials
+        self.n_jobs = n_jobs
+        self.max_failure_rate = max_failure_rate
+        self.heartbeat_interval = heartbeat_interval
+        self.grace_period = grace_period
+        self.sampler = sampler
+        self.params = {str(k): str(v) for k, v in (params or {}).items()}
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
+        self.launcher: Optional[Launcher] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: List[str]) -> Any:
+        from hydra_plugins.optuna_study_sweeper import _study
+
+        assert self.config is not None and self.launcher is not None
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        return _study.sweep(self, arguments, sweep_dir)

@@ -1,0 +1,226 @@
+"""hparams_search=...: an Optuna study in a database that a killed search continues."""
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from config.setup import compose
+from hydra_plugins.optuna_study_sweeper import _study
+from tests.conftest import ROOT
+
+SAMPLER = OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 0})
+SPACE = {"lr": FloatDistribution(1e-4, 1e-1, log=True), "batch": CategoricalDistribution([16, 32, 64])}
+COMMAND = {"overrides": ["trainer.epochs=1"], "search_space": {k: repr(d) for k, d in SPACE.items()}}
+
+
+class FakeLauncher:
+    """Hydra's launcher as the sweeper sees it: each job returns lr x 10 (or raises)."""
+
+    def __init__(self, sweep_dir: Path, fail: bool = False, interrupt: bool = False) -> None:
+        self.sweep_dir, self.fail, self.interrupt = sweep_dir, fail, interrupt
+        self.calls: list[tuple[list[list[str]], int]] = []
+
+    def __call__(self, batch: list[list[str]], first: int) -> list[JobReturn]:
+        self.calls.append((batch, first))
+        if self.interrupt:
+            raise KeyboardInterrupt
+        return [self._job(overrides, first + i) for i, overrides in enumerate(batch)]
+
+    def _job(self, overrides: list[str], num: int) -> JobReturn:
+        lr = float(dict(o.split("=", 1) for o in overrides)["lr"])
+        hydra_cfg = OmegaConf.create({"hydra": {"runtime": {"output_dir": str(self.sweep_dir / str(num))}}})
+        if self.fail:
+            return JobReturn(overrides=overrides, hydra_cfg=hydra_cfg, status=JobStatus.FAILED,
+                             _return_value=RuntimeError("diverged"))
+        return JobReturn(overrides=overrides, hydra_cfg=hydra_cfg, status=JobStatus.COMPLETED, _return_value=lr * 10)
+
+
+# The tests ask for trials by hand, as another sweeper would; Optuna warns that heartbeats expect optimize().
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+
+
+def _open(tmp_path: Path, command: dict = COMMAND, heartbeat_interval: int = 10, grace_period: int | None = None):
+    return _study.open_study("s", f"sqlite:///{tmp_path / 'optuna.db'}", "maximize", SAMPLER, command,
+                             heartbeat_interval, grace_period)
+
+
+def _states(study: optuna.Study) -> list[str]:
+    return [t.state.name for t in study.get_trials(deepcopy=False)]
+
+
+def test_search_space_reads_hydras_sweep_syntax():
+    space, fixed = _study.search_space([
+        "optimizer.lr=tag(log, interval(1e-4, 1e-1))", "optimizer.weight_decay=interval(0.0, 0.1)",
+        "trainer.batch_size=choice(16, 32, 64)", "model=simple_cnn,mnist_net", "trainer.epochs=range(1, 10, 3)",
+        "trainer.seed=interval(0, 9)", "trainer.limit_train_batches=5", "+hparams_search=digits",
+        "optimizer.weight_decay=0.01",  # later on the command line: fixed, out of the space
+    ])
+    assert space == {
+        "optimizer.lr": FloatDistribution(1e-4, 1e-1, log=True),
+        "trainer.batch_size": CategoricalDistribution([16, 32, 64]),
+        "model": CategoricalDistribution(["simple_cnn", "mnist_net"]),
+        "trainer.epochs": IntDistribution(1, 7, step=3),  # Hydra's range excludes its stop: 1, 4, 7
+        "trainer.seed": FloatDistribution(0.0, 9.0),  # Hydra's interval is a float interval
+    }
+    assert fixed == ["trainer.limit_train_batches=5", "+hparams_search=digits", "optimizer.weight_decay=0.01"]
+
+
+def test_a_study_is_topped_up_to_n_trials_in_batches_of_n_jobs(tmp_path):
+    study, storage = _open(tmp_path)
+    launch = FakeLauncher(tmp_path)
+    _study.run(study, SPACE, ["trainer.epochs=1"], launch, tmp_path, n_trials=3, n_jobs=2, heartbeat=storage)
+    assert [(len(batch), first) for batch, first in launch.calls] == [(2, 0), (1, 2)]  # job number = trial number
+    assert all(o[0] == "trainer.epochs=1" for batch, _ in launch.calls for o in batch)
+    assert _states(study) == ["COMPLETE"] * 3
+    assert [t.user_attrs["job"] for t in study.get_trials()] == ["0", "1", "2"]
+
+    study, storage = _open(tmp_path)  # the same command again: nothing left to do
+    _study.run(study, SPACE, ["trainer.epochs=1"], launch, tmp_path, n_trials=3, n_jobs=2, heartbeat=storage)
+    assert len(launch.calls) == 2
+    _study.run(study, SPACE, ["trainer.epochs=1"], launch, tmp_path, n_trials=4, n_jobs=2, heartbeat=storage)
+    assert [first for _, first in launch.calls] == [0, 2, 3] and _states(study) == ["COMPLETE"] * 4
+
+
+def test_a_trial_left_running_by_a_killed_sweep_runs_again_with_its_parameters(tmp_path):
+    study, storage = _open(tmp_path, heartbeat_interval=1, grace_period=1)
+    killed = study.ask(SPACE)
+    storage.record_heartbeat(killed._trial_id)  # its sweeper beat for it, then died
+    time.sleep(2.1)
+    launch = FakeLauncher(tmp_path)
+    study, storage = _open(tmp_path, heartbeat_interval=1, grace_period=1)
+    _study.run(study, SPACE, [], launch, tmp_path, n_trials=2, n_jobs=1, heartbeat=storage, poll_s=0.1)
+    trials = study.get_trials()
+    assert _states(study) == ["FAIL", "COMPLETE", "COMPLETE"]
+    assert trials[1].params == killed.params and trials[1].system_attrs["failed_trial"] == killed.number
+
+
+def test_a_live_trial_of_another_sweeper_is_waited_for_not_repeated(tmp_path):
+    study, storage = _open(tmp_path, heartbeat_interval=1)
+    other = study.ask(SPACE)
+    storage.record_heartbeat(other._trial_id)  # grace period 2 s: alive throughout
+    threading.Timer(1.5, study.tell, (other, 0.5)).start()  # the other sweeper's job ends while we wait
+    launch = FakeLauncher(tmp_path)
+    _study.run(study, SPACE, [], launch, tmp_path, n_trials=1, n_jobs=2, heartbeat=storage, poll_s=0.1)
+    assert launch.calls == [] and _states(study) == ["COMPLETE"]
+
+
+def test_a_resumed_study_does_not_propose_the_first_runs_parameters_again(tmp_path):
+    study, storage = _open(tmp_path)
+    _study.run(study, SPACE, [], FakeLauncher(tmp_path), tmp_path, n_trials=2, n_jobs=1, heartbeat=storage)
+    study, storage = _open(tmp_path)  # same sampler seed: reseeded by the trials so far
+    _study.run(study, SPACE, [], FakeLauncher(tmp_path), tmp_path, n_trials=4, n_jobs=1, heartbeat=storage)
+    lrs = [t.params["lr"] for t in study.get_trials()]
+    assert len(set(lrs)) == 4
+
+
+def test_a_study_refuses_to_continue_with_another_search(tmp_path):
+    _open(tmp_path)
+    with pytest.raises(_study.SearchError, match="ran with trainer.epochs=1, this command has trainer.epochs=2"):
+        _open(tmp_path, {**COMMAND, "overrides": ["trainer.epochs=2"]})
+
+
+def test_direction_must_suit_the_metric():
+    _study.check_direction("best_val_acc", "maximize")
+    _study.check_direction("wall_s", "minimize")
+    with pytest.raises(_study.SearchError, match="maximize it"):
+        _study.check_direction("best_val_acc", "minimize")
+    with pytest.raises(_study.SearchError, match="minimize it"):
+        _study.check_direction("val_loss", "maximize")
+
+
+def test_a_failed_trial_stops_the_search_and_an_interrupted_one_is_queued_again(tmp_path):
+    study, storage = _open(tmp_path)
+    with pytest.raises(RuntimeError, match="diverged"):
+        _study.run(study, SPACE, [], FakeLauncher(tmp_path, fail=True), tmp_path, n_trials=2, n_jobs=1,
+                   heartbeat=storage)
+    assert _states(study) == ["FAIL"]
+    with pytest.raises(KeyboardInterrupt):
+        _study.run(study, SPACE, [], FakeLauncher(tmp_path, interrupt=True), tmp_path, n_trials=2, n_jobs=1,
+                   heartbeat=storage)
+    interrupted, queued = study.get_trials()[1:]
+    assert (interrupted.state, queued.state) == (TrialState.FAIL, TrialState.WAITING)
+    assert queued.params == interrupted.params and queued.system_attrs["failed_trial"] == interrupted.number
+
+
+def test_a_search_whose_trials_all_fail_ends_even_when_failures_are_tolerated(tmp_path):
+    study, storage = _open(tmp_path)
+    with pytest.raises(RuntimeError, match="diverged"):
+        _study.run(study, SPACE, [], FakeLauncher(tmp_path, fail=True), tmp_path, n_trials=3, n_jobs=2,
+                   heartbeat=storage, max_failure_rate=1.0)
+    assert _states(study) == ["FAIL"] * 4  # two batches of two: 4 failures >= n_trials
+
+
+def test_results_name_the_best_trial_and_list_every_trial(tmp_path):
+    study, storage = _open(tmp_path)
+    _study.run(study, SPACE, [], FakeLauncher(tmp_path), tmp_path, n_trials=3, n_jobs=3, heartbeat=storage)
+    summary = _study.results(study, "best_val_acc", 3)
+    best = max(study.get_trials(), key=lambda t: t.value)
+    assert (summary["best_trial"], summary["best_value"]) == (best.number, best.value)
+    assert summary["best_params"] == best.params
+    assert [(t["number"], t["job"]) for t in summary["trials"]] == [(0, "0"), (1, "1"), (2, "2")]
+    _study.write_results(tmp_path / _study.RESULTS, summary)
+    assert yaml.safe_load((tmp_path / _study.RESULTS).read_text())["best_value"] == best.value
+
+
+@pytest.mark.parametrize("search", ["digits", "cifar10_resnet18"])
+def test_search_configs_compose(search):
+    cfg = compose(f"hparams_search={search}", hydra=True)
+    sweeper = cfg.hydra.sweeper
+    assert sweeper._target_.endswith("OptunaStudySweeper") and sweeper.sampler._target_ == "optuna.samplers.TPESampler"
+    assert (sweeper.metric, sweeper.direction) == ("best_val_acc", "maximize")
+    assert cfg.hydra.sweep.dir == f"multirun/search/{search}"  # stable: the same command finds its study
+    space, _ = _study.search_space([f"{k}={v}" for k, v in sweeper.params.items()])
+    assert set(space) == {"optimizer.lr", "optimizer.weight_decay", "trainer.batch_size"}
+    assert space["optimizer.lr"].log
+    if search == "cifar10_resnet18":
+        assert (cfg.model.arch, cfg.model.stem, cfg.dataset.name) == ("resnet18", "cifar", "cifar10")
+
+
+def _complete(db: Path) -> int:
+    try:
+        with sqlite3.connect(db) as connection:
+            return connection.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+
+
+@pytest.mark.slow
+def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
+    sweep = tmp_path / "search"
+    cmd = [sys.executable, "train.py", "hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=4",
+           "hydra.sweeper.heartbeat_interval=1", "trainer.epochs=1", "trainer.limit_train_batches=3",
+           "trainer.limit_val_batches=1", "trainer.progress_bar=false"]
+    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while _complete(sweep / "optuna.db") < 2 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    assert _complete(sweep / "optuna.db") == 2, first.stderr.read().decode()[-3000:]
+
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    study = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}")
+    trials = study.get_trials()
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == 4 and complete[:2] == [t for t in trials[:2]]  # the first run's two, kept
+    for killed in (t for t in trials if t.state == TrialState.FAIL):  # the one in flight at the kill, if any
+        assert any(t.system_attrs.get("failed_trial") == killed.number and t.params == killed.params for t in complete)
+    results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert (results["best_value"], results["best_params"]) == (study.best_value, study.best_params)
+    assert "Best parameters: optimizer.lr=" in again.stdout
+    assert all((sweep / t.user_attrs["job"] / "metrics.json").is_file() for t in complete)
