@@ -35,6 +35,8 @@ RESOLVERS = {
     "run_name": lambda launcher, default: environment.run_name(_name(launcher), os.environ, default),
     "rank_zero_only": lambda launcher, value: value if environment.is_rank_zero(_name(launcher), os.environ) else None,
     "per_device": _per_device,
+    # A sweep job's dir: its number, then the overrides that tell it from the others, if any.
+    "job_dir": lambda num, overrides: f"{num}_{overrides}" if overrides else str(num),
     "project_root": lambda: str(ROOT),
 }
 

@@ -196,7 +196,8 @@ def test_submitit_local_sweep_runs_two_jobs(tmp_path):
            "trainer.seed=0,1", *TINY]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
-    for job in (0, 1):
-        assert f"trainer.seed={job}" in (sweep / str(job) / ".hydra" / "overrides.yaml").read_text()
-    losses = [json.loads((sweep / str(job) / "metrics.json").read_text())["train_loss"] for job in (0, 1)]
+    jobs = [sweep / f"{job}_trainer.seed-{job}" for job in (0, 1)]
+    for job, path in enumerate(jobs):
+        assert f"trainer.seed={job}" in (path / ".hydra" / "overrides.yaml").read_text()
+    losses = [json.loads((path / "metrics.json").read_text())["train_loss"] for path in jobs]
     assert losses[0] != losses[1]  # two jobs, two seeds: really two trainings
