@@ -9,17 +9,18 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, TensorDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, get_worker_info
 
 from config.schema import DataConfig, DatasetConfig, Loader
 from distributed.context import DistContext, epoch_seed
 from errors import ConfigError
 
 if TYPE_CHECKING:
-    from data.device_loader import DeviceLoader
+    from data.tensor_loader import TensorLoader
 
-# dataset name -> module with `load(cfg) -> (train, val)` datasets for DataLoaders, and where the
-# split fits in memory `arrays(cfg) -> (train, val)` ImageArrays for the device loader; file-based
+# dataset name -> module with `arrays(cfg) -> (train, val)` ImageArrays where the split fits in
+# memory (cut into batches by a TensorLoader), and `load(cfg) -> (train, val)` datasets for
+# per-sample DataLoaders where it must decode files or transform one image at a time; file-based
 # ones add `files(root)`, `download(root)`, `read(root)`. Imported on use to keep start-up lean.
 _MODULES = {
     "digits": "data.digits",
@@ -60,9 +61,14 @@ def check(dataset: DatasetConfig, data: DataConfig) -> None:
 
 @dataclass
 class Loaders:
-    train: DataLoader | DeviceLoader
-    val: DataLoader | DeviceLoader
+    train: DataLoader | TensorLoader
+    val: DataLoader | TensorLoader
     train_sampler: DistributedSampler  # call set_epoch(e) before each epoch
+
+
+def batched(module: ModuleType, dataset: DatasetConfig) -> bool:
+    """In memory, with augmentations that run on a whole batch: no per-sample work at all."""
+    return hasattr(module, "arrays") and not dataset.resize
 
 
 def build_loaders(
@@ -77,10 +83,11 @@ def build_loaders(
     module = dataset_module(dataset.name)
     prepare(module, dataset, ctx)
     batch = global_batch // ctx.world_size
-    if data.loader == Loader.device:
-        return _device_loaders(module, dataset, ctx, batch, seed, shuffle, drop_last)
+    if batched(module, dataset):  # data.check sent data.loader=device nowhere else
+        held_on = ctx.device if data.loader == Loader.device else torch.device("cpu")
+        return _tensor_loaders(module, dataset, ctx, batch, seed, shuffle, drop_last, held_on)
     train_set, val_set = module.load(dataset)
-    workers = num_workers(data, ctx, train_set)
+    workers = num_workers(data, ctx)
     pin = ctx.device.type == "cuda" if data.pin_memory is None else data.pin_memory
     options = dict(
         num_workers=workers,
@@ -100,28 +107,25 @@ def build_loaders(
     return Loaders(train, val, sampler)
 
 
-def _device_loaders(
+def _tensor_loaders(
     module: ModuleType, dataset: DatasetConfig, ctx: DistContext, batch: int, seed: int, shuffle: bool,
-    drop_last: bool,
+    drop_last: bool, held_on: torch.device,
 ) -> Loaders:
-    from data.device_loader import DeviceLoader
+    from data.tensor_loader import TensorLoader
     from data.transforms import BatchTransform
 
     train_set, val_set = module.arrays(dataset)
-    transform = BatchTransform(dataset, train_set.scale, ctx.device)
+    transform = BatchTransform(dataset, train_set.scale, held_on)
     sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=shuffle, seed=seed)
-    train = DeviceLoader(train_set, transform, batch, ctx.device, sampler, seed, ctx.rank, drop_last)
-    val = DeviceLoader(val_set, transform, batch, ctx.device, range(ctx.rank, len(val_set), ctx.world_size))
+    train = TensorLoader(train_set, transform, batch, held_on, sampler, seed, ctx.rank, drop_last)
+    val = TensorLoader(val_set, transform, batch, held_on, range(ctx.rank, len(val_set), ctx.world_size))
     return Loaders(train, val, sampler)
 
 
-def num_workers(data: DataConfig, ctx: DistContext, train_set: Dataset, env: Mapping[str, str] = os.environ) -> int:
-    """`data.num_workers=null`: the CPUs of this task shared among the ranks that run in it, and
-    none for tensors already in memory (a worker would only copy them)."""
+def num_workers(data: DataConfig, ctx: DistContext, env: Mapping[str, str] = os.environ) -> int:
+    """`data.num_workers=null`: the CPUs of this task shared among the ranks that run in it."""
     if data.num_workers is not None:
         return data.num_workers
-    if isinstance(train_set, TensorDataset):
-        return 0
     cpus = int(env.get("SLURM_CPUS_PER_TASK") or len(os.sched_getaffinity(0)))
     # srun starts each rank as its own task with its own CPUs; otherwise our ranks share the task.
     sharing = 1 if int(env.get("SLURM_NTASKS", "1")) > 1 else ctx.local_world_size

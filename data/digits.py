@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import TensorDataset
 
 from config.schema import DatasetConfig
 from data.arrays import ImageArrays
@@ -43,15 +42,6 @@ def arrays(cfg: DatasetConfig) -> tuple[ImageArrays, ImageArrays]:
     return _arrays(images[train], labels[train]), _arrays(images[val], labels[val])
 
 
-def load(cfg: DatasetConfig) -> tuple[TensorDataset, TensorDataset]:
-    return tuple(_normalised(split, cfg) for split in arrays(cfg))
-
-
 def _arrays(images, labels) -> ImageArrays:
     pixels = torch.as_tensor(images, dtype=torch.uint8).view(-1, 1, 8, 8)
     return ImageArrays(pixels, torch.as_tensor(labels, dtype=torch.long), scale=16.0)  # pixels are 0..16
-
-
-def _normalised(split: ImageArrays, cfg: DatasetConfig) -> TensorDataset:
-    x = (split.images.float() / split.scale - cfg.mean[0]) / cfg.std[0]
-    return TensorDataset(x, split.labels)

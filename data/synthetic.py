@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import torch
-from torch.utils.data import TensorDataset
 
 from config.schema import DatasetConfig
 from data.arrays import ImageArrays
@@ -11,10 +10,6 @@ from data.arrays import ImageArrays
 def arrays(cfg: DatasetConfig) -> tuple[ImageArrays, ImageArrays]:
     generator = torch.Generator().manual_seed(cfg.seed)
     return _random(cfg, cfg.train_size, generator), _random(cfg, cfg.val_size, generator)
-
-
-def load(cfg: DatasetConfig) -> tuple[TensorDataset, TensorDataset]:
-    return tuple(TensorDataset(split.images, split.labels) for split in arrays(cfg))
 
 
 def _random(cfg: DatasetConfig, size: int, generator: torch.Generator) -> ImageArrays:

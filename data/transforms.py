@@ -57,11 +57,14 @@ class BatchTransform:
         mean, std = cfg.mean or [0.0] * cfg.channels, cfg.std or [1.0] * cfg.channels
         self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
         self.std = torch.tensor(std, device=device).view(1, -1, 1, 1)
+        self.identity = scale == 1 and cfg.mean is None and cfg.std is None  # synthetic: the network's input
 
     def __call__(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """`generator` None: validation, normalise only. Crop and flip run on the stored dtype."""
         if generator is not None and (self.padding or self.flip):
             images = random_crop_flip(images, self.padding, self.flip, generator)
+        if self.identity:
+            return images
         return (images.float() / self.scale - self.mean) / self.std
 
 

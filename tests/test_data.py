@@ -16,7 +16,7 @@ def test_validation_shards_cover_every_sample_exactly_once(world_size):
     for rank in range(world_size):
         ctx = make_context(rank, rank, world_size, world_size, "cpu", use_process_group=False)
         loaders = build_loaders(cfg.dataset, cfg.data, ctx, global_batch=12, seed=0)
-        seen += list(loaders.val.dataset.indices)
+        seen += list(loaders.val.order)
         assert loaders.train.batch_size == 12 // world_size
     assert sorted(seen) == list(range(360))
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset
 
 from data import build_loaders, num_workers
 from data.transforms import random_crop_flip
@@ -114,7 +113,7 @@ def test_device_augmentation_follows_seed_epoch_and_rank(cifar_root):
 
 @pytest.mark.slow
 def test_persistent_workers_augment_a_resumed_epoch_as_an_unbroken_run_does(cifar_root):
-    cfg = _cifar(cifar_root, "data.num_workers=2")
+    cfg = _cifar(cifar_root, "data.num_workers=2", "dataset.resize=40")  # ImageNet-style: per sample
     unbroken = _loaders(cfg)
     for epoch in range(2):
         unbroken.train_sampler.set_epoch(epoch)
@@ -127,12 +126,24 @@ def test_persistent_workers_augment_a_resumed_epoch_as_an_unbroken_run_does(cifa
 
 def test_num_workers_auto_splits_the_tasks_cpus_among_local_ranks():
     cfg = typed_config()
-    images = object()  # anything that is not an in-memory TensorDataset
     two_ranks = make_context(0, 0, 2, 2, "cpu", use_process_group=False)
-    assert num_workers(cfg.data, two_ranks, images, env={"SLURM_CPUS_PER_TASK": "8"}) == 4
-    assert num_workers(cfg.data, two_ranks, images, env={}) == max(1, len(__import__("os").sched_getaffinity(0)) // 2)
+    assert num_workers(cfg.data, two_ranks, env={"SLURM_CPUS_PER_TASK": "8"}) == 4
+    assert num_workers(cfg.data, two_ranks, env={}) == max(1, len(__import__("os").sched_getaffinity(0)) // 2)
     # srun started each rank as a task of its own: the task's CPUs are this rank's alone
-    assert num_workers(cfg.data, two_ranks, images, env={"SLURM_CPUS_PER_TASK": "8", "SLURM_NTASKS": "2"}) == 8
-    assert num_workers(cfg.data, two_ranks, TensorDataset(torch.zeros(1)), env={"SLURM_CPUS_PER_TASK": "8"}) == 0
+    assert num_workers(cfg.data, two_ranks, env={"SLURM_CPUS_PER_TASK": "8", "SLURM_NTASKS": "2"}) == 8
     fixed = typed_config("data.num_workers=3")
-    assert num_workers(fixed.data, two_ranks, images, env={"SLURM_CPUS_PER_TASK": "8"}) == 3
+    assert num_workers(fixed.data, two_ranks, env={"SLURM_CPUS_PER_TASK": "8"}) == 3
+
+
+def test_in_memory_sets_are_cut_into_batches_without_workers_and_files_go_through_a_dataloader(tmp_path):
+    """Per-sample work (and worker processes) only where images must be decoded or resized."""
+    from tests.dataset_files import write_image_folder
+
+    from data.tensor_loader import TensorLoader
+
+    for overrides in ((), ("dataset=synthetic",)):
+        loaders = _loaders(typed_config(*overrides))
+        assert isinstance(loaders.train, TensorLoader) and loaders.train.device == torch.device("cpu")
+    root = write_image_folder(tmp_path, classes=2, per_class=2, size=8)
+    folder = _loaders(typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2"))
+    assert isinstance(folder.train, torch.utils.data.DataLoader)

@@ -20,19 +20,11 @@ class Accumulator:
     def __init__(self, device: torch.device) -> None:
         self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss*n, correct, n
 
-    def update(
-        self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor | None = None
-    ) -> None:
-        """`keep` (a 0-d bool tensor): False leaves this batch out, without a host sync."""
+    def update(self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> None:
         n = targets.shape[0]
-        if keep is None:
-            self.sums[0] += loss.detach() * n
-            self.sums[1] += (logits.argmax(dim=1) == targets).sum()
-            self.sums[2] += n
-            return
-        self.sums[0] += torch.where(keep, loss.detach() * n, 0.0)
-        self.sums[1] += torch.where(keep, (logits.argmax(dim=1) == targets).sum(), 0)
-        self.sums[2] += keep * n
+        self.sums[0] += loss.detach() * n
+        self.sums[1] += (logits.argmax(dim=1) == targets).sum()
+        self.sums[2] += n
 
     def all_reduce(self, ctx: DistContext) -> "Accumulator":
         """Sum over ranks in place: afterwards every rank holds the global figures."""
@@ -48,6 +40,48 @@ class Accumulator:
     def averages(self) -> Averages:
         loss_sum, correct, n = self.sums.tolist()  # the one host sync
         return Averages(loss_sum / max(n, 1), correct / max(n, 1), int(n))
+
+
+class Window:
+    """The training micro-batches since the last report: each one's loss and correct count copied
+    into preallocated device buffers (no host sync, no allocation), read once per report.
+
+    Non-finite losses are left out of the averages; `first_nonfinite` names the optimizer step of
+    the first one, so a NaN is reported exactly however rarely the loop synchronises.
+    """
+
+    def __init__(self, device: torch.device, capacity: int) -> None:
+        self.losses = torch.zeros(capacity, dtype=torch.float32, device=device)
+        self.correct = torch.zeros(capacity, dtype=torch.int64, device=device)
+        self.sizes: list[int] = []
+        self.steps: list[int] = []  # the optimizer step each micro-batch belongs to
+
+    def update(self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, step: int) -> None:
+        k = len(self.sizes)
+        self.losses[k] = loss.detach()
+        self.correct[k] = (logits.argmax(dim=1) == targets).sum()
+        self.sizes.append(targets.shape[0])
+        self.steps.append(step)
+
+    def first_nonfinite(self) -> int | None:
+        """The step of the first non-finite loss held, or None (a host sync)."""
+        bad = ~torch.isfinite(self.losses[: len(self.sizes)])
+        return self.steps[int(bad.int().argmax())] if bool(bad.any()) else None
+
+    def drain(self) -> Accumulator:
+        """The held micro-batches' sums (finite losses only), as an Accumulator; then empty."""
+        k = len(self.sizes)
+        sums = Accumulator(self.losses.device)
+        if k:
+            sizes = torch.tensor(self.sizes, dtype=torch.float64).to(self.losses.device, non_blocking=True)
+            finite = torch.isfinite(self.losses[:k])
+            losses = torch.where(finite, self.losses[:k].double(), 0.0)
+            sums.sums[0] = (losses * sizes).sum()
+            sums.sums[1] = torch.where(finite, self.correct[:k], 0).sum()
+            sums.sums[2] = (finite * sizes).sum()
+        self.sizes.clear()
+        self.steps.clear()
+        return sums
 
 
 def reset_peak_memory(ctx: DistContext) -> None:

@@ -2,7 +2,6 @@
 step, and evaluate. Metrics are all-reduced; only rank 0 reports and saves."""
 from __future__ import annotations
 
-import contextlib
 import logging
 import statistics
 import time
@@ -21,14 +20,14 @@ from distributed.context import DistContext, epoch_seed
 from distributed.strategies import Strategy, unwrap
 from errors import NonFiniteLoss
 from training.checkpoint import Checkpointer, TrainState, restore_rng
-from training.metrics import Accumulator, Averages, peak_memory_mb
+from training.metrics import Accumulator, Averages, Window, peak_memory_mb
 from training.precision import Precision
 from training.preemption import PreemptionWatch
 from training.reporting import Reporter
 
 log = logging.getLogger("train")
 
-_NO_BAD_STEP = 2**40  # first non-finite step s is kept as _NO_BAD_STEP - s: a MAX over ranks finds the earliest
+_NO_BAD_STEP = 2**40  # a first non-finite step s is sent as _NO_BAD_STEP - s: a MAX over ranks finds the earliest
 
 
 @dataclass
@@ -72,17 +71,22 @@ class Trainer:
         self.state = state or TrainState()
         self.preemption = preemption
         self.settings = settings
+        # What the step needs, resolved once: at 32 bits no autocast, no loss scaling, no clipping
+        # and no no_sync context is entered, as in a hand-written loop.
         self.precision = Precision.of(settings.precision, ctx.device)
         self.scaler = scaler
+        self.scaled = scaler.is_enabled()
         self.channels_last = settings.channels_last
         self.grad_clip = settings.grad_clip
         self.accumulate = settings.accumulate_grad_batches
         self.skip_nonfinite = settings.nonfinite == NonFinite.skip
+        self.set_to_none = strategy.zero_grad_to_none
         limit = settings.overfit_batches or settings.limit_train_batches
         self.train_batches = Batches(ctx.device, limit)
         self.val_batches = Batches(ctx.device, settings.overfit_batches or settings.limit_val_batches)
-        self._first_bad = torch.zeros((), dtype=torch.int64, device=ctx.device)
+        self.window = Window(ctx.device, capacity=(settings.log_every_n_steps + 1) * self.accumulate)
         self.skipped_steps = 0
+        self._announced = False
 
     def fit(self) -> dict[str, Any]:
         """Train from `state.epoch` to `epochs` (or `max_steps`); return the final figures."""
@@ -146,9 +150,10 @@ class Trainer:
         self.loaders.train_sampler.set_epoch(state.epoch)
         torch.manual_seed(epoch_seed(settings.seed, state.epoch, ctx.rank))
         self.model.train()
-        window, total = Accumulator(ctx.device), Accumulator(ctx.device)
+        total = Accumulator(ctx.device)
         steps_in_window = 0
         num_batches, accumulate = self.train_batches.count(self.loaders.train), self.accumulate
+        log_every, every = settings.log_every_n_steps, settings.checkpoint_every_n_steps
         bar = tqdm(
             total=num_batches - state.batch,
             desc=f"epoch {state.epoch + 1}",
@@ -165,8 +170,7 @@ class Trainer:
             group_size = min(accumulate, num_batches - group_start)
             last_of_group = i == group_start + group_size - 1
             logits, loss = self.step(x, y, group_size, sync=last_of_group)
-            finite = self._note_finite(loss)
-            window.update(loss, logits, y, finite)
+            self.window.update(loss, logits, y, state.step + 1)
             bar.update()
             if not last_of_group:
                 continue
@@ -174,13 +178,15 @@ class Trainer:
             state.step += 1
             state.batch = i + 1  # micro-batches of this epoch done: a mid-epoch resume skips them
             steps_in_window += 1
-            if state.step % settings.log_every_n_steps == 0:
-                self._report_window(window, total, bar)
+            if not self._announced:
+                self._announced = True
+                log.info("first optimizer step done")  # bench.startup stops its clock here
+            if state.step % log_every == 0:
+                self._report_window(total, bar)
                 steps_in_window = 0
             if self._done():
                 break
             stop = self.preemption is not None and self.preemption.should_stop(state.step)
-            every = settings.checkpoint_every_n_steps
             if stop or (every and state.step % every == 0):
                 self._raise_if_nonfinite()
                 self.checkpointer.save("last.pt", state)
@@ -188,32 +194,44 @@ class Trainer:
                 bar.close()
                 raise self.preemption.preempted()
         if steps_in_window:
-            self._report_window(window, total, bar)
+            self._report_window(total, bar)
         elapsed = time.perf_counter() - start  # the all-reduce above synchronised the device
         bar.close()
         averages = total.averages()
         return averages, averages.samples / elapsed
 
     def step(self, x: torch.Tensor, y: torch.Tensor, group_size: int, sync: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """One micro-batch: forward under autocast, backward of its share of the group's mean loss.
+        """One micro-batch: forward (under autocast when mixed), backward of its share of the
+        group's mean loss.
 
         Only the group's last micro-batch all-reduces gradients (DDP); the others accumulate
         locally under the strategy's no_sync, so accumulation costs no extra communication.
         """
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        with self.strategy.no_sync(self.model) if not sync else contextlib.nullcontext():
+        if sync:
+            return self._forward_backward(x, y, group_size)
+        with self.strategy.no_sync(self.model):
+            return self._forward_backward(x, y, group_size)
+
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.precision.dtype is None:
+            logits = self.model(x)
+            loss = F.cross_entropy(logits, y)
+        else:
             with self.precision.autocast():
                 logits = self.model(x)
                 loss = F.cross_entropy(logits, y)
-            self.scaler.scale(loss / group_size if group_size > 1 else loss).backward()
+        share = loss / group_size if group_size > 1 else loss
+        (self.scaler.scale(share) if self.scaled else share).backward()
         return logits, loss
 
     def optimizer_step(self) -> None:
         """Clip the true (unscaled) gradients, step (skipped by the scaler on fp16 overflow, and
         with trainer.nonfinite=skip on NaN/inf gradients), clear."""
         if self.grad_clip is not None or self.skip_nonfinite:
-            self.scaler.unscale_(self.optimizer)
+            if self.scaled:
+                self.scaler.unscale_(self.optimizer)
             parameters = [p for p in self.model.parameters() if p.grad is not None]
             if self.grad_clip is not None:
                 norm = nn.utils.clip_grad_norm_(parameters, self.grad_clip)
@@ -223,40 +241,35 @@ class Trainer:
             if self.skip_nonfinite and not torch.isfinite(norm).item():
                 self.skipped_steps += 1
                 log.warning("step %d: non-finite gradients, update skipped (trainer.nonfinite=skip)", self.state.step + 1)
-                self.scaler.update()
-                self.optimizer.zero_grad(set_to_none=self.strategy.zero_grad_to_none)
+                if self.scaled:
+                    self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=self.set_to_none)
                 return
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=self.strategy.zero_grad_to_none)
+        if self.scaled:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=self.set_to_none)
 
     def evaluate(self, loader: Iterable) -> Averages:
         return evaluate(self.model, loader, self.val_batches, self.ctx)
-
-    def _note_finite(self, loss: torch.Tensor) -> torch.Tensor | None:
-        """stop: remember the first non-finite step on the device (checked where the loop syncs
-        anyway); skip: the mask that keeps the micro-batch out of the reported averages."""
-        finite = torch.isfinite(loss.detach())
-        if self.skip_nonfinite:
-            return finite
-        marker = _NO_BAD_STEP - (self.state.step + 1)
-        self._first_bad = torch.where(finite | (self._first_bad > 0), self._first_bad, marker)
-        return None
 
     def _raise_if_nonfinite(self) -> None:
         """Before anything is saved, and at each report: every rank learns the earliest bad step."""
         if self.skip_nonfinite:
             return
-        first = int(all_reduce_max(self._first_bad.clone(), self.ctx).item())
-        if first:
-            raise NonFiniteLoss(_NO_BAD_STEP - first)
+        first = self.window.first_nonfinite()
+        marker = torch.tensor(_NO_BAD_STEP - first if first is not None else 0, device=self.ctx.device)
+        worst = int(all_reduce_max(marker, self.ctx).item())
+        if worst:
+            raise NonFiniteLoss(_NO_BAD_STEP - worst)
 
-    def _report_window(self, window: Accumulator, total: Accumulator, bar: tqdm) -> None:
-        window.all_reduce(self.ctx)
+    def _report_window(self, total: Accumulator, bar: tqdm) -> None:
         self._raise_if_nonfinite()
+        window = self.window.drain().all_reduce(self.ctx)
         total.add(window)
         averages = window.averages()
-        window.reset()
         lr = self.optimizer.param_groups[0]["lr"]
         self.reporter.scalars(self.state.step, {"train/loss": averages.loss, "train/acc": averages.acc, "lr": lr})
         bar.set_postfix(loss=f"{averages.loss:.4f}", acc=f"{averages.acc:.3f}", refresh=False)

@@ -1,8 +1,9 @@
-"""`data.loader=device`: a split held whole on the training device, cut into batches there.
+"""A split held whole as tensors, cut into batches where it lies: on the training device
+(`data.loader=device`), or in host memory for any in-memory dataset on the default path.
 
 No worker processes and no per-sample Python: one gather per batch, then crop/flip/normalise as
 batched tensor ops (the fastest CIFAR-10 trainers' recipe). Sharding reuses DistributedSampler,
-so each rank sees exactly the indices, in the order, that `data.loader=dataloader` would give it.
+so each rank sees exactly the indices, in the order, that a DataLoader over it would give.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from data.transforms import BatchTransform
 from distributed.context import epoch_seed
 
 
-class DeviceLoader:
+class TensorLoader:
     def __init__(
         self,
         arrays: ImageArrays,
@@ -30,7 +31,8 @@ class DeviceLoader:
         drop_last: bool = False,
     ) -> None:
         """`order`: a DistributedSampler to train (reshuffled and re-augmented per epoch), or the
-        fixed indices of this rank's validation shard (no augmentation)."""
+        fixed indices of this rank's validation shard (no augmentation). `device`: where the
+        split is held and the batches are cut."""
         self.images = arrays.images.to(device)
         self.labels = arrays.labels.to(device)
         self.transform = transform
