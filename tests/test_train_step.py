@@ -138,7 +138,9 @@ def test_a_checkpoint_saved_under_any_strategy_loads_under_any_other(process_gro
         torch.manual_seed(0)
         source = wrap_saved(TinyNet())
         optimizer = torch.optim.SGD(source.parameters(), lr=0.1)
-        Checkpointer(process_group, tmp_path, source, optimizer, None, "", None).save(f"{saved_by}.pt", TrainState())
+        saver = Checkpointer(process_group, tmp_path, source, optimizer, None, "", None)
+        saver.save(f"{saved_by}.pt", TrainState())
+        saver.close()
         saved = torch.load(tmp_path / f"{saved_by}.pt", weights_only=True)["model"]
         assert set(saved) == plain_keys, saved_by
         for loaded_by, wrap_loaded in WRAPPERS.items():
@@ -157,6 +159,7 @@ def test_the_grad_scaler_state_is_checkpointed(tmp_path):
     trainer.scaler.scale(trainer.model(x).sum() * float("inf")).backward()
     trainer.optimizer_step()  # overflow: skip the step, halve the scale
     trainer.checkpointer.save("last.pt", TrainState())
+    trainer.checkpointer.close()
     restored = torch.amp.GradScaler("cpu")
     Checkpointer(trainer.ctx, tmp_path, trainer.model, trainer.optimizer, None, "", restored).restore(tmp_path / "last.pt")
     assert restored.get_scale() == 512.0

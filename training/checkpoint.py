@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,12 @@ class TrainState:
 
 
 class Checkpointer:
-    """Saves and restores everything needed to continue a run as if it had never stopped."""
+    """Saves and restores everything needed to continue a run as if it had never stopped.
+
+    A save copies the state to host memory on the spot and writes it from a background thread
+    (as torchtitan's async checkpointing does), so the steps go on while the file is serialised
+    and fsynced; writes stay one at a time and in order, each atomic. `close()` waits for the last.
+    """
 
     def __init__(
         self, ctx: DistContext, directory: Path, model: nn.Module, optimizer, scheduler, config_yaml: str,
@@ -122,13 +128,15 @@ class Checkpointer:
         self.scaler = scaler  # fp16's loss scale: resuming without it would re-learn it with skipped steps
         self.config_yaml = config_yaml
         self._best_on_disk = _best_in(directory / "best.pt") if ctx.is_main else None
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
 
     def save(self, name: str, state: TrainState) -> None:
         """Every rank must call this for a mid-epoch save (it gathers their RNG states)."""
         rng = _gather_rng(self.ctx) if state.batch else None
         if not self.ctx.is_main:
             return
-        save_checkpoint(
+        snapshot = _host_copy(
             {
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
@@ -140,9 +148,23 @@ class Checkpointer:
                 "batch": state.batch,
                 "rng": rng,
                 "config": self.config_yaml,
-            },
-            self.directory / name,
+            }
         )
+        self.wait()  # one write at a time: last.pt never goes back to an older state
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self._pending = self._writer.submit(save_checkpoint, snapshot, self.directory / name)
+
+    def wait(self) -> None:
+        """Until the last save is on disk; a failed write raises here."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        self.wait()
+        if self._writer is not None:
+            self._writer.shutdown()
 
     def save_best(self, state: TrainState) -> None:
         """best.pt only ever gets better, even one left by an earlier run in this directory."""
@@ -153,6 +175,7 @@ class Checkpointer:
 
     def restore(self, path: Path) -> TrainState:
         """Every rank loads the same file; DDP's weights then agree without a broadcast."""
+        self.wait()
         checkpoint = load_checkpoint(path, self.ctx.device)
         check_resumable(checkpoint, self.model, path)
         self.model.load_state_dict(checkpoint["model"])
@@ -183,6 +206,18 @@ def _gather_rng(ctx: DistContext) -> list[list[torch.Tensor]]:
     if ctx.device.type == "cuda":
         states += [torch.cuda.get_rng_state(device) for device in ctx.devices]
     return all_gather_object(states, ctx)
+
+
+def _host_copy(value: Any) -> Any:
+    """`value` with every tensor copied to host memory: training may change the originals (the
+    optimizer's buffers, the weights) while the copy is being written."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _host_copy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_host_copy(item) for item in value)
+    return value
 
 
 def _best_in(path: Path) -> float | None:

@@ -87,6 +87,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
             reporter.write_metrics(final)
             reporter.hparams(job.hparams, final, job.swept)
     finally:
+        checkpointer.close()  # the last save is on disk before the process may exit
         preemption.close()
         reporter.close()
         if ctx.device.type == "cuda":
