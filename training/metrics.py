@@ -43,44 +43,45 @@ class Accumulator:
 
 
 class Window:
-    """The training micro-batches since the last report: each one's loss and correct count copied
-    into preallocated device buffers (no host sync, no allocation), read once per report.
+    """The training micro-batches since the last report, kept on the device as they are: each
+    one's loss (a reference, no copy) and predicted classes (one argmax); counted once per report.
 
     Non-finite losses are left out of the averages; `first_nonfinite` names the optimizer step of
     the first one, so a NaN is reported exactly however rarely the loop synchronises.
     """
 
-    def __init__(self, device: torch.device, capacity: int) -> None:
-        self.losses = torch.zeros(capacity, dtype=torch.float32, device=device)
-        self.correct = torch.zeros(capacity, dtype=torch.int64, device=device)
-        self.sizes: list[int] = []
+    def __init__(self) -> None:
+        self.losses: list[torch.Tensor] = []
+        self.predicted: list[torch.Tensor] = []
+        self.targets: list[torch.Tensor] = []
         self.steps: list[int] = []  # the optimizer step each micro-batch belongs to
 
     def update(self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, step: int) -> None:
-        k = len(self.sizes)
-        self.losses[k] = loss.detach()
-        self.correct[k] = (logits.argmax(dim=1) == targets).sum()
-        self.sizes.append(targets.shape[0])
+        self.losses.append(loss.detach())
+        self.predicted.append(logits.detach().argmax(dim=1))
+        self.targets.append(targets)
         self.steps.append(step)
 
     def first_nonfinite(self) -> int | None:
         """The step of the first non-finite loss held, or None (a host sync)."""
-        bad = ~torch.isfinite(self.losses[: len(self.sizes)])
+        if not self.losses:
+            return None
+        bad = ~torch.isfinite(torch.stack(self.losses))
         return self.steps[int(bad.int().argmax())] if bool(bad.any()) else None
 
-    def drain(self) -> Accumulator:
+    def drain(self, device: torch.device) -> Accumulator:
         """The held micro-batches' sums (finite losses only), as an Accumulator; then empty."""
-        k = len(self.sizes)
-        sums = Accumulator(self.losses.device)
-        if k:
-            sizes = torch.tensor(self.sizes, dtype=torch.float64).to(self.losses.device, non_blocking=True)
-            finite = torch.isfinite(self.losses[:k])
-            losses = torch.where(finite, self.losses[:k].double(), 0.0)
-            sums.sums[0] = (losses * sizes).sum()
-            sums.sums[1] = torch.where(finite, self.correct[:k], 0).sum()
-            sums.sums[2] = (finite * sizes).sum()
-        self.sizes.clear()
-        self.steps.clear()
+        sums = Accumulator(device)
+        if self.losses:
+            sizes = torch.tensor([len(t) for t in self.targets], dtype=torch.float64).to(device, non_blocking=True)
+            losses = torch.stack(self.losses).double()
+            finite = torch.isfinite(losses)
+            correct = torch.stack([(p == t).sum() for p, t in zip(self.predicted, self.targets)])
+            sums.sums[0] = torch.where(finite, losses, 0.0).mul(sizes).sum()
+            sums.sums[1] = torch.where(finite, correct, 0).sum()
+            sums.sums[2] = sizes.mul(finite).sum()
+        for held in (self.losses, self.predicted, self.targets, self.steps):
+            held.clear()
         return sums
 
 

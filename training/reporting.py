@@ -4,8 +4,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -14,6 +15,9 @@ from torch import nn
 from config.schema import LoggerConfig
 from distributed.context import DistContext
 from distributed.strategies import unwrap
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger("train")
 
@@ -64,12 +68,28 @@ class Reporter:
         self.run_dir = run_dir
         self.device = ctx.device
         self.sample_images = logger.sample_images
-        self._writer = None
         self._samples: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._made: SummaryWriter | None = None
+        self._making: threading.Thread | None = None
         if self.enabled:
-            from torch.utils.tensorboard import SummaryWriter  # lazy: ~1 s of imports
+            # TensorBoard's imports take ~0.1 s: made beside the first steps (whose kernels release
+            # the GIL), not before them; the first write waits for it.
+            self._making = threading.Thread(target=self._make_writer, name="tensorboard", daemon=True)
+            self._making.start()
 
-            self._writer = SummaryWriter(log_dir=str(run_dir / "tb"))
+    def _make_writer(self) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._made = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+
+    @property
+    def _writer(self) -> SummaryWriter:
+        if self._making is not None:
+            self._making.join()
+            self._making = None
+        if self._made is None:
+            raise RuntimeError("TensorBoard's writer could not be made (see the tensorboard thread's error above)")
+        return self._made
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self.enabled:
@@ -119,7 +139,7 @@ class Reporter:
             (self.run_dir / "metrics.json").write_text(json.dumps(metrics) + "\n")
 
     def close(self) -> None:
-        if self._writer is not None:
+        if self.enabled:
             self._writer.close()
 
 

@@ -84,7 +84,7 @@ class Trainer:
         limit = settings.overfit_batches or settings.limit_train_batches
         self.train_batches = Batches(ctx.device, limit)
         self.val_batches = Batches(ctx.device, settings.overfit_batches or settings.limit_val_batches)
-        self.window = Window(ctx.device, capacity=(settings.log_every_n_steps + 1) * self.accumulate)
+        self.window = Window()
         self.skipped_steps = 0
         self._announced = False
 
@@ -267,7 +267,7 @@ class Trainer:
 
     def _report_window(self, total: Accumulator, bar: tqdm) -> None:
         self._raise_if_nonfinite()
-        window = self.window.drain().all_reduce(self.ctx)
+        window = self.window.drain(self.ctx.device).all_reduce(self.ctx)
         total.add(window)
         averages = window.averages()
         lr = self.optimizer.param_groups[0]["lr"]
