@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, TensorDataset, get_worker_info
 
 from config.schema import DataConfig, DatasetConfig, Loader
+from data.sampler import train_sampler
 from distributed.context import DistContext, epoch_seed
 from errors import ConfigError
 
@@ -35,9 +36,18 @@ def dataset_module(name: str) -> ModuleType:
     return importlib.import_module(_MODULES[name])
 
 
+def num_classes(dataset: DatasetConfig) -> int:
+    """dataset.num_classes=null: what the dataset holds (an image folder counts its class folders)."""
+    module = dataset_module(dataset.name)
+    if not hasattr(module, "count_classes"):
+        raise ConfigError(f"dataset.num_classes=null: dataset={dataset.name} cannot count its classes; give the number")
+    return module.count_classes(dataset)
+
+
 def check(dataset: DatasetConfig, data: DataConfig) -> None:
     """What train.py can find wrong before any process starts: loader choice, files, folders."""
     from data import download
+    from data.transforms import per_image_options, resize_options
 
     module = dataset_module(dataset.name)
     if data.loader == Loader.device and not hasattr(module, "arrays"):
@@ -45,11 +55,28 @@ def check(dataset: DatasetConfig, data: DataConfig) -> None:
             f"data.loader=device holds the dataset in device memory, which dataset={dataset.name} does not "
             "suit; use data.loader=dataloader"
         )
-    if data.loader == Loader.device and dataset.resize:
-        raise ConfigError(
-            f"data.loader=device augments at the stored image size, but dataset.resize={dataset.resize} asks "
-            "for ImageNet-style resizing; use data.loader=dataloader, or dataset.resize=null"
-        )
+    for key, value in resize_options(dataset).items():
+        if data.loader == Loader.device:
+            raise ConfigError(
+                f"data.loader=device augments at the stored image size, but dataset.{key}={value} asks "
+                f"for ImageNet-style resizing; use data.loader=dataloader, or dataset.{key}=null"
+            )
+        if (dataset.val_resize or dataset.resize) is None:
+            raise ConfigError(
+                f"dataset.{key}={value} asks for ImageNet-style transforms, which validate after a resize; "
+                "set dataset.val_resize too (e.g. 256)"
+            )
+    for key, value in per_image_options(dataset).items():
+        if data.loader == Loader.device:
+            raise ConfigError(
+                f"data.loader=device augments whole batches with crops and flips, but dataset.{key}={value} is a "
+                f"per-image transform of the DataLoader path; use data.loader=dataloader, or turn dataset.{key} off"
+            )
+        if not getattr(module, "PER_IMAGE_TRANSFORMS", False):
+            raise ConfigError(
+                f"dataset.{key}={value} transforms each image, but dataset={dataset.name} serves ready tensors; "
+                "use dataset=mnist, cifar10 or imagefolder, or turn it off"
+            )
     if hasattr(module, "check"):
         module.check(dataset)
     if hasattr(module, "files"):
@@ -78,7 +105,7 @@ def build_loaders(
     prepare(module, dataset, ctx)
     batch = global_batch // ctx.world_size
     if data.loader == Loader.device:
-        return _device_loaders(module, dataset, ctx, batch, seed, shuffle, drop_last)
+        return _device_loaders(module, dataset, data, ctx, batch, seed, shuffle, drop_last)
     train_set, val_set = module.load(dataset)
     workers = num_workers(data, ctx, train_set)
     pin = ctx.device.type == "cuda" if data.pin_memory is None else data.pin_memory
@@ -88,8 +115,7 @@ def build_loaders(
         persistent_workers=data.persistent_workers and workers > 0,
         multiprocessing_context=_fork_if_possible() if workers > 0 else None,
     )
-    # DistributedSampler at world size 1 is a seeded shuffle: single and DDP draw from one permutation.
-    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=shuffle, seed=seed)
+    sampler = train_sampler(train_set, ctx.world_size, ctx.rank, data.repeated_augmentations, shuffle, seed)
     train = DataLoader(
         EpochSeeded(train_set, seed, ctx.rank), batch_size=batch, sampler=EpochIndices(sampler), drop_last=drop_last,
         **options,
@@ -101,15 +127,15 @@ def build_loaders(
 
 
 def _device_loaders(
-    module: ModuleType, dataset: DatasetConfig, ctx: DistContext, batch: int, seed: int, shuffle: bool,
-    drop_last: bool,
+    module: ModuleType, dataset: DatasetConfig, data: DataConfig, ctx: DistContext, batch: int, seed: int,
+    shuffle: bool, drop_last: bool,
 ) -> Loaders:
     from data.device_loader import DeviceLoader
     from data.transforms import BatchTransform
 
     train_set, val_set = module.arrays(dataset)
     transform = BatchTransform(dataset, train_set.scale, ctx.device)
-    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=shuffle, seed=seed)
+    sampler = train_sampler(train_set, ctx.world_size, ctx.rank, data.repeated_augmentations, shuffle, seed)
     train = DeviceLoader(train_set, transform, batch, ctx.device, sampler, seed, ctx.rank, drop_last)
     val = DeviceLoader(val_set, transform, batch, ctx.device, range(ctx.rank, len(val_set), ctx.world_size))
     return Loaders(train, val, sampler)
