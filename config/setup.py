@@ -24,6 +24,12 @@ def _per_device(batch: int, *, _root_: DictConfig) -> int:
     return batch * devices_per_node(trainer.gpus, trainer.devices) * trainer.num_nodes
 
 
+def _epochs_after_warmup(*, _root_: DictConfig) -> int:
+    """${epochs_after_warmup:}: the epochs a scheduler runs once scheduler.warmup_epochs are done
+    (torchvision's cosine T_max = epochs - warmup epochs); at least 1."""
+    return max(1, _root_.trainer.epochs - _root_.scheduler.warmup_epochs)
+
+
 def _name(choice: Enum | str) -> str:
     """An Enum key (launcher.name) reaches a resolver as the member: its name is the choice."""
     return choice.name if isinstance(choice, Enum) else str(choice)
@@ -35,6 +41,7 @@ RESOLVERS = {
     "run_name": lambda launcher, default: environment.run_name(_name(launcher), os.environ, default),
     "rank_zero_only": lambda launcher, value: value if environment.is_rank_zero(_name(launcher), os.environ) else None,
     "per_device": _per_device,
+    "epochs_after_warmup": _epochs_after_warmup,
     "project_root": lambda: str(ROOT),
 }
 
