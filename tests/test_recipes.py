@@ -239,6 +239,18 @@ def test_recipe_sizes_and_augmentations_reach_the_transforms(tmp_path):
     assert val.transforms[0].size == 232
 
 
+@pytest.mark.parametrize("policy, name", [("ra", "RandAugment"), ("augmix", "AugMix")])
+def test_every_auto_augment_policy_transforms_small_grey_and_colour_images(policy, name):
+    from PIL import Image
+
+    for dataset, mode in (("mnist", "L"), ("cifar10", "RGB")):
+        cfg = typed_config(f"dataset={dataset}", f"dataset.auto_augment={policy}").dataset
+        transform = sample_transform(cfg, train=True)
+        assert name in [type(t).__name__ for t in transform.transforms]
+        size = cfg.image_size
+        assert transform(Image.new(mode, (size, size), 128)).shape == (cfg.channels, size, size)
+
+
 @pytest.mark.parametrize(
     "overrides, words",
     [
