@@ -70,29 +70,28 @@ def check(cfg: Config, run_dir: Path | None = None) -> LaunchPlan:
 
 
 def _check_recipe(cfg: Config) -> None:
-    """The recipe keys: ranges the torchvision reference scripts assume."""
+    """The recipe keys: the ranges torchvision's reference scripts assume."""
     trainer, optim, schedule = cfg.trainer, optim_config(cfg.optimizer), schedule_config(cfg.scheduler)
-    ranges = {
-        "trainer.label_smoothing": (trainer.label_smoothing, 0.0 <= trainer.label_smoothing < 1.0, "0 (off) up to below 1"),
-        "dataset.random_erase": (cfg.dataset.random_erase, 0.0 <= cfg.dataset.random_erase <= 1.0, "a probability, 0 (off) to 1"),
-        "trainer.mixup_alpha": (trainer.mixup_alpha, trainer.mixup_alpha >= 0, "0 (off) or a positive Beta(alpha, alpha)"),
-        "trainer.cutmix_alpha": (trainer.cutmix_alpha, trainer.cutmix_alpha >= 0, "0 (off) or a positive Beta(alpha, alpha)"),
-        "scheduler.warmup_epochs": (schedule.warmup_epochs, schedule.warmup_epochs >= 0, "0 (off) or more"),
-        "scheduler.warmup_start_factor": (
-            schedule.warmup_start_factor, 0 < schedule.warmup_start_factor <= 1, "a fraction of the lr in (0, 1]"),
-        "optimizer.reference_batch": (optim.reference_batch, optim.reference_batch >= 1, "the batch optimizer.lr was tuned for"),
-        "optimizer.norm_weight_decay": (
-            optim.norm_weight_decay, optim.norm_weight_decay is None or optim.norm_weight_decay >= 0,
-            "null (as weight_decay) or 0 and up"),
-        "trainer.ema_every_n_steps": (trainer.ema_every_n_steps, trainer.ema_every_n_steps >= 1, "1 or more"),
-        "data.repeated_augmentations": (
-            cfg.data.repeated_augmentations, cfg.data.repeated_augmentations >= 1, "1 (off) or more"),
-    }
-    if trainer.ema_decay is not None:
-        ranges["trainer.ema_decay"] = (trainer.ema_decay, 0 < trainer.ema_decay < 1, "in (0, 1), e.g. 0.99998, or null")
-    for key, (value, ok, allowed) in ranges.items():
-        if not ok:
-            raise ConfigError(f"{key}={value}: use {allowed}")
+    smoothing, erase, decay = trainer.label_smoothing, cfg.dataset.random_erase, optim.norm_weight_decay
+    ranges = [  # key, value, whether it is allowed, what is
+        ("trainer.label_smoothing", smoothing, 0 <= smoothing < 1, "0 (off) up to below 1"),
+        ("dataset.random_erase", erase, 0 <= erase <= 1, "a probability, 0 (off) to 1"),
+        ("trainer.mixup_alpha", trainer.mixup_alpha, trainer.mixup_alpha >= 0, "0 (off) or a Beta(alpha, alpha)"),
+        ("trainer.cutmix_alpha", trainer.cutmix_alpha, trainer.cutmix_alpha >= 0, "0 (off) or a Beta(alpha, alpha)"),
+        ("trainer.ema_decay", trainer.ema_decay, trainer.ema_decay is None or 0 < trainer.ema_decay < 1,
+         "a decay in (0, 1), e.g. 0.99998, or null"),
+        ("trainer.ema_every_n_steps", trainer.ema_every_n_steps, trainer.ema_every_n_steps >= 1, "1 or more"),
+        ("scheduler.warmup_epochs", schedule.warmup_epochs, schedule.warmup_epochs >= 0, "0 (off) or more"),
+        ("scheduler.warmup_start_factor", schedule.warmup_start_factor, 0 < schedule.warmup_start_factor <= 1,
+         "a fraction of the lr in (0, 1]"),
+        ("optimizer.reference_batch", optim.reference_batch, optim.reference_batch >= 1, "the batch lr was tuned for"),
+        ("optimizer.norm_weight_decay", decay, decay is None or decay >= 0, "null (as weight_decay) or 0 and up"),
+        ("data.repeated_augmentations", cfg.data.repeated_augmentations, cfg.data.repeated_augmentations >= 1,
+         "1 (off) or more"),
+    ]
+    for key, value, allowed, what in ranges:
+        if not allowed:
+            raise ConfigError(f"{key}={value}: use {what}")
     if optim.lr_scaling == LrScaling.linear and "lr" not in cfg.optimizer:
         raise ConfigError("optimizer.lr_scaling=linear scales optimizer.lr, which is not set; give optimizer.lr")
 

@@ -55,28 +55,25 @@ def check(dataset: DatasetConfig, data: DataConfig) -> None:
             f"data.loader=device holds the dataset in device memory, which dataset={dataset.name} does not "
             "suit; use data.loader=dataloader"
         )
-    for key, value in resize_options(dataset).items():
+    resizing = resize_options(dataset)
+    for key, value in {**resizing, **per_image_options(dataset)}.items():
+        off = f"dataset.{key}={0 if key == 'random_erase' else 'null'}"
         if data.loader == Loader.device:
             raise ConfigError(
-                f"data.loader=device augments at the stored image size, but dataset.{key}={value} asks "
-                f"for ImageNet-style resizing; use data.loader=dataloader, or dataset.{key}=null"
-            )
-        if (dataset.val_resize or dataset.resize) is None:
-            raise ConfigError(
-                f"dataset.{key}={value} asks for ImageNet-style transforms, which validate after a resize; "
-                "set dataset.val_resize too (e.g. 256)"
-            )
-    for key, value in per_image_options(dataset).items():
-        if data.loader == Loader.device:
-            raise ConfigError(
-                f"data.loader=device augments whole batches with crops and flips, but dataset.{key}={value} is a "
-                f"per-image transform of the DataLoader path; use data.loader=dataloader, or turn dataset.{key} off"
+                f"data.loader=device transforms whole batches at the stored size, but dataset.{key}={value} is a "
+                f"per-image transform of the DataLoader path; use data.loader=dataloader, or {off}"
             )
         if not getattr(module, "PER_IMAGE_TRANSFORMS", False):
             raise ConfigError(
                 f"dataset.{key}={value} transforms each image, but dataset={dataset.name} serves ready tensors; "
-                "use dataset=mnist, cifar10 or imagefolder, or turn it off"
+                f"use dataset=mnist, cifar10 or imagefolder, or {off}"
             )
+    if resizing and (dataset.val_resize or dataset.resize) is None:
+        key = next(iter(resizing))
+        raise ConfigError(
+            f"dataset.{key}={resizing[key]} asks for ImageNet-style transforms, which validate after a resize; "
+            "set dataset.val_resize too (e.g. 256)"
+        )
     if hasattr(module, "check"):
         module.check(dataset)
     if hasattr(module, "files"):

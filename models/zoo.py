@@ -32,7 +32,7 @@ def check(arch: str, in_channels: int, num_classes: int, weights: str | None = N
     names = torchvision.models.list_models(module=torchvision.models)  # classifiers, not detection/video
     if arch not in names:
         closest = difflib.get_close_matches(arch, names, n=3, cutoff=0.5)
-        hint = f"closest: {', '.join(closest)}" if closest else f"see torchvision.models.list_models() ({len(names)} names)"
+        hint = f"closest: {', '.join(closest)}" if closest else "see torchvision.models.list_models()"
         raise ConfigError(f"model.arch={arch}: torchvision has no such classifier; {hint}")
     if in_channels != 3:
         raise ConfigError(

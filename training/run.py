@@ -75,7 +75,9 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         ema = EMA(strategies.unwrap(model), adjusted_decay(settings), job.schedule.warmup_epochs)
         log.info("EMA every %d step(s), decay %.6g per update", settings.ema_every_n_steps, adjusted_decay(settings))
     scaler = precision.grad_scaler()
-    checkpointer = Checkpointer(ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema)
+    checkpointer = Checkpointer(
+        ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema
+    )
     resume = find_resume(settings.resume, job.run_dir)
     state = checkpointer.restore(resume) if resume else TrainState()
     log.info(
@@ -85,8 +87,8 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     )
     reporter = Reporter(ctx, job.run_dir, job.logger)
     trainer = Trainer(
-        model, strategy, optimizer, scheduler, loaders, checkpointer, reporter, scaler, ctx, settings, state, preemption,
-        ema, Mixing.of(settings, job.dataset.num_classes, ctx.rank),
+        model, strategy, optimizer, scheduler, loaders, checkpointer, reporter, scaler, ctx, settings, state,
+        preemption, ema, Mixing.of(settings, job.dataset.num_classes, ctx.rank),
     )
     try:
         metrics = trainer.fit()

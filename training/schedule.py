@@ -15,7 +15,9 @@ class Warmup:
     """Owns the epoch scheduler; the Trainer calls `step()` at each epoch's end, as it would the
     scheduler's, and `step_update(step)` after every optimizer step."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, after: Any, start_factor: float, epochs: int, steps: int) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, after: Any, start_factor: float, epochs: int, steps: int
+    ) -> None:
         """`after`: the epoch scheduler (None: a constant lr); `steps`: optimizer steps of warmup."""
         self.optimizer, self.after = optimizer, after
         self.start_factor, self.epochs, self.steps = start_factor, epochs, max(1, steps)
@@ -71,4 +73,5 @@ def with_warmup(
         return scheduler
     limit = settings.overfit_batches or settings.limit_train_batches
     per_epoch = math.ceil((batches if limit is None else min(batches, limit)) / settings.accumulate_grad_batches)
-    return Warmup(optimizer, scheduler, schedule.warmup_start_factor, schedule.warmup_epochs, schedule.warmup_epochs * per_epoch)
+    epochs = schedule.warmup_epochs
+    return Warmup(optimizer, scheduler, schedule.warmup_start_factor, epochs, epochs * per_epoch)
