@@ -69,6 +69,7 @@ def test_label_smoothing_is_in_the_first_steps_loss(tmp_path):
 MIXED_EMA = (
     "trainer.epochs=2", "trainer.limit_train_batches=5", "trainer.limit_val_batches=2", "trainer.log_every_n_steps=5",
     "logger.sample_images=0", "trainer.mixup_alpha=0.2", "trainer.cutmix_alpha=1.0", "trainer.ema_decay=0.9",
+    "data.repeated_augmentations=3",
 )
 
 
