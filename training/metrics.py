@@ -37,8 +37,9 @@ class Accumulator:
         self.sums[2] += keep * n
 
     def update_validation(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        """Per-sample losses summed in float64 and top-5 hits (needs top5=True): figures that do
-        not depend on how the set is cut into batches and ranks (test_only under DDP = single)."""
+        """Per-sample losses summed in float64, and top-5 hits (needs top5=True). Per-batch float32
+        means made the loss depend on the split into batches and ranks (digits, 2 ranks: in its
+        9th digit); these sums move by float64 rounding at most (not at all in the tests)."""
         self.sums[0] += F.cross_entropy(logits, targets, reduction="none").double().sum()
         self.sums[1] += (logits.argmax(dim=1) == targets).sum()
         self.sums[2] += targets.shape[0]
