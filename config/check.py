@@ -122,7 +122,14 @@ def _check_resume(cfg: Config, run_dir: Path | None) -> None:
     if path is not None:
         if not path.is_file():
             raise ConfigError(f"trainer.resume={resume}: no such file; give an existing checkpoint path")
-        check_resumable(load_checkpoint(path, torch.device("cpu")), factory(cfg.model)(), path)
+        checkpoint = load_checkpoint(path, torch.device("cpu"))
+        check_resumable(checkpoint, factory(cfg.model)(), path)
+        warmed = isinstance(checkpoint["scheduler"], dict) and "last_step" in checkpoint["scheduler"]  # a Warmup's
+        if not test_only and warmed != bool(schedule_config(cfg.scheduler).warmup_epochs):
+            raise ConfigError(
+                f"trainer.resume={resume} trained {'with' if warmed else 'without'} a warmup and cannot continue "
+                f"{'without' if warmed else 'with'} one; resume with the scheduler.warmup_epochs it trained with"
+            )
     elif test_only and cfg.model.get("weights") is None:
         raise ConfigError(
             f"trainer.test_only=true evaluates trained weights, but trainer.resume={resume} names no checkpoint; "

@@ -239,6 +239,22 @@ def test_recipe_sizes_and_augmentations_reach_the_transforms(tmp_path):
     assert val.transforms[0].size == 232
 
 
+def test_a_checkpoint_resumes_only_with_the_warmup_it_trained_with(tmp_path):
+    from models.mnist_net import MnistNet
+    from training.checkpoint import save_checkpoint
+
+    model = MnistNet(1, 10, 8)
+    for name, scheduler in (("warm", {"target": [0.1], "epoch": 1, "last_step": 3, "after": None}), ("plain", None)):
+        save_checkpoint({"model": model.state_dict(), "optimizer": {}, "scheduler": scheduler, "epoch": 1, "step": 3,
+                         "best": 0.5}, tmp_path / f"{name}.pt")
+    with pytest.raises(ConfigError, match="warm.pt trained with a warmup and cannot continue without one"):
+        check(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}"))
+    with pytest.raises(ConfigError, match="plain.pt trained without a warmup.*scheduler.warmup_epochs"):
+        check(typed_config(f"trainer.resume={tmp_path / 'plain.pt'}", "scheduler.warmup_epochs=2"))
+    check(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}", "scheduler.warmup_epochs=2"))
+    check(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}", "trainer.test_only=true"))
+
+
 @pytest.mark.parametrize("policy, name", [("ra", "RandAugment"), ("augmix", "AugMix")])
 def test_every_auto_augment_policy_transforms_small_grey_and_colour_images(policy, name):
     from PIL import Image
