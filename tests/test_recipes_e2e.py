@@ -93,9 +93,9 @@ def test_mixing_and_ema_are_reported_beside_the_model(ema_run):
     assert "ema loss" in (run_dir / "train.log").read_text()
 
 
-@pytest.mark.parametrize("mixing", ["trainer.mixup_alpha=0.4", "trainer.cutmix_alpha=0.5"])
-def test_mixup_or_cutmix_alone_trains(run_dir, mixing):
-    metrics = _train(run_dir, "debug=fdr", mixing)
+@pytest.mark.parametrize("mixing", [("trainer.mixup_alpha=0.4",), ("trainer.cutmix_alpha=0.5", "data.loader=device")])
+def test_mixup_or_cutmix_alone_trains_on_either_loader(run_dir, mixing):
+    metrics = _train(run_dir, "debug=fdr", *mixing)
     assert math.isfinite(metrics["train_loss"]) and 0 <= metrics["train_acc"] <= 1
 
 
