@@ -2,25 +2,30 @@
 then the typed RunConfig every worker receives."""
 from __future__ import annotations
 
+import importlib
 import os
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ValidationError
 
 import data
-from config.schema import PRECISIONS, Accelerator, Config, RunConfig
+from config.schema import PRECISIONS, Accelerator, Config, LrScaling, OptimConfig, RunConfig, ScheduleConfig
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError
 from training.checkpoint import check_resumable, find_resume, load_checkpoint
+from training.optim import scaled_lr
 from training.preemption import parse_signals
+
+T = TypeVar("T")
 
 
 def typed(cfg: DictConfig) -> Config:
@@ -57,19 +62,82 @@ def check(cfg: Config, run_dir: Path | None = None) -> LaunchPlan:
             raise ConfigError(f"trainer.{key}={value}: use a positive number, or null")
     signals = parse_signals(trainer.preempt_signals, "trainer.preempt_signals")
     parse_signals(trainer.requeue_signals, "trainer.requeue_signals")
+    _check_recipe(cfg)
+    resolve_num_classes(cfg)  # before anything builds the model
+    _check_model(cfg.model)
     _check_resume(cfg, run_dir)
     data.check(cfg.dataset, cfg.data)
     return replace(plan, forward_signals=tuple(signals))
 
 
+def _check_recipe(cfg: Config) -> None:
+    """The recipe keys: the ranges torchvision's reference scripts assume."""
+    trainer, optim, schedule = cfg.trainer, optim_config(cfg.optimizer), schedule_config(cfg.scheduler)
+    smoothing, erase, decay = trainer.label_smoothing, cfg.dataset.random_erase, optim.norm_weight_decay
+    ranges = [  # key, value, whether it is allowed, what is
+        ("trainer.label_smoothing", smoothing, 0 <= smoothing < 1, "0 (off) up to below 1"),
+        ("dataset.random_erase", erase, 0 <= erase <= 1, "a probability, 0 (off) to 1"),
+        ("trainer.mixup_alpha", trainer.mixup_alpha, trainer.mixup_alpha >= 0, "0 (off) or a Beta(alpha, alpha)"),
+        ("trainer.cutmix_alpha", trainer.cutmix_alpha, trainer.cutmix_alpha >= 0, "0 (off) or a Beta(alpha, alpha)"),
+        ("trainer.ema_decay", trainer.ema_decay, trainer.ema_decay is None or 0 < trainer.ema_decay < 1,
+         "a decay in (0, 1), e.g. 0.99998, or null"),
+        ("trainer.ema_every_n_steps", trainer.ema_every_n_steps, trainer.ema_every_n_steps >= 1, "1 or more"),
+        ("scheduler.warmup_epochs", schedule.warmup_epochs, schedule.warmup_epochs >= 0, "0 (off) or more"),
+        ("scheduler.warmup_start_factor", schedule.warmup_start_factor, 0 < schedule.warmup_start_factor <= 1,
+         "a fraction of the lr in (0, 1]"),
+        ("optimizer.reference_batch", optim.reference_batch, optim.reference_batch >= 1, "the batch lr was tuned for"),
+        ("optimizer.norm_weight_decay", decay, decay is None or decay >= 0, "null (as weight_decay) or 0 and up"),
+        ("data.repeated_augmentations", cfg.data.repeated_augmentations, cfg.data.repeated_augmentations >= 1,
+         "1 (off) or more"),
+    ]
+    for key, value, allowed, what in ranges:
+        if not allowed:
+            raise ConfigError(f"{key}={value}: use {what}")
+    if optim.lr_scaling == LrScaling.linear and "lr" not in cfg.optimizer:
+        raise ConfigError("optimizer.lr_scaling=linear scales optimizer.lr, which is not set; give optimizer.lr")
+
+
+def resolve_num_classes(cfg: Config) -> None:
+    """dataset.num_classes=null: the dataset counts its classes (ImageFolder's rule); the model's
+    num_classes, interpolated from it, reached the typed config as null too."""
+    if cfg.dataset.num_classes is None:
+        cfg.dataset.num_classes = data.num_classes(cfg.dataset)
+    if isinstance(cfg.model, dict) and "num_classes" in cfg.model and cfg.model["num_classes"] is None:
+        cfg.model["num_classes"] = cfg.dataset.num_classes
+
+
+def _check_model(node: Mapping[str, Any]) -> None:
+    """A weights file that exists; then the builder's own check, if its module has one."""
+    weights = node.get("weights")
+    if weights is not None and not Path(weights).is_file():
+        raise ConfigError(f"model.weights={weights}: no such file; give a state_dict file saved with torch.save")
+    module = importlib.import_module(node["_target_"].rsplit(".", 1)[0])
+    if hasattr(module, "check"):
+        module.check(**{k: v for k, v in node.items() if not k.startswith("_")})
+
+
 def _check_resume(cfg: Config, run_dir: Path | None) -> None:
     """Refuse a checkpoint that cannot continue this run, and never overwrite a run's last.pt."""
-    resume = cfg.trainer.resume
+    resume, test_only = cfg.trainer.resume, cfg.trainer.test_only
     path = find_resume(resume, run_dir) if run_dir is not None or resume != "auto" else None
     if path is not None:
         if not path.is_file():
             raise ConfigError(f"trainer.resume={resume}: no such file; give an existing checkpoint path")
-        check_resumable(load_checkpoint(path, torch.device("cpu")), factory(cfg.model)(), path)
+        checkpoint = load_checkpoint(path, torch.device("cpu"))
+        check_resumable(checkpoint, factory(cfg.model)(), path)
+        warmed = isinstance(checkpoint["scheduler"], dict) and "last_step" in checkpoint["scheduler"]  # a Warmup's
+        if not test_only and warmed != bool(schedule_config(cfg.scheduler).warmup_epochs):
+            raise ConfigError(
+                f"trainer.resume={resume} trained {'with' if warmed else 'without'} a warmup and cannot continue "
+                f"{'without' if warmed else 'with'} one; resume with the scheduler.warmup_epochs it trained with"
+            )
+    elif test_only and cfg.model.get("weights") is None:
+        raise ConfigError(
+            f"trainer.test_only=true evaluates trained weights, but trainer.resume={resume} names no checkpoint; "
+            "give trainer.resume=<checkpoint> or model.weights=<file>"
+        )
+    if test_only:
+        return  # writes no checkpoint: a run dir's last.pt is safe
     last = run_dir / "checkpoints" / "last.pt" if run_dir is not None else None
     if last is not None and last.exists() and (path is None or path.resolve() != last.resolve()):
         raise ConfigError(
@@ -94,12 +162,47 @@ def swept_overrides(task_overrides: Sequence[str], exclude_keys: Sequence[str] =
     return swept
 
 
+def typed_part(node: Mapping[str, Any], cls: type[T], prefix: str) -> T:
+    """`cls`'s keys of a `_target_` node, validated as the schema would (Enum names, numbers)."""
+    part = OmegaConf.structured(cls)
+    for f in fields(cls):
+        value = node[f.name]
+        try:
+            part[f.name] = value
+        except ValidationError as e:
+            shown = value.name if hasattr(value, "name") else value
+            raise ConfigError(f"{prefix}.{f.name}={shown}: {str(e).splitlines()[0]}") from None
+    return OmegaConf.to_object(part)
+
+
+def optim_config(node: Mapping[str, Any]) -> OptimConfig:
+    return typed_part(node, OptimConfig, "optimizer")
+
+
+def schedule_config(node: Mapping[str, Any]) -> ScheduleConfig:
+    return typed_part(node, ScheduleConfig, "scheduler")
+
+
+def target_arguments(node: Any, cls: type) -> dict[str, Any]:
+    """The node without `cls`'s keys: what the `_target_` itself takes."""
+    ours = {f.name for f in fields(cls)}
+    plain = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    return {k: v for k, v in plain.items() if k not in ours}
+
+
 def run_config(
     cfg: DictConfig, settings: Config, run_dir: Path, choices: dict[str, str], swept: dict[str, Any]
 ) -> RunConfig:
     """The typed config every worker receives. `settings`: `cfg` typed; `choices`: the group
     options Hydra picked; `swept`: the job's overrides (`swept_overrides`)."""
     labels = {group: choices[group] for group in ("model", "dataset", "strategy")}
+    resolve_num_classes(settings)
+    cfg.dataset.num_classes = settings.dataset.num_classes  # the model node interpolates it
+    optim = optim_config(cfg.optimizer)
+    optimizer = target_arguments(cfg.optimizer, OptimConfig)
+    if "lr" in optimizer:
+        optimizer["lr"] = scaled_lr(optimizer["lr"], optim, settings.trainer)
+    scheduler = target_arguments(cfg.scheduler, ScheduleConfig)
     return RunConfig(
         trainer=settings.trainer,
         strategy=settings.strategy,
@@ -108,23 +211,25 @@ def run_config(
         dataset=settings.dataset,
         logger=settings.logger,
         model=factory(cfg.model),
-        optimizer=factory(cfg.optimizer),
-        scheduler=factory(cfg.scheduler) if cfg.scheduler.get("_target_") else None,
+        optimizer=factory(optimizer),
+        scheduler=factory(scheduler) if scheduler.get("_target_") else None,
+        optim=optim,
+        schedule=schedule_config(cfg.scheduler),
         run_dir=run_dir,
         labels=labels,
-        hparams=_hparams(cfg, settings, labels),
+        hparams=_hparams(cfg, settings, labels, optimizer.get("lr")),
         swept=swept,
         config_yaml=OmegaConf.to_yaml(cfg),
     )
 
 
-def _hparams(cfg: DictConfig, settings: Config, labels: dict[str, str]) -> dict[str, Any]:
+def _hparams(cfg: DictConfig, settings: Config, labels: dict[str, str], lr: float | None) -> dict[str, Any]:
     """The choices that tell one sweep job from another, for TensorBoard's HParams tab."""
     trainer = settings.trainer
     return {
         **labels,
         "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
-        "lr": cfg.optimizer.lr,
+        "lr": lr,  # as trained: after optimizer.lr_scaling
         "scheduler": cfg.scheduler.get("_target_", "none").rsplit(".", 1)[-1],
         "accelerator": trainer.accelerator.value if trainer.gpus is None else "gpu",
         "devices": trainer.devices_per_node * trainer.num_nodes,

@@ -8,7 +8,7 @@ names ("32", "bf16-mixed") are not identifiers, and config.check validates it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -43,6 +43,17 @@ class Loader(Enum):
 class NonFinite(Enum):
     stop = "stop"  # end the run at the step, naming it; last.pt keeps the last finite state
     skip = "skip"  # drop the step's update, count it, go on
+
+
+class AutoAugment(Enum):  # torchvision's policies, as its reference scripts name them
+    ta_wide = "ta_wide"  # TrivialAugmentWide
+    ra = "ra"  # RandAugment (magnitude 9)
+    augmix = "augmix"  # AugMix (severity 3)
+
+
+class LrScaling(Enum):
+    none = "none"  # optimizer.lr as written
+    linear = "linear"  # lr x (global batch x accumulate_grad_batches) / reference_batch
 
 
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
@@ -82,6 +93,13 @@ class TrainerConfig:
     preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     requeue_signals: List[str] = field(default_factory=lambda: ["SIGUSR1"])
     preempt_check_every_n_steps: Optional[int] = None  # None: ranks agree on a stop at each log step
+    # Recipes (torchvision's reference scripts):
+    label_smoothing: float = 0.0  # cross-entropy against (1 - s) x the label + s spread over all classes
+    mixup_alpha: float = 0.0  # > 0: MixUp with Beta(alpha, alpha) on every training batch
+    cutmix_alpha: float = 0.0  # > 0: CutMix; with mixup_alpha too, each batch gets one of the two
+    ema_decay: Optional[float] = None  # EMA of weights and buffers, evaluated beside the model; None: off
+    ema_every_n_steps: int = 1  # update the EMA every N optimizer steps (the decay is adjusted for N)
+    test_only: bool = False  # evaluate trainer.resume's (or model.weights') weights on the validation set; no training
 
     @property
     def devices_per_node(self) -> int:
@@ -115,6 +133,7 @@ class DataConfig:
     num_workers: Optional[int] = None  # None: this task's CPUs / local ranks (0 for in-memory tensors)
     pin_memory: Optional[bool] = None  # None: on when training on CUDA
     persistent_workers: bool = True  # workers live across epochs
+    repeated_augmentations: int = 1  # N > 1: each drawn image N times, differently augmented (RASampler)
 
 
 @dataclass
@@ -127,11 +146,17 @@ class AugmentConfig:  # training only
 class DatasetConfig:
     name: str = MISSING  # digits | synthetic | mnist | cifar10 | imagefolder (conf/dataset/)
     channels: int = MISSING
-    image_size: int = MISSING  # imagefolder and resize: the crop
-    num_classes: int = MISSING
+    image_size: int = MISSING  # what the model is built for; ImageNet-style: train_crop's and val_crop's default
+    num_classes: Optional[int] = None  # None: imagefolder counts its class folders
     root: Optional[str] = None  # where the files live (mnist, cifar10: ${paths.data_dir})
     download: bool = True  # rank 0 fetches missing files; false on nodes without internet
-    resize: Optional[int] = None  # set: ImageNet-style RandomResizedCrop / Resize + CenterCrop
+    resize: Optional[int] = None  # set: ImageNet-style RandomResizedCrop / Resize + CenterCrop (val_resize's default)
+    # ImageNet-style sizes (torchvision's recipe trains at 176 and validates 232 -> 224):
+    train_crop: Optional[int] = None  # RandomResizedCrop; None: image_size
+    val_resize: Optional[int] = None  # Resize before the centre crop; None: resize
+    val_crop: Optional[int] = None  # CenterCrop; None: image_size
+    auto_augment: Optional[AutoAugment] = None  # training: a per-image policy (DataLoader path only)
+    random_erase: float = 0.0  # training: RandomErasing's probability (DataLoader path only)
     mean: Optional[List[float]] = None  # None: no normalisation
     std: Optional[List[float]] = None
     augment: AugmentConfig = field(default_factory=AugmentConfig)
@@ -156,6 +181,30 @@ class LoggerConfig:
 
 
 @dataclass
+class OptimConfig:
+    """optimizer.* keys for the trainer, beside the `_target_`'s own arguments (lr, momentum, ...);
+    config.check takes them out before the optimizer is built."""
+
+    lr_scaling: LrScaling = LrScaling.none
+    reference_batch: int = 256  # lr_scaling=linear: the batch optimizer.lr was tuned for
+    norm_weight_decay: Optional[float] = None  # normalisation layers and biases; None: weight_decay as the rest
+
+
+@dataclass
+class ScheduleConfig:
+    """scheduler.* keys for the trainer, beside the `_target_`'s own arguments (T_max, step_size, ...)."""
+
+    warmup_epochs: int = 0  # linear warmup in front of the scheduler, stepped every optimizer step
+    warmup_start_factor: float = 0.01  # the first step's lr, as a fraction of the lr warmup leads to
+
+
+def defaults_of(cls: type) -> Callable[[], Dict[str, Any]]:
+    """An untyped `_target_` node that starts with `cls`'s keys, so `optimizer.lr_scaling=linear`
+    overrides like any key; config.check types them (an Any node cannot hold a typed part)."""
+    return lambda: {f.name: f.default for f in fields(cls)}
+
+
+@dataclass
 class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
@@ -166,8 +215,8 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     # `_target_` nodes: config.check turns them into factories (Hydra partials) for the workers.
     model: Any = None
-    optimizer: Any = None
-    scheduler: Any = None
+    optimizer: Any = field(default_factory=defaults_of(OptimConfig))
+    scheduler: Any = field(default_factory=defaults_of(ScheduleConfig))
     optimized_metric: str = "best_val_acc"  # the metrics.json figure main() returns to a sweeper
 
 
@@ -183,8 +232,10 @@ class RunConfig:
     dataset: DatasetConfig
     logger: LoggerConfig
     model: Callable[[], Any]  # () -> nn.Module
-    optimizer: Callable[..., Any]  # (parameters) -> Optimizer
+    optimizer: Callable[..., Any]  # (parameters) -> Optimizer, lr scaled already
     scheduler: Optional[Callable[..., Any]]  # (optimizer) -> LRScheduler, None: a constant lr
+    optim: OptimConfig
+    schedule: ScheduleConfig
     run_dir: Path
     labels: Dict[str, str]  # the chosen model, dataset and strategy options, for the log and metrics.json
     hparams: Dict[str, Any]  # the run's main options (TensorBoard's HParams tab)

@@ -24,6 +24,12 @@ def _per_device(batch: int, *, _root_: DictConfig) -> int:
     return batch * devices_per_node(trainer.gpus, trainer.devices) * trainer.num_nodes
 
 
+def _epochs_after_warmup(*, _root_: DictConfig) -> int:
+    """${epochs_after_warmup:}: the epochs a scheduler runs once scheduler.warmup_epochs are done
+    (torchvision's cosine T_max = epochs - warmup epochs); at least 1."""
+    return max(1, _root_.trainer.epochs - _root_.scheduler.warmup_epochs)
+
+
 def _name(choice: Enum | str) -> str:
     """An Enum key (launcher.name) reaches a resolver as the member: its name is the choice."""
     return choice.name if isinstance(choice, Enum) else str(choice)
@@ -37,6 +43,7 @@ RESOLVERS = {
     "per_device": _per_device,
     # A sweep job's dir: its number, then the overrides that tell it from the others, if any.
     "job_dir": lambda num, overrides: f"{num}_{overrides}" if overrides else str(num),
+    "epochs_after_warmup": _epochs_after_warmup,
     "project_root": lambda: str(ROOT),
 }
 

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, get_worker_info
 
 from config.schema import DataConfig, DatasetConfig, Loader
+from data.sampler import train_sampler
 from distributed.context import DistContext, epoch_seed
 from errors import ConfigError
 
@@ -36,9 +37,18 @@ def dataset_module(name: str) -> ModuleType:
     return importlib.import_module(_MODULES[name])
 
 
+def num_classes(dataset: DatasetConfig) -> int:
+    """dataset.num_classes=null: what the dataset holds (an image folder counts its class folders)."""
+    module = dataset_module(dataset.name)
+    if not hasattr(module, "count_classes"):
+        raise ConfigError(f"dataset.num_classes=null: dataset={dataset.name} cannot count its classes; give the number")
+    return module.count_classes(dataset)
+
+
 def check(dataset: DatasetConfig, data: DataConfig) -> None:
     """What train.py can find wrong before any process starts: loader choice, files, folders."""
     from data import download
+    from data.transforms import per_image_options, resize_options
 
     module = dataset_module(dataset.name)
     if data.loader == Loader.device and not hasattr(module, "arrays"):
@@ -46,10 +56,24 @@ def check(dataset: DatasetConfig, data: DataConfig) -> None:
             f"data.loader=device holds the dataset in device memory, which dataset={dataset.name} does not "
             "suit; use data.loader=dataloader"
         )
-    if data.loader == Loader.device and dataset.resize:
+    resizing = resize_options(dataset)
+    for key, value in {**resizing, **per_image_options(dataset)}.items():
+        off = f"dataset.{key}={0 if key == 'random_erase' else 'null'}"
+        if data.loader == Loader.device:
+            raise ConfigError(
+                f"data.loader=device transforms whole batches at the stored size, but dataset.{key}={value} is a "
+                f"per-image transform of the DataLoader path; use data.loader=dataloader, or {off}"
+            )
+        if not getattr(module, "PER_IMAGE_TRANSFORMS", False):
+            raise ConfigError(
+                f"dataset.{key}={value} transforms each image, but dataset={dataset.name} serves ready tensors; "
+                f"use dataset=mnist, cifar10 or imagefolder, or {off}"
+            )
+    if resizing and (dataset.val_resize or dataset.resize) is None:
+        key = next(iter(resizing))
         raise ConfigError(
-            f"data.loader=device augments at the stored image size, but dataset.resize={dataset.resize} asks "
-            "for ImageNet-style resizing; use data.loader=dataloader, or dataset.resize=null"
+            f"dataset.{key}={resizing[key]} asks for ImageNet-style transforms, which validate after a resize; "
+            "set dataset.val_resize too (e.g. 256)"
         )
     if hasattr(module, "check"):
         module.check(dataset)
@@ -68,7 +92,9 @@ class Loaders:
 
 def batched(module: ModuleType, dataset: DatasetConfig) -> bool:
     """In memory, with augmentations that run on a whole batch: no per-sample work at all."""
-    return hasattr(module, "arrays") and not dataset.resize
+    from data.transforms import per_image_options, resize_options
+
+    return hasattr(module, "arrays") and not resize_options(dataset) and not per_image_options(dataset)
 
 
 def build_loaders(
@@ -85,7 +111,7 @@ def build_loaders(
     batch = global_batch // ctx.world_size
     if batched(module, dataset):  # data.check sent data.loader=device nowhere else
         held_on = ctx.device if data.loader == Loader.device else torch.device("cpu")
-        return _tensor_loaders(module, dataset, ctx, batch, seed, shuffle, drop_last, held_on)
+        return _tensor_loaders(module, dataset, data, ctx, batch, seed, shuffle, drop_last, held_on)
     train_set, val_set = module.load(dataset)
     workers = num_workers(data, ctx)
     pin = ctx.device.type == "cuda" if data.pin_memory is None else data.pin_memory
@@ -95,8 +121,7 @@ def build_loaders(
         persistent_workers=data.persistent_workers and workers > 0,
         multiprocessing_context=_fork_if_possible() if workers > 0 else None,
     )
-    # DistributedSampler at world size 1 is a seeded shuffle: single and DDP draw from one permutation.
-    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=shuffle, seed=seed)
+    sampler = train_sampler(train_set, ctx.world_size, ctx.rank, data.repeated_augmentations, shuffle, seed)
     train = DataLoader(
         EpochSeeded(train_set, seed, ctx.rank), batch_size=batch, sampler=EpochIndices(sampler), drop_last=drop_last,
         **options,
@@ -108,15 +133,15 @@ def build_loaders(
 
 
 def _tensor_loaders(
-    module: ModuleType, dataset: DatasetConfig, ctx: DistContext, batch: int, seed: int, shuffle: bool,
-    drop_last: bool, held_on: torch.device,
+    module: ModuleType, dataset: DatasetConfig, data: DataConfig, ctx: DistContext, batch: int, seed: int,
+    shuffle: bool, drop_last: bool, held_on: torch.device,
 ) -> Loaders:
     from data.tensor_loader import TensorLoader
     from data.transforms import BatchTransform
 
     train_set, val_set = module.arrays(dataset)
     transform = BatchTransform(dataset, train_set.scale, held_on)
-    sampler = DistributedSampler(train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=shuffle, seed=seed)
+    sampler = train_sampler(train_set, ctx.world_size, ctx.rank, data.repeated_augmentations, shuffle, seed)
     train = TensorLoader(train_set, transform, batch, held_on, sampler, seed, ctx.rank, drop_last)
     val = TensorLoader(val_set, transform, batch, held_on, range(ctx.rank, len(val_set), ctx.world_size))
     return Loaders(train, val, sampler)

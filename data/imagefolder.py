@@ -10,13 +10,17 @@ from data.transforms import imagenet_transform
 from errors import ConfigError
 
 SPLITS = ("train", "val")
+PER_IMAGE_TRANSFORMS = True  # PIL images through torchvision transforms (dataset.auto_augment, ...)
+
+
+def count_classes(cfg: DatasetConfig) -> int:
+    """dataset.num_classes=null: as torchvision's ImageFolder, one class per folder of train/."""
+    return len(_classes(_root(cfg) / "train"))
 
 
 def check(cfg: DatasetConfig) -> None:
     """The folders exist, hold the same classes, and as many as the model is built for."""
-    if cfg.root is None:
-        raise ConfigError("dataset.root=null: give the folder that holds train/ and val/ (dataset.root=/data/imagenet)")
-    classes = {split: _classes(Path(cfg.root) / split) for split in SPLITS}
+    classes = {split: _classes(_root(cfg) / split) for split in SPLITS}
     if classes["train"] != classes["val"]:
         raise ConfigError(f"dataset.root={cfg.root}: train/ and val/ must hold the same class folders")
     if len(classes["train"]) != cfg.num_classes:
@@ -35,6 +39,12 @@ def load(cfg: DatasetConfig):
         ImageFolder(str(root / split), transform=imagenet_transform(cfg, train=split == "train"), loader=_open)
         for split in SPLITS
     )
+
+
+def _root(cfg: DatasetConfig) -> Path:
+    if cfg.root is None:
+        raise ConfigError("dataset.root=null: give the folder that holds train/ and val/ (dataset.root=/data/imagenet)")
+    return Path(cfg.root)
 
 
 def _classes(folder: Path) -> list[str]:

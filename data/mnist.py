@@ -14,6 +14,7 @@ from data.download import dataset_root
 from errors import ConfigError
 
 FOLDER = Path("MNIST") / "raw"
+PER_IMAGE_TRANSFORMS = True  # PIL images through torchvision transforms (dataset.auto_augment, ...)
 TRAIN = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte")
 VAL = ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 _UBYTE = 0x08  # idx type code of unsigned bytes, the only one MNIST uses

@@ -2,23 +2,35 @@
 in DataLoader workers), or per batch on the training device (the device loader)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from config.schema import DatasetConfig
+from config.schema import AutoAugment, DatasetConfig
+
+
+def resize_options(cfg: DatasetConfig) -> dict[str, Any]:
+    """The keys that ask for ImageNet-style transforms, those that are set."""
+    keys = ("resize", "val_resize", "train_crop", "val_crop")
+    return {key: getattr(cfg, key) for key in keys if getattr(cfg, key) is not None}
+
+
+def per_image_options(cfg: DatasetConfig) -> dict[str, Any]:
+    """The training augmentations that only the per-image (DataLoader) path has, those that are on."""
+    options = {"auto_augment": cfg.auto_augment.name if cfg.auto_augment else None, "random_erase": cfg.random_erase}
+    return {key: value for key, value in options.items() if value}
 
 
 def sample_transform(cfg: DatasetConfig, train: bool) -> Callable:
     """Small-image transforms, or ImageNet-style ones when the config resizes (`dataset.resize`:
     seed 001 fine-tunes an ImageNet ResNet on CIFAR-10 at 224 px)."""
-    return imagenet_transform(cfg, train) if cfg.resize else small_image_transform(cfg, train)
+    return imagenet_transform(cfg, train) if resize_options(cfg) else small_image_transform(cfg, train)
 
 
 def small_image_transform(cfg: DatasetConfig, train: bool) -> Callable:
-    """CIFAR-10 / MNIST: [RandomCrop(size, padding), RandomHorizontalFlip] for training, then
-    ToTensor and Normalize(mean, std)."""
+    """CIFAR-10 / MNIST: [RandomCrop(size, padding), RandomHorizontalFlip, auto_augment] for
+    training, then ToTensor, Normalize(mean, std) and [RandomErasing]."""
     from torchvision import transforms as T
 
     steps = []
@@ -26,18 +38,43 @@ def small_image_transform(cfg: DatasetConfig, train: bool) -> Callable:
         steps.append(T.RandomCrop(cfg.image_size, padding=cfg.augment.crop_padding))
     if train and cfg.augment.flip:
         steps.append(T.RandomHorizontalFlip())
-    return T.Compose([*steps, T.ToTensor(), *_normalize(cfg)])
+    return T.Compose([*steps, *_policy(cfg, train), T.ToTensor(), *_normalize(cfg), *_erase(cfg, train)])
 
 
 def imagenet_transform(cfg: DatasetConfig, train: bool) -> Callable:
-    """ImageNet-style: RandomResizedCrop(size) + flip for training, Resize + CenterCrop to validate."""
+    """ImageNet-style, as torchvision's presets: RandomResizedCrop(train_crop) + flip +
+    auto_augment for training, Resize(val_resize) + CenterCrop(val_crop) to validate; the sizes
+    default to image_size and resize, the keys seeds 001 and 003 set."""
     from torchvision import transforms as T
 
     if train:
-        steps = [T.RandomResizedCrop(cfg.image_size)] + ([T.RandomHorizontalFlip()] if cfg.augment.flip else [])
+        steps = [T.RandomResizedCrop(cfg.train_crop or cfg.image_size)]
+        steps += [T.RandomHorizontalFlip()] if cfg.augment.flip else []
+        steps += _policy(cfg, train)
     else:
-        steps = [T.Resize(cfg.resize), T.CenterCrop(cfg.image_size)]
-    return T.Compose([*steps, T.ToTensor(), *_normalize(cfg)])
+        steps = [T.Resize(cfg.val_resize or cfg.resize), T.CenterCrop(cfg.val_crop or cfg.image_size)]
+    return T.Compose([*steps, T.ToTensor(), *_normalize(cfg), *_erase(cfg, train)])
+
+
+def _policy(cfg: DatasetConfig, train: bool) -> list[Callable]:
+    """dataset.auto_augment, bilinear as torchvision's reference; the policies' own defaults are
+    the reference's settings (RandAugment magnitude 9, AugMix severity 3)."""
+    from torchvision.transforms import InterpolationMode, autoaugment
+
+    if not train or cfg.auto_augment is None:
+        return []
+    policy = {
+        AutoAugment.ta_wide: autoaugment.TrivialAugmentWide,
+        AutoAugment.ra: autoaugment.RandAugment,
+        AutoAugment.augmix: autoaugment.AugMix,
+    }[cfg.auto_augment]
+    return [policy(interpolation=InterpolationMode.BILINEAR)]
+
+
+def _erase(cfg: DatasetConfig, train: bool) -> list[Callable]:
+    from torchvision import transforms as T
+
+    return [T.RandomErasing(p=cfg.random_erase)] if train and cfg.random_erase else []
 
 
 def _normalize(cfg: DatasetConfig) -> list[Callable]:

@@ -6,11 +6,12 @@ import json
 import pytest
 import torch
 
-from config.schema import LauncherName, StrategyName
+from config.check import optim_config, schedule_config
+from config.schema import LauncherName, LrScaling, OptimConfig, ScheduleConfig, StrategyName
 from tests.conftest import compose_config, run_train
 from tests.dataset_files import write_cifar, write_image_folder, write_mnist
 
-EXPERIMENTS = ("seed000", "seed001", "seed002", "seed003")
+EXPERIMENTS = ("seed000", "seed001", "seed002", "seed003", "tv_resnet50")
 TINY = ("debug=fdr",)  # last, as on a command line: a few CPU batches of the recipe
 
 
@@ -41,6 +42,22 @@ def test_seed003_is_resnet50_ddp_on_an_image_folder():
     cfg = compose_config("experiment=seed003", "dataset.root=/data/imagenet")
     assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, cfg.trainer.batch_size) == ("resnet50", "imagefolder", StrategyName.ddp, 256)
     assert (cfg.optimizer.weight_decay, cfg.scheduler.step_size, cfg.trainer.epochs) == (1e-4, 30, 90)
+
+
+def test_tv_resnet50_is_torchvisions_published_recipe():
+    cfg = compose_config("experiment=tv_resnet50", "dataset.root=/data/imagenet")
+    trainer, optimizer, dataset = cfg.trainer, cfg.optimizer, cfg.dataset
+    assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, trainer.batch_size, trainer.epochs) == (
+        "resnet50", "imagefolder", StrategyName.ddp, 1024, 600)
+    assert (optimizer._target_, optimizer.lr, optimizer.momentum, optimizer.weight_decay, optimizer.nesterov) == (
+        "torch.optim.SGD", 0.5, 0.9, 2e-5, False)
+    assert optim_config(optimizer) == OptimConfig(LrScaling.linear, reference_batch=1024, norm_weight_decay=0.0)
+    assert (trainer.label_smoothing, trainer.mixup_alpha, trainer.cutmix_alpha) == (0.1, 0.2, 1.0)
+    assert (trainer.ema_decay, trainer.ema_every_n_steps) == (0.99998, 32)
+    assert (dataset.auto_augment.name, dataset.random_erase, cfg.data.repeated_augmentations) == ("ta_wide", 0.1, 4)
+    assert (dataset.train_crop, dataset.val_resize, dataset.val_crop) == (176, 232, 224)
+    assert (cfg.scheduler._target_, cfg.scheduler.T_max) == ("torch.optim.lr_scheduler.CosineAnnealingLR", 595)
+    assert schedule_config(cfg.scheduler) == ScheduleConfig(warmup_epochs=5, warmup_start_factor=0.01)
 
 
 def _run(run_dir, *overrides):
@@ -93,3 +110,14 @@ def test_seed003_runs_tiny_on_an_image_folder(tmp_path):
         "trainer.devices=1", "trainer.batch_size=2",
     )
     assert (metrics["model"], metrics["dataset"]) == ("resnet50", "imagefolder")
+
+
+@pytest.mark.slow
+def test_tv_resnet50_runs_tiny_on_an_image_folder(tmp_path):
+    root = write_image_folder(tmp_path / "images", classes=3, per_class=2, size=40)
+    run_dir = tmp_path / "run"
+    metrics = _run(run_dir, "experiment=tv_resnet50", f"dataset.root={root}", "trainer.devices=1", "trainer.batch_size=2")
+    assert (metrics["model"], metrics["dataset"], metrics["steps"]) == ("resnet50", "imagefolder", 2)
+    assert {"val_ema_acc", "val_acc5", "best_weights"} <= set(metrics)
+    lr = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["optimizer"]["param_groups"][0]["initial_lr"]
+    assert lr == pytest.approx(0.5 * 2 / 1024)  # linear scaling from lr 0.5 at batch 1024

@@ -175,3 +175,31 @@ def test_a_failing_rank_ends_the_ddp_job_naming_it_and_leaves_no_process(tmp_pat
     assert "rank 1 failed" in (run_dir / "train.log").read_text()
     assert elapsed < 20, f"{elapsed:.0f} s from the start of training to the end of the job"
     assert run.leftovers() == []
+
+
+# The recipe's stateful parts: mixing draws, the EMA (every 2 steps), per-step warmup, repeated augmentation.
+RECIPE = [
+    "trainer.mixup_alpha=0.2", "trainer.cutmix_alpha=1.0", "trainer.ema_decay=0.99", "trainer.ema_every_n_steps=2",
+    "scheduler.warmup_epochs=1", "data.repeated_augmentations=2",
+]
+
+
+def test_kill_9_mid_epoch_with_mixing_and_ema_then_resume_ends_bitwise_equal(tmp_path):
+    whole, run_dir = tmp_path / "whole", tmp_path / "run"
+    assert run_train(whole, *TINY, *RECIPE).returncode == 0
+    args = (*TINY, *RECIPE, "trainer.checkpoint_every_n_steps=1", "trainer.resume=auto")
+    # Epoch 1 takes 8 training forwards, 2 validation ones and 1 for the sample grid: forward 14 is
+    # epoch 2's third batch, killed (SIGKILL) after last.pt saved its second.
+    killer = ["model._target_=tests.faults.FailingNet", "+model.fail_rank=0", "+model.at_step=14", "+model.kill=true"]
+    run = Run(run_dir, *args, *killer)
+    assert run.finish() == -9, run.output()
+    stopped = _checkpoint(run_dir)
+    assert (stopped["epoch"], stopped["batch"], stopped["step"]) == (1, 2, 10)
+    assert stopped["ema"] is not None and stopped["rng"] is not None
+    result = run_train(run_dir, *args)
+    assert result.returncode == 0, result.stderr
+    resumed, uninterrupted = _checkpoint(run_dir), _checkpoint(whole)
+    _assert_same_weights(resumed, uninterrupted)
+    for key, value in uninterrupted["ema"].items():
+        assert torch.equal(resumed["ema"][key], value), key
+    assert resumed["scheduler"] == uninterrupted["scheduler"]

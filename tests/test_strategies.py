@@ -1,4 +1,5 @@
-"""single ≡ dp ≡ ddp at the same global batch, accumulation ≡ a bigger batch, SyncBatchNorm on CPU.
+"""single ≡ dp ≡ ddp at the same global batch (also with label smoothing, EMA and repeated augmentation),
+accumulation ≡ a bigger batch, SyncBatchNorm on CPU.
 
 The equivalence holds for models without BatchNorm (simple_cnn here): with BatchNorm, DP and DDP
 normalise each device's slice of the batch unless strategy.sync_batchnorm is on. DP runs on CPU
@@ -35,6 +36,8 @@ EQUIVALENCE = (
     "model=simple_cnn", "dataset=digits", "scheduler=none", "trainer.accelerator=cpu", "trainer.epochs=1",
     f"trainer.max_steps={STEPS}", "trainer.limit_val_batches=1", "trainer.progress_bar=false",
 )
+# Label smoothing, an EMA (decay 0.984 per step after torchvision's adjustment) and repeated augmentation.
+RECIPE = ("trainer.label_smoothing=0.1", "trainer.ema_decay=0.999", "data.repeated_augmentations=2")
 RUNS = {  # name: overrides; the ddp runs use 2 processes of B/2
     "single": ("strategy=single", f"trainer.batch_size={B}"),
     "dp": ("strategy=dp", f"trainer.batch_size={B}"),
@@ -43,6 +46,8 @@ RUNS = {  # name: overrides; the ddp runs use 2 processes of B/2
     "single_acc2": ("strategy=single", f"trainer.batch_size={B}", "trainer.accumulate_grad_batches=2"),
     "dp_acc2": ("strategy=dp", f"trainer.batch_size={B}", "trainer.accumulate_grad_batches=2"),
     "ddp_acc2": ("strategy=ddp", "trainer.devices=2", f"trainer.batch_size={B}", "trainer.accumulate_grad_batches=2"),
+    "single_recipe": ("strategy=single", f"trainer.batch_size={B}", *RECIPE),
+    "ddp_recipe": ("strategy=ddp", "trainer.devices=2", f"trainer.batch_size={B}", *RECIPE),
 }
 
 
@@ -116,6 +121,18 @@ def test_accumulating_two_batches_equals_one_batch_twice_as_big(weights):
     for name in ("single_acc2", "dp_acc2", "ddp_acc2"):
         assert _relative_error(weights[name][0], big) <= 1e-5, name
     _assert_replicas_identical(weights["ddp_acc2"])
+
+
+def test_label_smoothing_ema_and_repeated_augmentation_train_the_same_under_ddp(equivalence, weights):
+    (single,) = weights["single_recipe"]
+    assert _relative_error(weights["ddp_recipe"][0], single) <= 1e-5
+    _assert_replicas_identical(weights["ddp_recipe"])
+    out, _ = equivalence
+    ema = {name: _checkpoint(out / name)["ema"] for name in ("single_recipe", "ddp_recipe")}
+    averaged = {name: {k: v for k, v in state.items() if k != "n_averaged"} for name, state in ema.items()}
+    assert _relative_error(averaged["ddp_recipe"], averaged["single_recipe"]) <= 1e-5
+    assert int(ema["ddp_recipe"]["n_averaged"]) == STEPS
+    assert _relative_error(averaged["single_recipe"], {f"module.{k}": v for k, v in single.items()}) > 1e-3
 
 
 def test_the_tolerance_tells_different_training_apart(weights):

@@ -109,6 +109,8 @@ class TrainState:
     best_val_acc: float = -1.0
     batch: int = 0  # batches of `epoch` already trained: a mid-epoch checkpoint resumes after them
     rng: list[torch.Tensor] | None = None  # this rank's RNG state to restore once those batches are skipped
+    best_val_acc5: float = -1.0
+    best_weights: str = "model"  # which of a checkpoint's weights scored best_val_acc: model or ema
 
 
 class Checkpointer:
@@ -121,11 +123,12 @@ class Checkpointer:
 
     def __init__(
         self, ctx: DistContext, directory: Path, model: nn.Module, optimizer, scheduler, config_yaml: str,
-        scaler: torch.amp.GradScaler | None = None,
+        scaler: torch.amp.GradScaler | None = None, ema: nn.Module | None = None,
     ):
         self.ctx, self.directory = ctx, directory
         self.model, self.optimizer, self.scheduler = unwrap(model), optimizer, scheduler
         self.scaler = scaler  # fp16's loss scale: resuming without it would re-learn it with skipped steps
+        self.ema = ema  # trainer.ema_decay's averaged weights
         self.config_yaml = config_yaml
         self._best_on_disk = _best_in(directory / "best.pt") if ctx.is_main else None
         self._writer: ThreadPoolExecutor | None = None
@@ -142,9 +145,12 @@ class Checkpointer:
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,  # {} when disabled
+                "ema": self.ema.state_dict() if self.ema is not None else None,
                 "epoch": state.epoch,
                 "step": state.step,
                 "best": state.best_val_acc,
+                "best_acc5": state.best_val_acc5,
+                "best_weights": state.best_weights,
                 "batch": state.batch,
                 "rng": rng,
                 "config": self.config_yaml,
@@ -184,7 +190,14 @@ class Checkpointer:
             self.scheduler.load_state_dict(checkpoint["scheduler"])
         if self.scaler is not None and checkpoint.get("scaler"):
             self.scaler.load_state_dict(checkpoint["scaler"])
-        state = TrainState(checkpoint["epoch"], checkpoint["step"], checkpoint["best"], checkpoint.get("batch", 0))
+        if self.ema is not None and checkpoint.get("ema") is not None:
+            self.ema.load_state_dict(checkpoint["ema"])
+        elif self.ema is not None:
+            log.warning("%s holds no EMA weights: the average starts afresh from the restored model", path)
+        state = TrainState(
+            checkpoint["epoch"], checkpoint["step"], checkpoint["best"], checkpoint.get("batch", 0),
+            best_val_acc5=checkpoint.get("best_acc5", -1.0), best_weights=checkpoint.get("best_weights", "model"),
+        )
         rng = checkpoint.get("rng")
         if rng is not None and len(rng) == self.ctx.world_size:
             state.rng = rng[self.ctx.rank]

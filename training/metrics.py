@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from distributed.collectives import all_reduce_sum
 from distributed.context import DistContext
@@ -14,17 +15,28 @@ class Averages:
     loss: float
     acc: float  # fraction 0..1
     samples: int
+    acc5: float | None = None  # the label among the 5 highest logits (validation only)
 
 
 class Accumulator:
-    def __init__(self, device: torch.device) -> None:
-        self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss*n, correct, n
+    def __init__(self, device: torch.device, top5: bool = False) -> None:
+        self.sums = torch.zeros(4 if top5 else 3, dtype=torch.float64, device=device)  # loss*n, correct, n[, top-5]
 
     def update(self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> None:
         n = targets.shape[0]
         self.sums[0] += loss.detach() * n
         self.sums[1] += (logits.argmax(dim=1) == targets).sum()
         self.sums[2] += n
+
+    def update_validation(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        """Per-sample losses summed in float64, and top-5 hits (needs top5=True). Per-batch float32
+        means made the loss depend on the split into batches and ranks (digits, 2 ranks: in its
+        9th digit); these sums move by float64 rounding at most (not at all in the tests)."""
+        self.sums[0] += F.cross_entropy(logits, targets, reduction="none").double().sum()
+        self.sums[1] += (logits.argmax(dim=1) == targets).sum()
+        self.sums[2] += targets.shape[0]
+        top = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        self.sums[3] += (top == targets[:, None]).any(dim=1).sum()
 
     def all_reduce(self, ctx: DistContext) -> "Accumulator":
         """Sum over ranks in place: afterwards every rank holds the global figures."""
@@ -38,8 +50,9 @@ class Accumulator:
         self.sums.zero_()
 
     def averages(self) -> Averages:
-        loss_sum, correct, n = self.sums.tolist()  # the one host sync
-        return Averages(loss_sum / max(n, 1), correct / max(n, 1), int(n))
+        loss_sum, correct, n, *top5 = self.sums.tolist()  # the one host sync
+        n_ = max(n, 1)
+        return Averages(loss_sum / n_, correct / n_, int(n), top5[0] / n_ if top5 else None)
 
 
 class Window:

@@ -14,10 +14,15 @@ from distributed import context, strategies
 from distributed.context import DistContext
 from errors import Preempted
 from training.checkpoint import Checkpointer, TrainState, find_resume
+from training.ema import EMA, adjusted_decay
+from training.evaluation import test
 from training.metrics import reset_peak_memory
+from training.mixing import Mixing
+from training.optim import parameter_groups
 from training.precision import Precision
 from training.preemption import PreemptionWatch, parse_signals
 from training.reporting import Reporter, configure_logging
+from training.schedule import with_warmup
 from training.trainer import Trainer
 
 log = logging.getLogger("train")
@@ -29,7 +34,7 @@ def run(ctx: DistContext, job: RunConfig) -> None:
     context.init(ctx, job.launcher.timeout_s)
     finished = False
     try:
-        train(ctx, job)
+        (test if job.trainer.test_only else train)(ctx, job)
         finished = True
     except Preempted:
         finished = True  # every rank stopped at the same step: leave together, after rank 0 saved
@@ -62,10 +67,17 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     strategy = strategies.get(job.strategy)
     precision = Precision.of(settings.precision, ctx.device)
     model = strategy.wrap(net, ctx, settings.compile, precision.dtype)
-    optimizer = job.optimizer(model.parameters())
+    optimizer = job.optimizer(parameter_groups(model, job.optim.norm_weight_decay))
     scheduler = job.scheduler(optimizer) if job.scheduler is not None else None
+    scheduler = with_warmup(optimizer, scheduler, job.schedule, settings, len(loaders.train))
+    ema = None
+    if settings.ema_decay is not None:  # of the trained module: sync_batchnorm may have replaced `net`'s layers
+        ema = EMA(strategies.unwrap(model), adjusted_decay(settings), job.schedule.warmup_epochs)
+        log.info("EMA every %d step(s), decay %.6g per update", settings.ema_every_n_steps, adjusted_decay(settings))
     scaler = precision.grad_scaler()
-    checkpointer = Checkpointer(ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler)
+    checkpointer = Checkpointer(
+        ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema
+    )
     resume = find_resume(settings.resume, job.run_dir)
     state = checkpointer.restore(resume) if resume else TrainState()
     log.info(
@@ -75,7 +87,8 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     )
     reporter = Reporter(ctx, job.run_dir, job.logger)
     trainer = Trainer(
-        model, strategy, optimizer, scheduler, loaders, checkpointer, reporter, scaler, ctx, settings, state, preemption
+        model, strategy, optimizer, scheduler, loaders, checkpointer, reporter, scaler, ctx, settings, state,
+        preemption, ema, Mixing.of(settings, job.dataset.num_classes, ctx.rank),
     )
     try:
         metrics = trainer.fit()

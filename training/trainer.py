@@ -20,10 +20,13 @@ from distributed.context import DistContext, epoch_seed
 from distributed.strategies import Strategy, unwrap
 from errors import NonFiniteLoss
 from training.checkpoint import Checkpointer, TrainState, restore_rng
+from training.ema import EMA
 from training.metrics import Accumulator, Averages, Window, peak_memory_mb
+from training.mixing import Mixing
 from training.precision import Precision
 from training.preemption import PreemptionWatch
 from training.reporting import Reporter
+from training.schedule import Warmup
 
 log = logging.getLogger("train")
 
@@ -64,9 +67,15 @@ class Trainer:
         settings: TrainerConfig,
         state: TrainState | None = None,
         preemption: PreemptionWatch | None = None,
+        ema: EMA | None = None,
+        mixing: Mixing | None = None,
     ) -> None:
-        """`model` is wrapped by `strategy` already; `settings` are read here, once, not per step."""
+        """`model` is wrapped by `strategy` already; `settings` are read here, once, not per step.
+        `scheduler` may be a Warmup, which also steps after every optimizer step."""
         self.model, self.strategy, self.optimizer, self.scheduler = model, strategy, optimizer, scheduler
+        self.warmup = scheduler if isinstance(scheduler, Warmup) else None
+        self.ema, self.mixing = ema, mixing
+        self.net = unwrap(model)  # what the EMA averages
         self.loaders, self.checkpointer, self.reporter, self.ctx = loaders, checkpointer, reporter, ctx
         self.state = state or TrainState()
         self.preemption = preemption
@@ -81,6 +90,8 @@ class Trainer:
         self.accumulate = settings.accumulate_grad_batches
         self.skip_nonfinite = settings.nonfinite == NonFinite.skip
         self.set_to_none = strategy.zero_grad_to_none
+        self.label_smoothing = settings.label_smoothing
+        self.ema_every = settings.ema_every_n_steps
         limit = settings.overfit_batches or settings.limit_train_batches
         self.train_batches = Batches(ctx.device, limit)
         self.val_batches = Batches(ctx.device, settings.overfit_batches or settings.limit_val_batches)
@@ -92,30 +103,32 @@ class Trainer:
         """Train from `state.epoch` to `epochs` (or `max_steps`); return the final figures."""
         state, settings = self.state, self.settings
         samples_per_s: list[float] = []
-        train = val = memory = None
+        train = val = ema = memory = None
         while state.epoch < settings.epochs and not self._done():
             epoch = state.epoch
             train, speed = self.train_epoch()
             self._raise_if_nonfinite()
             val = self.evaluate(self.loaders.val)
+            ema = self.evaluate(self.loaders.val, self.ema.module) if self.ema is not None else None
             samples_per_s.append(speed)
             if self.scheduler is not None:
                 self.scheduler.step()
             state.epoch, state.batch, state.rng = epoch + 1, 0, None  # rng: unused if resumed at the epoch's end
-            improved = val.acc > state.best_val_acc
-            state.best_val_acc = max(state.best_val_acc, val.acc)
+            improved = self._note_best(val, ema)
             memory = peak_memory_mb(self.ctx)  # per device: DP's first card holds more
             self.reporter.scalars(
                 state.step,
                 {
-                    "val/loss": val.loss, "val/acc": val.acc, "throughput/samples_per_s": speed,
+                    "val/loss": val.loss, "val/acc": val.acc, "val/acc5": val.acc5, "throughput/samples_per_s": speed,
+                    **({"val_ema/loss": ema.loss, "val_ema/acc": ema.acc, "val_ema/acc5": ema.acc5} if ema else {}),
                     **{f"memory/peak_mb/device{i}": mb for i, mb in enumerate(memory or [])},
                 },
             )
             self.reporter.samples(state.step, self.model, self.loaders.val)
             log.info(
-                "epoch %d/%d  train loss %.4f acc %.4f  val loss %.4f acc %.4f  %.0f samples/s",
-                epoch + 1, settings.epochs, train.loss, train.acc, val.loss, val.acc, speed,
+                "epoch %d/%d  train loss %.4f acc %.4f  val loss %.4f acc %.4f acc5 %.4f%s  %.0f samples/s",
+                epoch + 1, settings.epochs, train.loss, train.acc, val.loss, val.acc, val.acc5,
+                f"  ema loss {ema.loss:.4f} acc {ema.acc:.4f} acc5 {ema.acc5:.4f}" if ema else "", speed,
             )
             if improved:
                 self.checkpointer.save_best(state)
@@ -130,8 +143,12 @@ class Trainer:
         steady = samples_per_s[1:] or samples_per_s
         return {
             "val_acc": val.acc,
+            "val_acc5": val.acc5,
             "val_loss": val.loss,
+            **({"val_ema_acc": ema.acc, "val_ema_acc5": ema.acc5, "val_ema_loss": ema.loss} if ema else {}),
             "best_val_acc": state.best_val_acc,
+            "best_val_acc5": state.best_val_acc5,
+            "best_weights": state.best_weights,
             "train_loss": train.loss,
             "train_acc": train.acc,
             "train_samples_per_s": statistics.median(steady),
@@ -166,16 +183,21 @@ class Trainer:
             if state.rng is not None:  # resumed mid-epoch: continue the random stream where it stopped
                 restore_rng(state.rng, ctx)
                 state.rng = None
+            x, y, labels = self.mixing(x, y, state.epoch, i) if self.mixing is not None else (x, y, y)
             group_start = i - i % accumulate
             group_size = min(accumulate, num_batches - group_start)
             last_of_group = i == group_start + group_size - 1
             logits, loss = self.step(x, y, group_size, sync=last_of_group)
-            self.window.update(loss, logits, y, state.step + 1)
+            self.window.update(loss, logits, labels, state.step + 1)
             bar.update()
             if not last_of_group:
                 continue
             self.optimizer_step()
             state.step += 1
+            if self.warmup is not None:
+                self.warmup.step_update(state.step)
+            if self.ema is not None and state.step % self.ema_every == 0:
+                self.ema.update_parameters(self.net, state.epoch)
             state.batch = i + 1  # micro-batches of this epoch done: a mid-epoch resume skips them
             steps_in_window += 1
             if not self._announced:
@@ -217,11 +239,11 @@ class Trainer:
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.precision.dtype is None:
             logits = self.model(x)
-            loss = F.cross_entropy(logits, y)
+            loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
         else:
             with self.precision.autocast():
                 logits = self.model(x)
-                loss = F.cross_entropy(logits, y)
+                loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
         share = loss / group_size if group_size > 1 else loss
         (self.scaler.scale(share) if self.scaled else share).backward()
         return logits, loss
@@ -252,8 +274,18 @@ class Trainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=self.set_to_none)
 
-    def evaluate(self, loader: Iterable) -> Averages:
-        return evaluate(self.model, loader, self.val_batches, self.ctx)
+    def evaluate(self, loader: Iterable, model: nn.Module | None = None) -> Averages:
+        return evaluate(self.model if model is None else model, loader, self.val_batches, self.ctx)
+
+    def _note_best(self, val: Averages, ema: Averages | None) -> bool:
+        """The best accuracy of any weights evaluated (the model's, or the EMA's), and whose it was."""
+        state = self.state
+        state.best_val_acc5 = max(state.best_val_acc5, val.acc5, ema.acc5 if ema else -1.0)
+        acc, weights = (ema.acc, "ema") if ema is not None and ema.acc > val.acc else (val.acc, "model")
+        if acc <= state.best_val_acc:
+            return False
+        state.best_val_acc, state.best_weights = acc, weights
+        return True
 
     def _raise_if_nonfinite(self) -> None:
         """Before anything is saved, and at each report: every rank learns the earliest bad step."""
@@ -282,12 +314,11 @@ class Trainer:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable, batches: Batches, ctx: DistContext) -> Averages:
-    """Loss and accuracy over every rank's validation shard, summed across ranks."""
+    """Loss, accuracy and top-5 over every rank's validation shard, summed across ranks."""
     net = unwrap(model)  # DDP's forward would try to sync buffers; shards may differ in length
     net.eval()
-    sums = Accumulator(ctx.device)
+    sums = Accumulator(ctx.device, top5=True)
     for x, y in batches.take(loader):
-        logits = net(x)
-        sums.update(F.cross_entropy(logits, y), logits, y)
+        sums.update_validation(net(x), y)
     net.train()
     return sums.all_reduce(ctx).averages()

@@ -1,0 +1,294 @@
+"""The recipe knobs' math, each against a hand computation: warmup, lr scaling, weight-decay
+groups, label smoothing, MixUp/CutMix, EMA, top-5, repeated augmentation, torchvision models."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from config.check import check
+from config.schema import LrScaling, OptimConfig, TrainerConfig
+from data.sampler import RepeatedAugmentationSampler
+from data.transforms import sample_transform
+from errors import ConfigError
+from models.zoo import check as check_torchvision, torchvision_classifier
+from training.ema import EMA, adjusted_decay
+from training.metrics import Accumulator
+from training.mixing import Mixing
+from training.optim import parameter_groups, scaled_lr
+from training.schedule import Warmup
+from tests.conftest import typed_config
+from tests.dataset_files import write_image_folder
+from tests.test_train_step import _trainer
+
+
+def _sgd(lr: float = 1.0) -> torch.optim.SGD:
+    return torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=lr)
+
+
+def test_warmup_rises_linearly_every_step_then_hands_over_to_the_epoch_scheduler():
+    optimizer = _sgd()
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=2)
+    warmup = Warmup(optimizer, cosine, start_factor=0.01, epochs=1, steps=4)  # 1 epoch of 4 steps
+    lrs = [optimizer.param_groups[0]["lr"]]
+    for step in range(1, 5):
+        warmup.step_update(step)
+        lrs.append(optimizer.param_groups[0]["lr"])
+    assert lrs == pytest.approx([0.01, 0.2575, 0.505, 0.7525, 1.0])
+    optimizer.step()  # (torch warns about a scheduler stepped before its optimizer)
+    warmup.step()  # end of the warmup epoch: cosine starts at its beginning
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1.0)
+    warmup.step_update(6)
+    warmup.step()  # the first cosine epoch ends: cos(pi / 2)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5)
+    resumed_optimizer = _sgd()
+    resumed_optimizer.load_state_dict(optimizer.state_dict())
+    resumed = Warmup(
+        resumed_optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(resumed_optimizer, T_max=2), 0.01, 1, 4
+    )
+    resumed.load_state_dict(warmup.state_dict())
+    resumed.step()
+    warmup.step()
+    assert resumed_optimizer.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_warmup_without_an_epoch_scheduler_ends_at_the_lr():
+    optimizer = _sgd(0.4)
+    warmup = Warmup(optimizer, None, start_factor=0.5, epochs=2, steps=2)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.2)
+    warmup.step_update(1)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.3)
+    for _ in range(3):
+        warmup.step_update(2)
+        warmup.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.4)
+
+
+def test_linear_lr_scaling_multiplies_by_the_samples_per_step_over_the_reference_batch():
+    trainer = TrainerConfig(batch_size=256, accumulate_grad_batches=2)
+    assert scaled_lr(0.5, OptimConfig(LrScaling.linear, reference_batch=1024), trainer) == pytest.approx(0.25)
+    assert scaled_lr(0.5, OptimConfig(LrScaling.none, reference_batch=1024), trainer) == 0.5
+
+
+def test_norm_weight_decay_takes_normalisation_layers_and_biases_out_of_the_decayed_group():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(2))
+    model(torch.zeros(1, 3, 5, 5))
+    groups = parameter_groups(model, 0.0)
+    optimizer = torch.optim.SGD(groups, lr=0.1, weight_decay=1e-4)
+    decayed, exempt = optimizer.param_groups
+    assert [p.shape for p in decayed["params"]] == [model[0].weight.shape, model[3].weight.shape]
+    assert decayed["weight_decay"] == 1e-4
+    assert {id(p) for p in exempt["params"]} == {id(model[1].weight), id(model[1].bias), id(model[3].bias)}
+    assert exempt["weight_decay"] == 0.0
+    assert len(torch.optim.SGD(parameter_groups(model, None), lr=0.1).param_groups) == 1
+
+
+def test_label_smoothing_blends_the_label_with_a_uniform_target(tmp_path):
+    identity = nn.Linear(3, 3, bias=False)
+    nn.init.eye_(identity.weight)  # logits = inputs
+    trainer = _trainer(identity, tmp_path, label_smoothing=0.3)
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]])
+    targets = torch.tensor([0, 1])
+    _, loss = trainer.step(logits, targets, group_size=1, sync=True)
+    log_p = torch.log_softmax(logits, dim=1)
+    expected = (0.7 * -log_p[[0, 1], targets] + 0.3 * -log_p.mean(dim=1)).mean()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def _mixed(alpha_mixup: float, alpha_cutmix: float, batch: int = 0):
+    images = torch.arange(8, dtype=torch.float32).view(8, 1, 1, 1).expand(8, 3, 6, 6).contiguous()
+    labels = torch.arange(8) % 5
+    return images, labels, Mixing(alpha_mixup, alpha_cutmix, num_classes=5, seed=0, rank=0)(images, labels, 3, batch)
+
+
+def test_mixup_blends_each_image_with_its_neighbour_and_the_targets_alike():
+    images, labels, (mixed, targets, dominant) = _mixed(0.2, 0.0)
+    assert mixed.shape == images.shape and targets.shape == (8, 5)
+    lam = targets[0, labels[0]].item()
+    assert 0 < lam < 1
+    rolled = images.roll(1, 0)
+    assert torch.allclose(mixed, lam * images + (1 - lam) * rolled)
+    assert torch.allclose(targets, lam * F.one_hot(labels, 5) + (1 - lam) * F.one_hot(labels.roll(1), 5))
+    assert torch.equal(dominant, labels if lam >= 0.5 else labels.roll(1))
+
+
+def test_cutmix_pastes_one_box_and_weights_the_targets_by_its_area():
+    images, labels, (mixed, targets, dominant) = _mixed(0.0, 1.0)
+    pasted = mixed != images  # sample i holds the value i, its neighbour i - 1 (sample 0's: 7) another
+    assert all(torch.equal(pasted[i], pasted[0]) for i in range(8))  # one box for the whole batch
+    area = pasted[0].float().mean().item()
+    assert 0 < area < 1
+    assert targets[1, labels[0]].item() == pytest.approx(area) and targets[1, labels[1]].item() == pytest.approx(1 - area)
+    assert torch.equal(dominant, labels if area <= 0.5 else labels.roll(1))
+
+
+def test_mixing_draws_from_its_own_seeded_stream():
+    before = torch.get_rng_state()
+    _, _, first = _mixed(0.2, 1.0, batch=4)
+    _, _, again = _mixed(0.2, 1.0, batch=4)
+    _, _, other = _mixed(0.2, 1.0, batch=5)
+    assert torch.equal(torch.get_rng_state(), before)  # dropout's stream is left alone
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not torch.equal(first[1], other[1])
+
+
+def test_ema_after_k_updates_matches_a_hand_computation():
+    model = nn.Sequential(nn.Linear(2, 1), nn.BatchNorm1d(1))
+    ema = EMA(model, decay=0.75)
+    expected = None
+    for k, value in enumerate([1.0, 3.0, -2.0, 5.0]):
+        with torch.no_grad():
+            model[0].weight.fill_(value)
+            model[1].running_mean.fill_(2 * value)
+        ema.update_parameters(model)
+        expected = value if expected is None else 0.75 * expected + 0.25 * value  # the first update copies
+        assert ema.module[0].weight.flatten().tolist() == pytest.approx([expected] * 2), k
+        assert ema.module[1].running_mean.item() == pytest.approx(2 * expected), k  # buffers too
+    assert int(ema.n_averaged) == 4
+
+
+def test_ema_copies_the_weights_during_warmup_epochs():
+    model = nn.Linear(1, 1)
+    ema = EMA(model, decay=0.5, warmup_epochs=1)
+    for value, epoch in ((1.0, 0), (3.0, 0), (5.0, 1), (7.0, 1)):
+        with torch.no_grad():
+            model.weight.fill_(value)
+        ema.update_parameters(model, epoch)
+    assert ema.module.weight.item() == pytest.approx(0.5 * 5.0 + 0.5 * 7.0)  # copied 5 after warmup, then averaged
+
+
+def test_ema_decay_is_adjusted_for_batch_interval_and_epochs_as_torchvision_does():
+    settings = TrainerConfig(batch_size=1024, epochs=600, ema_decay=0.99998, ema_every_n_steps=32)
+    assert adjusted_decay(settings) == pytest.approx(1 - 2e-5 * 1024 * 32 / 600)
+    assert adjusted_decay(TrainerConfig(batch_size=1024, epochs=1, ema_decay=0.9)) == 0.0  # capped: copies
+
+
+def test_top5_counts_the_label_among_the_five_highest_logits():
+    logits = torch.tensor([
+        [9.0, 8, 7, 6, 5, 4, 3],  # label 0: top-1
+        [9.0, 8, 7, 6, 5, 4, 3],  # label 4: fifth, top-5 only
+        [9.0, 8, 7, 6, 5, 4, 3],  # label 5: sixth, neither
+        [0.0, 1, 2, 3, 4, 5, 6],  # label 2: fifth from the top
+    ])
+    targets = torch.tensor([0, 4, 5, 2])
+    whole = Accumulator(torch.device("cpu"), top5=True)
+    whole.update_validation(logits, targets)
+    figures = whole.averages()
+    assert (figures.acc, figures.acc5, figures.samples) == (0.25, 0.75, 4)
+    split = Accumulator(torch.device("cpu"), top5=True)  # as two ranks' shards summed
+    split.update_validation(logits[::2], targets[::2])
+    split.update_validation(logits[1::2], targets[1::2])
+    assert split.averages() == figures
+    assert Accumulator(torch.device("cpu")).averages().acc5 is None  # training counts no top-5
+
+
+def test_repeated_augmentation_gives_each_drawn_image_to_consecutive_ranks():
+    data = list(range(10))
+    single = RepeatedAugmentationSampler(data, num_replicas=1, rank=0, repetitions=3, seed=7)
+    ranks = [RepeatedAugmentationSampler(data, num_replicas=2, rank=r, repetitions=3, seed=7) for r in range(2)]
+    order = list(single)
+    assert len(order) == len(single) == 10  # an epoch draws as many samples as the set holds
+    assert order[:3] == [order[0]] * 3 and len(set(order)) == 4  # ceil(10 / 3) images, 3 times each
+    interleaved = [index for pair in zip(*map(list, ranks)) for index in pair]
+    assert interleaved == order  # the ranks' strides together are the single process's order
+    single.set_epoch(1)
+    assert list(single) != order and list(single) == list(single)
+
+
+def test_torchvision_names_are_checked_with_the_closest_suggested():
+    with pytest.raises(ConfigError, match=r"model.arch=resnt50: .*closest: resnet50"):
+        check_torchvision("resnt50", in_channels=3, num_classes=10)
+    with pytest.raises(ConfigError, match="3-channel images but the dataset has 1"):
+        check_torchvision("resnet18", in_channels=1, num_classes=10)
+
+
+def test_torchvision_weights_load_all_but_a_head_sized_for_other_classes(tmp_path):
+    torch.manual_seed(0)
+    source = torchvision_classifier("resnet18", num_classes=1000)
+    torch.save(source.state_dict(), tmp_path / "resnet18.pth")
+    model = torchvision_classifier("resnet18", num_classes=3, weights=str(tmp_path / "resnet18.pth"))
+    assert torch.equal(model.conv1.weight, source.conv1.weight) and model.fc.out_features == 3
+    torch.save(torchvision_classifier("resnet34", 10).state_dict(), tmp_path / "resnet34.pth")
+    with pytest.raises(ConfigError, match="not a state_dict of this architecture"):
+        torchvision_classifier("resnet18", num_classes=3, weights=str(tmp_path / "resnet34.pth"))
+
+
+def test_an_image_folder_counts_its_classes_for_the_model(tmp_path):
+    root = write_image_folder(tmp_path, classes=3, per_class=1, size=8)
+    cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "model=simple_cnn")
+    check(cfg)
+    assert cfg.dataset.num_classes == cfg.model["num_classes"] == 3
+
+
+def test_recipe_sizes_and_augmentations_reach_the_transforms(tmp_path):
+    root = write_image_folder(tmp_path, classes=2, per_class=1, size=300)
+    cfg = typed_config(
+        "dataset=imagefolder", f"dataset.root={root}", "dataset.train_crop=176", "dataset.val_resize=232",
+        "dataset.auto_augment=ta_wide", "dataset.random_erase=0.1",
+    ).dataset
+    from PIL import Image
+
+    image = Image.new("RGB", (300, 260))
+    train, val = sample_transform(cfg, train=True), sample_transform(cfg, train=False)
+    assert train(image).shape == (3, 176, 176) and val(image).shape == (3, 224, 224)
+    names = [type(t).__name__ for t in train.transforms]
+    assert names == ["RandomResizedCrop", "RandomHorizontalFlip", "TrivialAugmentWide", "ToTensor", "Normalize",
+                     "RandomErasing"]
+    assert [type(t).__name__ for t in val.transforms][:2] == ["Resize", "CenterCrop"]
+    assert val.transforms[0].size == 232
+
+
+def test_a_checkpoint_resumes_only_with_the_warmup_it_trained_with(tmp_path):
+    from models.mnist_net import MnistNet
+    from training.checkpoint import save_checkpoint
+
+    model = MnistNet(1, 10, 8)
+    for name, scheduler in (("warm", {"target": [0.1], "epoch": 1, "last_step": 3, "after": None}), ("plain", None)):
+        save_checkpoint({"model": model.state_dict(), "optimizer": {}, "scheduler": scheduler, "epoch": 1, "step": 3,
+                         "best": 0.5}, tmp_path / f"{name}.pt")
+    with pytest.raises(ConfigError, match="warm.pt trained with a warmup and cannot continue without one"):
+        check(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}"))
+    with pytest.raises(ConfigError, match="plain.pt trained without a warmup.*scheduler.warmup_epochs"):
+        check(typed_config(f"trainer.resume={tmp_path / 'plain.pt'}", "scheduler.warmup_epochs=2"))
+    check(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}", "scheduler.warmup_epochs=2"))
+    check(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}", "trainer.test_only=true"))
+
+
+@pytest.mark.parametrize("policy, name", [("ra", "RandAugment"), ("augmix", "AugMix")])
+def test_every_auto_augment_policy_transforms_small_grey_and_colour_images(policy, name):
+    from PIL import Image
+
+    for dataset, mode in (("mnist", "L"), ("cifar10", "RGB")):
+        cfg = typed_config(f"dataset={dataset}", f"dataset.auto_augment={policy}").dataset
+        transform = sample_transform(cfg, train=True)
+        assert name in [type(t).__name__ for t in transform.transforms]
+        size = cfg.image_size
+        assert transform(Image.new(mode, (size, size), 128)).shape == (cfg.channels, size, size)
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["trainer.label_smoothing=1.0"], ["trainer.label_smoothing=1.0"]),
+        (["trainer.ema_decay=1.5"], ["trainer.ema_decay=1.5", "0.99998"]),
+        (["trainer.mixup_alpha=-1"], ["trainer.mixup_alpha=-1"]),
+        (["scheduler.warmup_start_factor=0"], ["scheduler.warmup_start_factor=0"]),
+        (["optimizer.lr_scaling=sqrt"], ["optimizer.lr_scaling=sqrt", "none, linear"]),
+        (["optimizer.reference_batch=0"], ["optimizer.reference_batch=0"]),
+        (["data.repeated_augmentations=0"], ["data.repeated_augmentations=0"]),
+        (["dataset.auto_augment=ta_wide"], ["dataset.auto_augment=ta_wide", "dataset=digits"]),
+        (["dataset=mnist", "data.loader=device", "dataset.random_erase=0.5"],
+         ["data.loader=device", "dataset.random_erase=0.5", "data.loader=dataloader"]),
+        (["dataset=cifar10", "dataset.train_crop=24"], ["dataset.train_crop=24", "dataset.val_resize"]),
+        (["trainer.test_only=true"], ["trainer.test_only=true", "trainer.resume=<checkpoint>"]),
+        (["model=torchvision", "dataset=synthetic", "model.weights=/nowhere.pth"], ["model.weights=/nowhere.pth"]),
+    ],
+)
+def test_recipe_keys_are_checked_before_launch(overrides, words):
+    with pytest.raises(ConfigError) as error:
+        check(typed_config("trainer.accelerator=cpu", *overrides))
+    message = str(error.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, message

@@ -1,0 +1,42 @@
+"""The optimizer's side of a recipe: the lr scaled to the batch, and weight-decay groups."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from torch import nn
+
+from config.schema import LrScaling, OptimConfig, TrainerConfig
+
+# torchvision's set_weight_decay: the layers whose parameters take optimizer.norm_weight_decay
+NORM_LAYERS = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.modules.instancenorm._InstanceNorm,
+    nn.LocalResponseNorm,
+)
+
+
+def scaled_lr(lr: float, optim: OptimConfig, trainer: TrainerConfig) -> float:
+    """lr_scaling=linear (Goyal et al.): an optimizer step that sees k times reference_batch
+    samples takes k times the lr."""
+    if optim.lr_scaling == LrScaling.none:
+        return lr
+    return lr * trainer.batch_size * trainer.accumulate_grad_batches / optim.reference_batch
+
+
+def parameter_groups(model: nn.Module, norm_weight_decay: float | None) -> Iterable[Any]:
+    """optimizer.norm_weight_decay=null: one group, as before. Otherwise the parameters of
+    normalisation layers and every bias form a second group with that weight decay (torchvision's
+    set_weight_decay with its norm and bias keys both set to it); the rest keep the optimizer's."""
+    if norm_weight_decay is None:
+        return model.parameters()
+    decayed, exempt, seen = [], [], set()
+    for module in model.modules():
+        for name, parameter in module.named_parameters(recurse=False):
+            if not parameter.requires_grad or id(parameter) in seen:  # tied weights: one group only
+                continue
+            seen.add(id(parameter))
+            (exempt if isinstance(module, NORM_LAYERS) or name == "bias" else decayed).append(parameter)
+    groups = [{"params": decayed}, {"params": exempt, "weight_decay": norm_weight_decay}]
+    return [group for group in groups if group["params"]]
