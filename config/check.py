@@ -219,7 +219,7 @@ def run_config(
         labels=labels,
         hparams=_hparams(cfg, settings, labels, optimizer.get("lr")),
         swept=swept,
-        config_yaml=OmegaConf.to_yaml(cfg),
+        config_yaml=OmegaConf.to_yaml(cfg, resolve=True),  # the values this run used
     )
 
 
