@@ -22,12 +22,6 @@ class Accumulator:
     def __init__(self, device: torch.device, top5: bool = False) -> None:
         self.sums = torch.zeros(4 if top5 else 3, dtype=torch.float64, device=device)  # loss*n, correct, n[, top-5]
 
-    def update(self, loss: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        n = targets.shape[0]
-        self.sums[0] += loss.detach() * n
-        self.sums[1] += (logits.argmax(dim=1) == targets).sum()
-        self.sums[2] += n
-
     def update_validation(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
         """Per-sample losses summed in float64, and top-5 hits (needs top5=True). Per-batch float32
         means made the loss depend on the split into batches and ranks (digits, 2 ranks: in its
@@ -45,9 +39,6 @@ class Accumulator:
 
     def add(self, other: "Accumulator") -> None:
         self.sums += other.sums
-
-    def reset(self) -> None:
-        self.sums.zero_()
 
     def averages(self) -> Averages:
         loss_sum, correct, n, *top5 = self.sums.tolist()  # the one host sync
