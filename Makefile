@@ -1,11 +1,13 @@
-# make train: set up .venv (first time, or when requirements.txt changed) and train the default job.
-# make test:  the same set-up, then the test suite.
+# make train:      set up .venv (first time, or when requirements.txt changed) and train the default job.
+# make test:       the same set-up, then the whole test suite (what CI runs).
+# make test-fast:  the suite less the tests marked slow (end-to-end train.py runs): the inner loop.
+# make bench-deps: Lightning and what it needs, for python -m bench.peers (requirements-bench.txt).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test
+.PHONY: train test test-fast bench-deps
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,3 +19,9 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+bench-deps: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-bench.txt

@@ -1,14 +1,20 @@
 """The baseline: the 20-line loop the seeds write by hand, on the same model, data and optimizer.
 
 python -m bench.plain_loop --model simple_cnn --channels 3 --image-size 32 ...  → one JSON line.
+
+--sliced drops the DataLoader: each batch is a slice of the in-memory tensors by a random
+permutation, the cheapest way to feed a model (bench.peers' floor). --max-steps stops after that
+many optimizer steps; --val-size adds one validation batch per epoch, as the peers job does.
+Threads: torch's default, which train.py also leaves a single process (OMP_NUM_THREADS sets both).
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import os
 import statistics
 import time
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -18,39 +24,60 @@ from models.mnist_net import MnistNet
 from models.simple_cnn import SimpleCNN
 
 NETS = {"simple_cnn": SimpleCNN, "mnist_net": MnistNet}
+SGD = {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True}  # conf/optimizer/sgd.yaml
+
+
+def sliced(x: torch.Tensor, y: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for idx in torch.randperm(len(x)).split(batch_size):
+        yield x[idx], y[idx]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=NETS, required=True)
     parser.add_argument("--channels", type=int, required=True)
     parser.add_argument("--image-size", type=int, required=True)
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--train-size", type=int, required=True)
+    parser.add_argument("--val-size", type=int, default=0)
     parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--epochs", type=int, required=True)
+    parser.add_argument("--epochs", type=int, help="default: until --max-steps")
+    parser.add_argument("--max-steps", type=int)
+    parser.add_argument("--sliced", action="store_true")
     args = parser.parse_args()
+    if args.epochs is None and args.max_steps is None:
+        parser.error("give --epochs, --max-steps or both")
 
-    torch.set_num_threads(os.cpu_count())  # what train.py gives a single process
     torch.manual_seed(0)
-    x = torch.randn(args.train_size, args.channels, args.image_size, args.image_size)
-    y = torch.randint(0, args.classes, (args.train_size,))
+    shape = (args.channels, args.image_size, args.image_size)
+    x, y = torch.randn(args.train_size, *shape), torch.randint(0, args.classes, (args.train_size,))
+    x_val, y_val = torch.randn(args.val_size, *shape), torch.randint(0, args.classes, (args.val_size,))
     loader = DataLoader(TensorDataset(x, y), batch_size=args.batch_size, shuffle=True)
     model = NETS[args.model](args.channels, args.classes, args.image_size)
-    # conf/optimizer/sgd.yaml's settings
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4, nesterov=True)
+    optimizer = torch.optim.SGD(model.parameters(), **SGD)
 
-    speeds = []
-    for _ in range(args.epochs):
+    speeds, steps, val_acc = [], 0, None
+    for _ in range(args.epochs) if args.epochs is not None else itertools.count():
         model.train()
         start = time.perf_counter()
-        for xb, yb in loader:
+        for xb, yb in sliced(x, y, args.batch_size) if args.sliced else loader:
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(xb), yb)
             loss.backward()
             optimizer.step()
-        speeds.append(len(x) / (time.perf_counter() - start))
-    print(json.dumps({"samples_per_s": statistics.median(speeds[1:] or speeds)}))
+            steps += 1
+            if steps == args.max_steps:
+                break
+        else:
+            speeds.append(len(x) / (time.perf_counter() - start))
+        if args.val_size:
+            model.eval()
+            with torch.no_grad():
+                val_acc = (model(x_val[: args.batch_size]).argmax(1) == y_val[: args.batch_size]).float().mean().item()
+        if steps == args.max_steps:
+            break
+    speed = statistics.median(speeds[1:] or speeds) if speeds else None  # None: no whole epoch ran
+    print(json.dumps({"samples_per_s": speed, "steps": steps, "val_acc": val_acc}))
 
 
 if __name__ == "__main__":

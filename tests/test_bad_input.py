@@ -6,12 +6,14 @@ import socket
 
 import pytest
 import torch
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
 
+from config.check import check
+from errors import ConfigError
 from models.mnist_net import MnistNet
-from tests.conftest import run_train
+from tests.conftest import run_train, typed_config
 from training.checkpoint import save_checkpoint
-
-pytestmark = pytest.mark.slow
 
 DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
 
@@ -41,45 +43,55 @@ def _snapshot(directory):
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
-# (overrides, exit code, words the message must contain); {root} is the fixture's directory.
+# One case per way train.py can stop: (overrides, exit code, words the message must contain); {root} is
+# the fixture's directory. These go through `python train.py` end to end; the rest below go through
+# the same code in this process: Hydra's composition, and config.check.check, which train.py calls.
 HYDRA = 1  # Hydra's own composition errors: a few lines, no traceback
 OURS = 2  # train.py's checks: exactly one line
-CASES = {
+EXIT_PATHS = {
     "unknown model": (["model=nope"], HYDRA, ["model/nope", "mnist_net"]),
-    "unknown dataset": (["dataset=nope"], HYDRA, ["dataset/nope", "digits"]),
-    "unknown strategy": (["strategy=nope"], HYDRA, ["strategy/nope", "ddp"]),
-    "unknown launcher": (["launcher=nope"], HYDRA, ["launcher/nope", "spawn"]),
-    "wrong type": (["trainer.epochs=many"], HYDRA, ["trainer.epochs", "many"]),
-    "unknown key": (["trainer.epoch=3"], HYDRA, ["trainer.epoch"]),
-    "more GPUs than visible": (
-        ["trainer.gpus=2", "strategy=ddp"], OURS, ["trainer.devices=2", "trainer.accelerator=cpu"]),
     "batch not divisible": ([*DDP[:2], "trainer.devices=3"], OURS, ["trainer.batch_size=64", "multiple of 3"]),
-    "zero epochs": (["trainer.epochs=0"], OURS, ["trainer.epochs=0"]),
-    "resume path missing": (["trainer.resume={root}/nope.pt"], OURS, ["trainer.resume=", "nope.pt", "no such file"]),
     "truncated checkpoint": (["trainer.resume={root}/truncated.pt"], OURS, ["truncated.pt", "not a loadable checkpoint"]),
-    "corrupt checkpoint": (["trainer.resume={root}/corrupt.pt"], OURS, ["corrupt.pt", "not a loadable checkpoint"]),
-    "checkpoint of another model": (
-        ["trainer.resume={root}/other_model.pt"], OURS, ["other_model.pt", "fc2.weight", "[5, 128]", "[10, 128]"]),
-    "pickled object in checkpoint": (
-        ["trainer.resume={root}/pickled.pt"], OURS, ["pickled.pt", "pickled Python object", "weights_only"]),
-    "starting over an existing run": ([], OURS, ["already holds checkpoints/last.pt", "trainer.resume=auto"]),
     "output dir not writable": (
         ["hydra.run.dir={root}/a_file/run"], OURS, ["hydra.run.dir=", "a_file/run", "cannot write"]),
-    "port taken": ([*DDP, "launcher.master_port={port}"], OURS, ["launcher.master_port={port}", "already in use"]),
+}
+COMPOSITION = {  # Hydra's errors: the same words train.py prints (exit 1)
+    "unknown dataset": (["dataset=nope"], ["dataset/nope", "digits"]),
+    "unknown strategy": (["strategy=nope"], ["strategy/nope", "ddp"]),
+    "unknown launcher": (["launcher=nope"], ["launcher/nope", "spawn"]),
+    "wrong type": (["trainer.epochs=many"], ["trainer.epochs", "many"]),
+    "unknown key": (["trainer.epoch=3"], ["trainer.epoch"]),
+}
+CHECKS = {  # config.check.check's ConfigErrors: the one line train.py prints after "error: " (exit 2)
+    "more GPUs than visible": (["trainer.gpus=2", "strategy=ddp"], ["trainer.devices=2", "trainer.accelerator=cpu"]),
+    "zero epochs": (["trainer.epochs=0"], ["trainer.epochs=0"]),
+    "resume path missing": (["trainer.resume={root}/nope.pt"], ["trainer.resume=", "nope.pt", "no such file"]),
+    "corrupt checkpoint": (["trainer.resume={root}/corrupt.pt"], ["corrupt.pt", "not a loadable checkpoint"]),
+    "checkpoint of another model": (
+        ["trainer.resume={root}/other_model.pt"], ["other_model.pt", "fc2.weight", "[5, 128]", "[10, 128]"]),
+    "pickled object in checkpoint": (
+        ["trainer.resume={root}/pickled.pt"], ["pickled.pt", "pickled Python object", "weights_only"]),
+    "starting over an existing run": ([], ["already holds checkpoints/last.pt", "trainer.resume=auto"]),
+    "port taken": ([*DDP, "launcher.master_port={port}"], ["launcher.master_port={port}", "already in use"]),
 }
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_bad_input_is_one_short_error_and_touches_nothing(files, case):
-    overrides, code, words = CASES[case]
-    run_dir = files / "run"
-    before = _snapshot(run_dir / "checkpoints")
+@pytest.fixture
+def taken_port():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        fill = lambda text: text.format(root=files, port=port)  # noqa: E731
-        result = run_train(run_dir, *map(fill, overrides), timeout=120)
+        yield taken.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", EXIT_PATHS)
+def test_train_py_stops_with_one_short_error_and_touches_nothing(files, case):
+    overrides, code, words = EXIT_PATHS[case]
+    run_dir = files / "run"
+    before = _snapshot(run_dir / "checkpoints")
+    fill = lambda text: text.format(root=files)  # noqa: E731
+    result = run_train(run_dir, *map(fill, overrides), timeout=120)
     assert result.returncode == code, result.stderr
     stderr = result.stderr.strip()
     assert "Traceback" not in stderr
@@ -87,4 +99,29 @@ def test_bad_input_is_one_short_error_and_touches_nothing(files, case):
         assert word in stderr, stderr
     if code == OURS:
         assert len(stderr.splitlines()) == 1 and stderr.startswith("error: "), stderr
+    assert _snapshot(run_dir / "checkpoints") == before
+
+
+@pytest.mark.parametrize("case", COMPOSITION)
+def test_a_bad_override_fails_at_composition_naming_it(case):
+    overrides, words = COMPOSITION[case]
+    with pytest.raises((ConfigCompositionException, ConfigKeyError, ValidationError)) as error:
+        typed_config(*overrides)
+    message = str(error.value) + str(error.value.__cause__)
+    for word in words:
+        assert word in message, message
+
+
+@pytest.mark.parametrize("case", CHECKS)
+def test_a_config_that_cannot_run_is_one_line_naming_the_key_and_touches_nothing(files, taken_port, case):
+    overrides, words = CHECKS[case]
+    run_dir = files / "run"
+    before = _snapshot(run_dir / "checkpoints")
+    fill = lambda text: text.format(root=files, port=taken_port)  # noqa: E731
+    with pytest.raises(ConfigError) as error:
+        check(typed_config(*map(fill, overrides)), run_dir)
+    message = str(error.value)
+    assert "\n" not in message, message
+    for word in map(fill, words):
+        assert word in message, message
     assert _snapshot(run_dir / "checkpoints") == before

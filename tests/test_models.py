@@ -11,7 +11,8 @@ from distributed.context import make_context
 from training.run import train
 from tests.conftest import job_config
 
-MODELS = ["simple_cnn", "mnist_net", "resnet18", "resnet50"]
+# The ResNets take tens of seconds each on 2 cores (45 s for resnet50 in a loaded suite run): slow.
+MODELS = ["simple_cnn", "mnist_net", *(pytest.param(m, marks=pytest.mark.slow) for m in ("resnet18", "resnet50"))]
 DATASETS = ["digits", "synthetic"]
 TINY = ["debug=fdr", "trainer.batch_size=4", "dataset.train_size=16", "dataset.val_size=8"]
 

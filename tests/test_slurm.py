@@ -22,7 +22,10 @@ TINY = ["debug=ddp_cpu", "trainer.progress_bar=false"]
 def slurm_env(tmp_path_factory) -> dict[str, str]:
     """Bring the cluster up once for this module; the environment its clients need."""
     state = tmp_path_factory.mktemp("slurm")
-    up = subprocess.run(["bash", str(CLUSTER), "up", str(state)], capture_output=True, text=True, timeout=300)
+    # The node's CPUs come from nproc, which obeys the OMP_NUM_THREADS=1 tests/conftest.py sets: without
+    # this, a 1-CPU node never schedules the 2-task jobs below.
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    up = subprocess.run(["bash", str(CLUSTER), "up", str(state)], env=env, capture_output=True, text=True, timeout=300)
     if up.returncode == 3:
         reason = f"cannot install slurm here: {up.stderr.strip().splitlines()[-1]}"
         if os.environ.get("CI") == "true":  # CI must run these tests, not report them skipped
