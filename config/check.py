@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import data
 from config.schema import PRECISIONS, Accelerator, Config, RunConfig
-from distributed import strategies
+from distributed import sharded_state, strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError
 from training.checkpoint import check_resumable, find_resume, load_checkpoint
@@ -29,7 +29,9 @@ def typed(cfg: DictConfig) -> Config:
 def check(cfg: Config, run_dir: Path | None = None) -> LaunchPlan:
     """Everything that can be wrong before training starts, as one-line ConfigErrors."""
     trainer = cfg.trainer
-    plan = plan_launch(trainer, strategies.get(cfg.strategy), cfg.launcher)
+    strategy = strategies.get(cfg.strategy)
+    plan = plan_launch(trainer, strategy, cfg.launcher)
+    strategy.check_model(factory(cfg.model))
     if trainer.epochs < 1:
         raise ConfigError(f"trainer.epochs={trainer.epochs}: train for at least 1 epoch")
     if trainer.batch_size % plan.world_size:
@@ -66,9 +68,11 @@ def _check_resume(cfg: Config, run_dir: Path | None) -> None:
     resume = cfg.trainer.resume
     path = find_resume(resume, run_dir) if run_dir is not None or resume != "auto" else None
     if path is not None:
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"trainer.resume={resume}: no such file; give an existing checkpoint path")
-        check_resumable(load_checkpoint(path, torch.device("cpu")), factory(cfg.model)(), path)
+        # A directory: strategy=fsdp's sharded last.pt, checked from its metadata and train state.
+        checkpoint = sharded_state.describe(path) if path.is_dir() else load_checkpoint(path, torch.device("cpu"))
+        check_resumable(checkpoint, factory(cfg.model)(), path)
     last = run_dir / "checkpoints" / "last.pt" if run_dir is not None else None
     if last is not None and last.exists() and (path is None or path.resolve() != last.resolve()):
         raise ConfigError(

@@ -26,6 +26,11 @@ def all_reduce_max(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return tensor
 
 
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
 def all_gather_object(obj: T, ctx: DistContext) -> list[T]:
     """Every rank's `obj`, indexed by rank (pickled: for small things such as RNG states)."""
     if not ctx.distributed:

@@ -14,10 +14,12 @@ from distributed import context, strategies
 from distributed.context import DistContext
 from errors import Preempted
 from training.checkpoint import Checkpointer, TrainState, find_resume
+from training.memory import MemoryProbe
 from training.metrics import reset_peak_memory
 from training.precision import Precision
 from training.preemption import PreemptionWatch, parse_signals
 from training.reporting import Reporter, configure_logging
+from training.sharded_checkpoint import ShardedCheckpointer
 from training.trainer import Trainer
 
 log = logging.getLogger("train")
@@ -65,9 +67,12 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     optimizer = job.optimizer(model.parameters())
     scheduler = job.scheduler(optimizer) if job.scheduler is not None else None
     scaler = precision.grad_scaler()
-    checkpointer = Checkpointer(ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler)
+    checkpointer = (ShardedCheckpointer if strategy.sharded_checkpoint else Checkpointer)(
+        ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler
+    )
     resume = find_resume(settings.resume, job.run_dir)
     state = checkpointer.restore(resume) if resume else TrainState()
+    memory = MemoryProbe(model, optimizer)  # after restore: loading a sharded checkpoint steps the optimizer once
     log.info(
         "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d%s",
         job.labels["model"], job.labels["dataset"], job.labels["strategy"], ctx.world_size, ctx.device.type,
@@ -83,6 +88,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
             final = {
                 **metrics, **job.labels, "world_size": ctx.world_size, "devices": len(ctx.devices) * ctx.world_size,
                 "batch_size": settings.batch_size, "wall_s": time.perf_counter() - start,
+                **memory.per_rank(ctx, metrics["peak_memory_mb"]),
             }
             reporter.write_metrics(final)
             reporter.hparams(job.hparams, final)
