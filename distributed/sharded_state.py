@@ -50,9 +50,11 @@ def save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, train_s
     blob = io.BytesIO()
     torch.save(train_state, blob)
     state = {"model": model_state, "optimizer": optimizer_state, _TRAIN_STATE: blob.getvalue()}
-    # Replicated values (BatchNorm statistics, the train state) come from rank 0, as DDP's do.
-    dcp.save(state, storage_writer=FileSystemWriter(path), planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True),
-             no_dist=not ctx.distributed)
+    with warnings.catch_warnings():  # no process group: DCP warns that it writes alone
+        warnings.simplefilter("ignore", UserWarning)
+        # Replicated values (BatchNorm statistics, the train state) come from rank 0, as DDP's do.
+        dcp.save(state, storage_writer=FileSystemWriter(path), no_dist=not ctx.distributed,
+                 planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True))
 
 
 def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext) -> dict[str, Any]:
@@ -84,13 +86,29 @@ def describe(path: Path) -> dict[str, Any]:
             dcp.load(state, storage_reader=_Reader(path), planner=_Planner(), no_dist=True)
         except Exception as e:  # a shard file missing or cut short
             raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({_first_line(e)}); {_FIX}") from None
-    model = {
+    optimizer = {key for key in metadata.state_dict_metadata if key.startswith("optimizer.")}
+    model = _model_tensors(metadata)
+    return {**_train_state(state[_TRAIN_STATE]), "model": model, **({"optimizer": optimizer} if optimizer else {})}
+
+
+def read_model_state(path: Path) -> dict[str, torch.Tensor]:
+    """The whole model of a sharded checkpoint as plain CPU tensors, read by this one process
+    (no process group, no model needed): to compare or convert a checkpoint."""
+    tensors = _model_tensors(read_metadata(path))
+    state = {"model": {name: torch.empty(t.shape, dtype=t.dtype) for name, t in tensors.items()}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, storage_reader=_Reader(path), planner=_Planner(), no_dist=True)
+    return state["model"]
+
+
+def _model_tensors(metadata: Metadata) -> dict[str, torch.Tensor]:
+    """The model's tensors in the metadata, as meta tensors of their full shapes."""
+    return {
         key.removeprefix("model."): torch.empty(item.size, dtype=item.properties.dtype, device="meta")
         for key, item in metadata.state_dict_metadata.items()
         if key.startswith("model.") and isinstance(item, TensorStorageMetadata)
     }
-    optimizer = {key for key in metadata.state_dict_metadata if key.startswith("optimizer.")}
-    return {**_train_state(state[_TRAIN_STATE]), "model": model, **({"optimizer": optimizer} if optimizer else {})}
 
 
 def read_metadata(path: Path) -> Metadata:

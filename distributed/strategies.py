@@ -194,13 +194,16 @@ class FSDP(Strategy):
         unknown = [name for name in names if name not in present]
         if unknown:
             raise ConfigError(
-                f"strategy.shard_modules names {unknown[0]}, which holds no parameters in this model; "
-                f"choose from {', '.join(present)}, or null for its repeated blocks"
+                f"strategy.shard_modules names {unknown[0]}, but no module of that class holds parameters in this "
+                f"model; choose from {', '.join(present)}, or null for its repeated blocks"
             )
 
     def wrap(self, model: nn.Module, ctx: DistContext, compile: bool, precision_dtype: torch.dtype | None) -> nn.Module:
         if self.config.sync_batchnorm:
             model = convert_sync_batchnorm(model, ctx.device)
+        # fully_shard takes contiguous parameters only; channels-last inputs alone still make the
+        # convolutions run NHWC (cuDNN and oneDNN follow the input's format).
+        model = model.to(memory_format=torch.contiguous_format)
         model = fsdp.shard(model, ctx, self.config, precision_dtype)
         # Compiled after sharding: dynamo leaves FSDP's hooks eager and compiles the blocks between them.
         return torch.compile(model) if compile else model

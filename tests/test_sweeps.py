@@ -34,7 +34,7 @@ def _hparams(events: EventAccumulator) -> dict:
     return {key: value.string_value or value.number_value for key, value in values.items()}
 
 
-@pytest.mark.parametrize("sweep", ["scaling", "dp_vs_ddp"])
+@pytest.mark.parametrize("sweep", ["scaling", "dp_vs_ddp", "strategies"])
 def test_ready_made_sweeps_compose_job_by_job(sweep):
     overrides = [f"sweep={sweep}", "trainer.accelerator=cpu"]
     params = compose(*overrides, hydra=True).hydra.sweeper.params
@@ -43,7 +43,7 @@ def test_ready_made_sweeps_compose_job_by_job(sweep):
     assert not missing, f"sweep={sweep} names strategy={','.join(missing)}, which is not in conf/strategy/"
     jobs = list(itertools.product(*([f"{key}={value}" for value in str(values).split(",")]
                                     for key, values in params.items())))
-    assert len(jobs) == {"scaling": 4, "dp_vs_ddp": 6}[sweep]
+    assert len(jobs) == {"scaling": 4, "dp_vs_ddp": 6, "strategies": 6}[sweep]
     for job in jobs:
         cfg = typed(compose(*overrides, *job))
         dp = cfg.strategy.name == StrategyName.dp
