@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import data
 from config.schema import PRECISIONS, Accelerator, Config, RunConfig
-from distributed import sharded_state, strategies
+from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError
 from training.checkpoint import check_resumable, find_resume, load_checkpoint
@@ -70,8 +70,12 @@ def _check_resume(cfg: Config, run_dir: Path | None) -> None:
     if path is not None:
         if not path.exists():
             raise ConfigError(f"trainer.resume={resume}: no such file; give an existing checkpoint path")
-        # A directory: strategy=fsdp's sharded last.pt, checked from its metadata and train state.
-        checkpoint = sharded_state.describe(path) if path.is_dir() else load_checkpoint(path, torch.device("cpu"))
+        if path.is_dir():  # strategy=fsdp's sharded last.pt, checked from its metadata and train state
+            from distributed import sharded_state  # torch.distributed.checkpoint: ~1 s to import
+
+            checkpoint = sharded_state.describe(path)
+        else:
+            checkpoint = load_checkpoint(path, torch.device("cpu"))
         check_resumable(checkpoint, factory(cfg.model)(), path)
     last = run_dir / "checkpoints" / "last.pt" if run_dir is not None else None
     if last is not None and last.exists() and (path is None or path.resolve() != last.resolve()):

@@ -5,18 +5,19 @@ Each shard group's parameters are all-gathered in one collective before its forw
 before its backward with reshard_after_forward) and its gradients reduce-scattered in one after
 its backward; so the largest group bounds the memory a gathered step needs, and one group per
 repeated block keeps that small while the collectives stay large enough to be efficient.
+
+torch.distributed.fsdp and torch.distributed.tensor take ~1 s to import, which every process of
+every strategy would pay: they are imported when a model is sharded, and until then nothing is.
 """
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections import Counter
 from typing import Iterator
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
 from config.schema import StrategyConfig
 from distributed.context import DistContext
@@ -69,6 +70,9 @@ def _has_parameters(module: nn.Module) -> bool:
 def shard(model: nn.Module, ctx: DistContext, config: StrategyConfig, param_dtype: torch.dtype | None) -> nn.Module:
     """fully_shard every unit, then the root, over all ranks; in place: names and the parameter
     order stay the plain model's, so state_dict keys and optimizer indices do too."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     if config.mixed_precision and param_dtype is not None:
         # The fp32 shards stay what the optimizer steps; gathered copies and compute use param_dtype,
@@ -87,7 +91,8 @@ def shard(model: nn.Module, ctx: DistContext, config: StrategyConfig, param_dtyp
 
 
 def is_sharded(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
+    api = sys.modules.get("torch.distributed.fsdp")
+    return api is not None and isinstance(model, api.FSDPModule)
 
 
 @contextlib.contextmanager
@@ -106,5 +111,6 @@ def accumulating(model: nn.Module) -> Iterator[None]:
 
 def local_bytes(tensor: torch.Tensor) -> int:
     """Bytes this rank holds for `tensor`: a DTensor's local shard, else all of it."""
-    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    api = sys.modules.get("torch.distributed.tensor")
+    local = tensor.to_local() if api is not None and isinstance(tensor, api.DTensor) else tensor
     return local.numel() * local.element_size()

@@ -12,7 +12,6 @@ import torch
 import yaml
 from torch import nn
 
-from distributed import sharded_state
 from distributed.collectives import all_gather_object
 from distributed.context import DistContext
 from distributed.strategies import unwrap
@@ -157,6 +156,8 @@ class Checkpointer:
     def restore(self, path: Path) -> TrainState:
         """Every rank loads the same file; DDP's weights then agree without a broadcast."""
         if path.is_dir():  # strategy=fsdp's sharded last.pt, resharded to this world size and strategy
+            from distributed import sharded_state  # torch.distributed.checkpoint: ~1 s to import
+
             checkpoint = sharded_state.load(path, self.model, self.optimizer, self.ctx)
         else:
             checkpoint = load_checkpoint(path, self.ctx.device)

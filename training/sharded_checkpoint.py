@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from distributed import sharded_state
 from distributed.collectives import all_gather_object, barrier
 from distributed.context import DistContext
 from training.checkpoint import Checkpointer, TrainState, _gather_rng, save_checkpoint
@@ -49,7 +48,7 @@ class ShardedCheckpointer(Checkpointer):
             shutil.rmtree(tmp, ignore_errors=True)  # a save a kill interrupted
             tmp.mkdir(parents=True)
         barrier(self.ctx)
-        sharded_state.save(tmp, self.model, self.optimizer, self._train_state(state, rng), self.ctx)
+        _sharded_state().save(tmp, self.model, self.optimizer, self._train_state(state, rng), self.ctx)
         if self.ctx.is_main:
             _commit(tmp, final, f"{name}.step{state.step}.{secrets.token_hex(3)}")
         # No rank may start the next save's writes into the temp directory before it is renamed.
@@ -59,7 +58,7 @@ class ShardedCheckpointer(Checkpointer):
         """best.pt only ever gets better; it is one file in the format every strategy loads."""
         if self._best_on_disk is not None and state.best_val_acc <= self._best_on_disk:
             return
-        model_state, optimizer_state = sharded_state.full_state(self.model, self.optimizer)
+        model_state, optimizer_state = _sharded_state().full_state(self.model, self.optimizer)
         rng = _gather_rng(self.ctx) if state.batch else None
         if self.ctx.is_main:
             payload = {"model": model_state, "optimizer": optimizer_state, **self._train_state(state, rng)}
@@ -68,7 +67,14 @@ class ShardedCheckpointer(Checkpointer):
 
     def _load_weights(self, checkpoint: dict) -> None:
         """A whole checkpoint (best.pt, or any strategy's last.pt file): each rank keeps its shards."""
-        sharded_state.load_full(self.model, self.optimizer, checkpoint["model"], checkpoint["optimizer"])
+        _sharded_state().load_full(self.model, self.optimizer, checkpoint["model"], checkpoint["optimizer"])
+
+
+def _sharded_state():
+    """Imported by FSDP runs only: torch.distributed.checkpoint takes ~1 s to import."""
+    from distributed import sharded_state
+
+    return sharded_state
 
 
 def _commit(tmp: Path, final: Path, version: str) -> None:
