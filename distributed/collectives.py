@@ -26,6 +26,13 @@ def all_reduce_max(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return tensor
 
 
+def broadcast_from_main(tensors: list[torch.Tensor], ctx: DistContext) -> None:
+    """Overwrite every rank's `tensors` in place with rank 0's."""
+    if ctx.distributed:
+        for tensor in tensors:
+            dist.broadcast(tensor, src=0)
+
+
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
         dist.barrier()

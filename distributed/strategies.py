@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from config.schema import Accelerator, StrategyConfig, StrategyName, TrainerConfig
 from distributed import fsdp
-from distributed.collectives import all_reduce_max
+from distributed.collectives import all_reduce_max, broadcast_from_main
 from distributed.context import DistContext
 from distributed.sync_batchnorm import convert_sync_batchnorm
 from errors import ConfigError
@@ -235,11 +235,17 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
 
 
-def padding_forwards(model: nn.Module, batches: int, ctx: DistContext) -> int:
+def prepare_evaluation(model: nn.Module, batches: int, ctx: DistContext) -> int:
     """FSDP all-gathers parameters in every forward, so ranks must run their forwards together:
-    how many empty ones this rank adds to match the busiest rank's `batches`. 0 without FSDP."""
+    how many empty ones this rank adds to match the busiest rank's `batches` (0 without FSDP).
+
+    FSDP neither shards nor syncs buffers (DDP copies rank 0's at every forward): each rank's
+    BatchNorm statistics follow its own data. Every rank takes rank 0's first, which checkpoints
+    save, so that the model evaluated is the model saved.
+    """
     if not gathers_in_forward(model):
         return 0
+    broadcast_from_main(list(model.buffers()), ctx)
     most, fewest = all_reduce_max(torch.tensor([batches, -batches], device=ctx.device), ctx).tolist()
     if -fewest == 0:
         raise RuntimeError(

@@ -13,14 +13,17 @@ import torchvision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from config.check import check
+from data import build_loaders
+from distributed.context import make_context
 from distributed.fsdp import block_classes, shard_units
 from models.mnist_net import MnistNet
 from models.resnet import resnet
 from models.simple_cnn import SimpleCNN
-from tests.conftest import last_weights, run_train, same_weights, typed_config
+from tests.conftest import job_config, last_weights, run_train, same_weights, typed_config
 from tests.test_launchers import _finish, _one_run_dir, _torchrun
 from tests.test_resume_preempt import TINY, Run
 from training.checkpoint import find_resume
+from training.trainer import Batches, evaluate
 
 FSDP = ["debug=fsdp_cpu"]  # 2 gloo ranks, 3 batches of one epoch, no TensorBoard
 
@@ -86,6 +89,22 @@ def test_resnet18_on_synthetic_images_trains_with_half_the_bytes_per_rank(run_di
     assert len(events.Images("val/samples")) == 1
     best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)["model"]
     assert best.keys() == last_weights(run_dir).keys() == resnet("resnet18", 3, 10).state_dict().keys()
+
+
+@pytest.mark.slow
+def test_the_model_evaluated_is_the_model_saved_batchnorm_included(run_dir):
+    # Each rank's BatchNorm statistics follow its own data; evaluation must use rank 0's, the saved ones.
+    overrides = (*FSDP, "model=resnet18", "model.stem=cifar", "trainer.limit_val_batches=null")
+    result = run_train(run_dir, *overrides)
+    assert result.returncode == 0, result.stderr
+    job = job_config(run_dir, *overrides)
+    model = job.model()
+    model.load_state_dict(torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)["model"])
+    ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
+    val = build_loaders(job.dataset, job.data, ctx, global_batch=64, seed=0).val
+    alone = evaluate(model, val, Batches(ctx.device, None), ctx)
+    assert alone.samples == 360
+    assert alone.loss == pytest.approx(_metrics(run_dir)["val_loss"], rel=1e-5)
 
 
 @pytest.mark.slow

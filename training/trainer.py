@@ -18,7 +18,7 @@ from config.schema import NonFinite, TrainerConfig
 from data import Loaders
 from distributed.collectives import all_reduce_max
 from distributed.context import DistContext, epoch_seed
-from distributed.strategies import Strategy, padding_forwards, unwrap
+from distributed.strategies import Strategy, prepare_evaluation, unwrap
 from errors import NonFiniteLoss
 from training.checkpoint import Checkpointer, TrainState, restore_rng
 from training.metrics import Accumulator, Averages, peak_memory_mb
@@ -273,7 +273,7 @@ def evaluate(model: nn.Module, loader: Iterable, batches: Batches, ctx: DistCont
     net = unwrap(model)  # DDP's forward would try to sync buffers; shards may differ in length
     net.eval()
     sums = Accumulator(ctx.device)
-    padding = padding_forwards(net, batches.count(loader), ctx)  # FSDP: every forward takes all ranks
+    padding = prepare_evaluation(net, batches.count(loader), ctx)  # FSDP: every forward takes all ranks
     for x, y in batches.take(loader):
         logits = net(x)
         sums.update(F.cross_entropy(logits, y), logits, y)
