@@ -104,6 +104,7 @@ class StrategyConfig:
     cpu_offload: bool = False  # parameter, gradient and optimizer shards in host memory; the optimizer steps there
     shard_modules: Optional[List[str]] = None  # classes sharded a group each ([Bottleneck]); None: the repeated blocks
 
+
 @dataclass
 class LauncherConfig:
     name: LauncherName = LauncherName.auto

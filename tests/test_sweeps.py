@@ -86,7 +86,8 @@ def test_scaling_sweep_runs_ddp_per_job_and_reports(tmp_path):
 
 @pytest.mark.slow
 def test_every_strategy_runs_under_multirun(tmp_path):
-    jobs = _multirun(tmp_path / "sweep", "strategy=single,ddp", "trainer.devices=1")
+    # One process runs all three jobs (world size 1): each joins and leaves its own process group.
+    jobs = _multirun(tmp_path / "sweep", "strategy=single,ddp,fsdp", "trainer.devices=1")
     strategies = [json.loads((job / "metrics.json").read_text())["strategy"] for job in jobs]
-    assert strategies == ["single", "ddp"]
-    assert all((job / "checkpoints" / "last.pt").is_file() and (job / "train.log").is_file() for job in jobs)
+    assert strategies == ["single", "ddp", "fsdp"]
+    assert all((job / "checkpoints" / "last.pt").exists() and (job / "train.log").is_file() for job in jobs)
