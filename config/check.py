@@ -35,7 +35,9 @@ def typed(cfg: DictConfig) -> Config:
 def check(cfg: Config, run_dir: Path | None = None) -> LaunchPlan:
     """Everything that can be wrong before training starts, as one-line ConfigErrors."""
     trainer = cfg.trainer
-    plan = plan_launch(trainer, strategies.get(cfg.strategy), cfg.launcher)
+    strategy = strategies.get(cfg.strategy)
+    plan = plan_launch(trainer, strategy, cfg.launcher)
+    strategy.check_model(factory(cfg.model))
     if trainer.epochs < 1:
         raise ConfigError(f"trainer.epochs={trainer.epochs}: train for at least 1 epoch")
     if trainer.batch_size % plan.world_size:
@@ -121,9 +123,14 @@ def _check_resume(cfg: Config, run_dir: Path | None) -> None:
     resume, test_only = cfg.trainer.resume, cfg.trainer.test_only
     path = find_resume(resume, run_dir) if run_dir is not None or resume != "auto" else None
     if path is not None:
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"trainer.resume={resume}: no such file; give an existing checkpoint path")
-        checkpoint = load_checkpoint(path, torch.device("cpu"))
+        if path.is_dir():  # strategy=fsdp's sharded last.pt, checked from its metadata and train state
+            from distributed import sharded_state  # torch.distributed.checkpoint: ~1 s to import
+
+            checkpoint = sharded_state.describe(path)
+        else:
+            checkpoint = load_checkpoint(path, torch.device("cpu"))
         check_resumable(checkpoint, factory(cfg.model)(), path)
         warmed = isinstance(checkpoint["scheduler"], dict) and "last_step" in checkpoint["scheduler"]  # a Warmup's
         if not test_only and warmed != bool(schedule_config(cfg.scheduler).warmup_epochs):

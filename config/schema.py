@@ -26,6 +26,7 @@ class StrategyName(Enum):
     single = "single"
     dp = "dp"
     ddp = "ddp"
+    fsdp = "fsdp"  # FSDP2 (fully_shard): parameters, gradients and optimizer state sharded over the ranks
 
 
 class LauncherName(Enum):
@@ -114,7 +115,12 @@ class StrategyConfig:
     find_unused_parameters: bool = False  # true only for models that skip parameters in some forwards
     static_graph: bool = False
     bucket_cap_mb: Optional[float] = None  # None: DDP's default, 25
-    sync_batchnorm: bool = False  # BatchNorm statistics over the global batch (on CPU ranks too)
+    sync_batchnorm: bool = False  # BatchNorm statistics over the global batch (on CPU ranks too; ddp and fsdp)
+    # FSDP2's options (strategy=fsdp; the others ignore them)
+    reshard_after_forward: bool = True  # free a block's gathered parameters after its forward (ZeRO-3); false: ZeRO-2
+    mixed_precision: bool = True  # gather parameters in trainer.precision's dtype, reduce gradients in fp32
+    cpu_offload: bool = False  # parameter, gradient and optimizer shards in host memory; the optimizer steps there
+    shard_modules: Optional[List[str]] = None  # classes sharded a group each ([Bottleneck]); None: the repeated blocks
 
 
 @dataclass

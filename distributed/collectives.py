@@ -26,6 +26,18 @@ def all_reduce_max(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return tensor
 
 
+def broadcast_from_main(tensors: list[torch.Tensor], ctx: DistContext) -> None:
+    """Overwrite every rank's `tensors` in place with rank 0's."""
+    if ctx.distributed:
+        for tensor in tensors:
+            dist.broadcast(tensor, src=0)
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
 def all_gather_object(obj: T, ctx: DistContext) -> list[T]:
     """Every rank's `obj`, indexed by rank (pickled: for small things such as RNG states)."""
     if not ctx.distributed:

@@ -1,5 +1,6 @@
 """One object per strategy: how many processes and devices it uses, what it refuses, how it wraps
-a plain nn.Module and unwraps it again, and how a micro-batch skips the gradient all-reduce.
+a plain nn.Module and unwraps it again, how a micro-batch skips the gradient all-reduce, and
+whether its checkpoints are sharded.
 
 Chosen once, by `get`; nothing else compares strategy names.
 """
@@ -8,13 +9,15 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from config.schema import Accelerator, StrategyConfig, StrategyName, TrainerConfig
+from distributed import fsdp
+from distributed.collectives import all_reduce_max, broadcast_from_main
 from distributed.context import DistContext
 from distributed.sync_batchnorm import convert_sync_batchnorm
 from errors import ConfigError
@@ -27,6 +30,7 @@ class Strategy:
     config: StrategyConfig
     name: ClassVar[str]
     process_group: ClassVar[bool] = False  # needs torch.distributed, even at world size 1
+    sharded_checkpoint: ClassVar[bool] = False  # last.pt: each rank's shards in a directory, not one file
 
     def processes_per_node(self, devices: int) -> int:
         return devices
@@ -36,6 +40,9 @@ class Strategy:
 
     def check(self, trainer: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
         """Raise a one-line ConfigError for a combination this strategy cannot train."""
+
+    def check_model(self, build: Callable[[], nn.Module]) -> None:
+        """Raise a one-line ConfigError if this strategy's options do not fit the model `build` makes."""
 
     def wrap(self, model: nn.Module, ctx: DistContext, compile: bool, precision_dtype: torch.dtype | None) -> nn.Module:
         """`model` is on ctx.device. compile comes after module swaps and before DDP wraps, as
@@ -163,10 +170,60 @@ class DDP(Strategy):
         return not self.config.gradient_as_bucket_view
 
 
+class FSDP(Strategy):
+    """FSDP2: each rank holds 1/N of every parameter, gradient and optimizer state."""
+
+    name = "fsdp"
+    process_group = True
+    sharded_checkpoint = True
+
+    def check(self, trainer: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
+        if trainer.precision == "16-mixed":
+            # GradScaler's overflow check would see only this rank's gradient shards: ranks could
+            # disagree on skipping a step.
+            raise ConfigError(
+                "strategy=fsdp with trainer.precision=16-mixed: the loss scaler would check each rank's gradient "
+                "shards alone; use trainer.precision=bf16-mixed (no loss scaling needed) or strategy=ddp"
+            )
+        if trainer.ema_decay is not None:
+            # The average would copy sharded parameters, and the sharded checkpoint's train state
+            # holds no tensors of them.
+            raise ConfigError(
+                f"strategy=fsdp with trainer.ema_decay={trainer.ema_decay}: the weights' average is not sharded yet; "
+                "use strategy=ddp for EMA, or trainer.ema_decay=null"
+            )
+
+    def check_model(self, build: Callable[[], nn.Module]) -> None:
+        names = self.config.shard_modules
+        if names is None:
+            return
+        present = fsdp.module_class_names(build())
+        unknown = [name for name in names if name not in present]
+        if unknown:
+            raise ConfigError(
+                f"strategy.shard_modules names {unknown[0]}, but no module of that class holds parameters in this "
+                f"model; choose from {', '.join(present)}, or null for its repeated blocks"
+            )
+
+    def wrap(self, model: nn.Module, ctx: DistContext, compile: bool, precision_dtype: torch.dtype | None) -> nn.Module:
+        if self.config.sync_batchnorm:
+            model = convert_sync_batchnorm(model, ctx.device)
+        # fully_shard takes contiguous parameters only; channels-last inputs alone still make the
+        # convolutions run NHWC (cuDNN and oneDNN follow the input's format).
+        model = model.to(memory_format=torch.contiguous_format)
+        model = fsdp.shard(model, ctx, self.config, precision_dtype)
+        # Compiled after sharding: dynamo leaves FSDP's hooks eager and compiles the blocks between them.
+        return torch.compile(model) if compile else model
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return fsdp.accumulating(unwrap(model))
+
+
 _STRATEGIES: dict[StrategyName, type[Strategy]] = {
     StrategyName.single: Single,
     StrategyName.dp: DataParallel,
     StrategyName.ddp: DDP,
+    StrategyName.fsdp: FSDP,
 }
 
 
@@ -176,9 +233,35 @@ def get(config: StrategyConfig) -> Strategy:
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain module under DP/DDP and torch.compile: state_dict keys carry no `module.` or
-    `_orig_mod.` prefix, so a checkpoint loads under any strategy."""
+    `_orig_mod.` prefix, so a checkpoint loads under any strategy. FSDP shards the module in
+    place: it is its own plain module, with DTensor parameters."""
     if isinstance(model, (DistributedDataParallel, nn.DataParallel)):
         model = model.module
     if isinstance(model, AutocastReplica):
         model = model.module
     return getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
+
+
+def prepare_evaluation(model: nn.Module, batches: int, ctx: DistContext) -> int:
+    """FSDP all-gathers parameters in every forward, so ranks must run their forwards together:
+    how many empty ones this rank adds to match the busiest rank's `batches` (0 without FSDP).
+
+    FSDP neither shards nor syncs buffers (DDP copies rank 0's at every forward): each rank's
+    BatchNorm statistics follow its own data. Every rank takes rank 0's first, which checkpoints
+    save, so that the model evaluated is the model saved.
+    """
+    if not gathers_in_forward(model):
+        return 0
+    broadcast_from_main(list(model.buffers()), ctx)
+    most, fewest = all_reduce_max(torch.tensor([batches, -batches], device=ctx.device), ctx).tolist()
+    if -fewest == 0:
+        raise RuntimeError(
+            "strategy=fsdp: a rank has no validation batch (fewer validation samples than ranks), so it "
+            "cannot take part in the others' forwards; use fewer trainer.devices or a larger validation split"
+        )
+    return most - batches
+
+
+def gathers_in_forward(model: nn.Module) -> bool:
+    """A forward is a collective (FSDP): no rank may run one alone."""
+    return fsdp.is_sharded(unwrap(model))

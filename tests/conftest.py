@@ -14,6 +14,7 @@ from omegaconf import DictConfig, open_dict
 from config.check import run_config, swept_overrides, typed
 from config.schema import Config, RunConfig
 from config.setup import ROOT, compose
+from distributed import sharded_state
 
 # trainer.compile=true runs (and any test's subprocesses, which inherit this) reuse inductor's compiled
 # kernels and FX graphs from earlier suite runs (in the git-ignored .cache/) instead of rebuilding them.
@@ -61,16 +62,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def last_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The model in a run's last.pt: a file, or strategy=fsdp's sharded directory."""
+    last = run_dir / "checkpoints" / "last.pt"
+    return sharded_state.read_model_state(last) if last.is_dir() else torch.load(last, weights_only=True)["model"]
+
+
 def same_weights(run_dir: Path, other: Path) -> bool:
     """Both runs' last checkpoints hold bitwise-identical model weights."""
-    a, b = (torch.load(d / "checkpoints" / "last.pt", weights_only=True)["model"] for d in (run_dir, other))
+    a, b = last_weights(run_dir), last_weights(other)
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _spawn_reference(tmp_path_factory, strategy: str) -> Path:
+    run_dir = tmp_path_factory.mktemp(f"spawn_{strategy}") / "run"
+    result = run_train(run_dir, "debug=ddp_cpu", f"strategy={strategy}")
+    assert result.returncode == 0, result.stderr
+    return run_dir
 
 
 @pytest.fixture(scope="session")
 def spawn_reference(tmp_path_factory) -> Path:
     """2 spawn ranks of the tiny DDP job the launcher tests run under torchrun and SLURM."""
-    run_dir = tmp_path_factory.mktemp("spawn") / "run"
-    result = run_train(run_dir, "debug=ddp_cpu")
-    assert result.returncode == 0, result.stderr
-    return run_dir
+    return _spawn_reference(tmp_path_factory, "ddp")
+
+
+@pytest.fixture(scope="session")
+def fsdp_spawn_reference(tmp_path_factory) -> Path:
+    """The same job under FSDP."""
+    return _spawn_reference(tmp_path_factory, "fsdp")

@@ -2,6 +2,8 @@
 and a run directory's existing checkpoints left byte for byte as they were."""
 from __future__ import annotations
 
+import os
+import pickle
 import socket
 
 import pytest
@@ -10,6 +12,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from config.check import check
+from distributed import sharded_state
+from distributed.context import make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
 from tests.conftest import run_train, typed_config
@@ -36,7 +40,31 @@ def files(tmp_path_factory):
     save_checkpoint(_checkpoint(MnistNet(1, 5, 8)), root / "other_model.pt")
     torch.save({**_checkpoint(MnistNet(1, 10, 8)), "extra": socket.socket}, root / "pickled.pt")
     (root / "a_file").write_text("")
+    _sharded(MnistNet(1, 5, 8), root / "sharded_other_model")
+    _sharded(MnistNet(1, 10, 8), root / "sharded_half_written")
+    (root / "sharded_half_written" / sharded_state.METADATA).unlink()  # DCP writes it last
+    _sharded(MnistNet(1, 10, 8), root / "sharded_foreign")
+    with open(root / "sharded_foreign" / sharded_state.METADATA, "wb") as f:
+        pickle.dump(_Touch(root / "touched"), f)
     return root
+
+
+def _sharded(model, directory) -> None:
+    """A sharded checkpoint as strategy=fsdp writes it, written by this one process."""
+    directory.mkdir()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_state = {key: value for key, value in _checkpoint(model).items() if key not in ("model", "optimizer")}
+    sharded_state.save(directory, model, optimizer, train_state, make_context(0, 0, 1, 1, "cpu", False))
+
+
+class _Touch:
+    """Unpickling this runs a command: reading a foreign checkpoint's metadata must not."""
+
+    def __init__(self, path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.path}",)
 
 
 def _snapshot(directory):
@@ -73,6 +101,16 @@ CHECKS = {  # config.check.check's ConfigErrors: the one line train.py prints af
         ["trainer.resume={root}/pickled.pt"], ["pickled.pt", "pickled Python object", "weights_only"]),
     "starting over an existing run": ([], ["already holds checkpoints/last.pt", "trainer.resume=auto"]),
     "port taken": ([*DDP, "launcher.master_port={port}"], ["launcher.master_port={port}", "already in use"]),
+    "sharded checkpoint half written": (
+        ["trainer.resume={root}/sharded_half_written"], ["sharded_half_written", "no .metadata"]),
+    "sharded checkpoint of another model": (
+        ["trainer.resume={root}/sharded_other_model"], ["sharded_other_model", "fc2.weight", "[5, 128]"]),
+    "pickled object in sharded metadata": (
+        ["trainer.resume={root}/sharded_foreign"], ["sharded_foreign", "pickled Python object", "system"]),
+    "fsdp with fp16": ([*DDP[1:], "strategy=fsdp", "trainer.precision=16-mixed"], ["trainer.precision=bf16-mixed"]),
+    "fsdp sharding a class the model lacks": (
+        ["strategy=fsdp", "strategy.shard_modules=[Bottleneck]"], ["strategy.shard_modules", "Bottleneck", "Conv2d"]),
+    "fsdp with an EMA": ([*DDP[1:], "strategy=fsdp", "trainer.ema_decay=0.99"], ["trainer.ema_decay=0.99", "strategy=ddp"]),
 }
 
 
@@ -100,6 +138,7 @@ def test_train_py_stops_with_one_short_error_and_touches_nothing(files, case):
     if code == OURS:
         assert len(stderr.splitlines()) == 1 and stderr.startswith("error: "), stderr
     assert _snapshot(run_dir / "checkpoints") == before
+    assert not (files / "touched").exists()
 
 
 @pytest.mark.parametrize("case", COMPOSITION)
@@ -125,3 +164,4 @@ def test_a_config_that_cannot_run_is_one_line_naming_the_key_and_touches_nothing
     for word in map(fill, words):
         assert word in message, message
     assert _snapshot(run_dir / "checkpoints") == before
+    assert not (files / "touched").exists()

@@ -115,3 +115,20 @@ def test_data_loaders_ratio_is_device_over_dataloader():
 def test_gpu_benchmark_skips_cleanly_without_cuda():
     done = subprocess.run([sys.executable, "-m", "bench.gpu", "--quick"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0 and "skipped, no CUDA" in done.stdout, done.stderr
+
+
+@pytest.mark.slow
+def test_memory_shows_an_fsdp_rank_holding_half_of_a_ddp_rank():
+    ddp, fsdp = bench("memory", "--quick")  # --quick: ddp(2) and fsdp(2)
+    for column in ("params MB/rank", "grads MB/rank", "optimizer MB/rank", "total MB/rank"):
+        assert number(fsdp[column]) == pytest.approx(number(ddp[column]) / 2, rel=0.01), column
+    assert number(fsdp["× ddp"]) == pytest.approx(0.5, abs=0.01) and fsdp["target ≤ 1.05 × ideal"] == "meets target"
+
+
+@pytest.mark.slow
+def test_fsdp_ratio_is_fsdp_over_ddp():
+    ddp, fsdp, zero2 = bench("fsdp", "--quick")
+    assert number(ddp["ratio to ddp(2) (median of pairs)"]) == 1
+    for row in (fsdp, zero2):  # one repeat: the median ratio is the ratio of the medians
+        ratio = number(row["samples/s (median)"]) / number(ddp["samples/s (median)"])
+        assert number(row["ratio to ddp(2) (median of pairs)"]) == pytest.approx(ratio, rel=0.01)

@@ -34,7 +34,7 @@ def test_a_wrong_type_fails_at_composition():
     "override, allowed",
     [
         ("trainer.accelerator=tpu", "[auto, gpu, cpu]"),
-        ("strategy.name=dpp", "[single, dp, ddp]"),
+        ("strategy.name=dpp", "[single, dp, ddp, fsdp]"),
         ("data.loader=gpu", "[dataloader, device]"),
         ("launcher.name=mpirun", "[auto, spawn, torchrun, slurm]"),
         ("trainer.nonfinite=ignore", "[stop, skip]"),

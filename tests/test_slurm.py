@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, same_weights
+from tests.conftest import ROOT, free_port, same_weights
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +60,18 @@ def test_srun_two_tasks_share_one_run_dir(slurm_env, tmp_path, spawn_reference):
     (run_dir,) = (tmp_path / "outputs").iterdir()
     assert run_dir.name.startswith("slurm-") and run_dir.name.endswith(".0")
     _assert_one_ddp_run(run_dir, spawn_reference)
+
+
+def test_srun_two_tasks_train_fsdp_like_spawn(slurm_env, tmp_path, fsdp_spawn_reference):
+    # Another cluster on this machine may run a job with our job id: a free port, not one from the id.
+    fsdp = ["strategy=fsdp", f"launcher.master_port={free_port()}"]
+    result = _run(["srun", "-n2", "--cpus-per-task=1", sys.executable, str(ROOT / "train.py"), *TINY, *fsdp],
+                  slurm_env, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "outputs").iterdir()
+    assert (run_dir / "checkpoints" / "last.pt" / ".metadata").is_file()  # every task wrote its shards
+    assert json.loads((run_dir / "metrics.json").read_text())["strategy"] == "fsdp"
+    assert same_weights(run_dir, fsdp_spawn_reference)
 
 
 def test_srun_tasks_that_disagree_with_devices_fail_in_one_line(slurm_env, tmp_path):

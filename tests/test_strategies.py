@@ -1,12 +1,13 @@
-"""single ≡ dp ≡ ddp at the same global batch (also with label smoothing, EMA and repeated augmentation),
-accumulation ≡ a bigger batch, SyncBatchNorm on CPU.
+"""single ≡ dp ≡ ddp ≡ fsdp at the same global batch (also with label smoothing, EMA and repeated
+augmentation), accumulation ≡ a bigger batch, SyncBatchNorm on CPU.
 
 The equivalence holds for models without BatchNorm (simple_cnn here): with BatchNorm, DP and DDP
 normalise each device's slice of the batch unless strategy.sync_batchnorm is on. DP runs on CPU
 as the module itself (one device), so its rows check the bookkeeping, not DataParallel.
 
-Every run here goes through training.run.train, the worker `python train.py` starts; DDP runs
-are 2 gloo processes started by the real launcher.
+Every run here goes through training.run.train, the worker `python train.py` starts; DDP and
+FSDP runs are 2 gloo processes started by the real launcher. Each rank keeps the model's whole
+state (FSDP's gathered from every rank's shards).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-from distributed import context
+from distributed import context, sharded_state
 from distributed.context import DistContext
 from config.check import check
 from distributed.launch import launch
@@ -38,16 +39,22 @@ EQUIVALENCE = (
 )
 # Label smoothing, an EMA (decay 0.984 per step after torchvision's adjustment) and repeated augmentation.
 RECIPE = ("trainer.label_smoothing=0.1", "trainer.ema_decay=0.999", "data.repeated_augmentations=2")
-RUNS = {  # name: overrides; the ddp runs use 2 processes of B/2
+CLIP = "trainer.grad_clip=0.05"  # below every step's gradient norm here: every step clips
+RUNS = {  # name: overrides; the ddp and fsdp runs use 2 processes of B/2
     "single": ("strategy=single", f"trainer.batch_size={B}"),
     "dp": ("strategy=dp", f"trainer.batch_size={B}"),
     "ddp": ("strategy=ddp", "trainer.devices=2", f"trainer.batch_size={B}"),
+    "fsdp": ("strategy=fsdp", "trainer.devices=2", f"trainer.batch_size={B}"),
+    "fsdp_zero2": ("strategy=fsdp", "strategy.reshard_after_forward=false", "trainer.devices=2", f"trainer.batch_size={B}"),
     "single_2B": ("strategy=single", f"trainer.batch_size={2 * B}"),
     "single_acc2": ("strategy=single", f"trainer.batch_size={B}", "trainer.accumulate_grad_batches=2"),
     "dp_acc2": ("strategy=dp", f"trainer.batch_size={B}", "trainer.accumulate_grad_batches=2"),
     "ddp_acc2": ("strategy=ddp", "trainer.devices=2", f"trainer.batch_size={B}", "trainer.accumulate_grad_batches=2"),
     "single_recipe": ("strategy=single", f"trainer.batch_size={B}", *RECIPE),
     "ddp_recipe": ("strategy=ddp", "trainer.devices=2", f"trainer.batch_size={B}", *RECIPE),
+    "fsdp_acc2": ("strategy=fsdp", "trainer.devices=2", f"trainer.batch_size={B}", "trainer.accumulate_grad_batches=2"),
+    "single_clip": ("strategy=single", f"trainer.batch_size={B}", CLIP),
+    "fsdp_clip": ("strategy=fsdp", "trainer.devices=2", f"trainer.batch_size={B}", CLIP),
 }
 
 
@@ -59,7 +66,7 @@ def _train_and_dump(ctx: DistContext, jobs: list[tuple], out: str, check_sync_bn
             _compare_sync_bn_with_batchnorm(ctx, Path(out))
         for name, job in jobs:
             model = train(ctx, job)
-            torch.save(model.state_dict(), Path(out) / f"{name}.rank{ctx.rank}.pt")
+            torch.save(sharded_state.gathered_model_state(model), Path(out) / f"{name}.rank{ctx.rank}.pt")
             del model
     finally:
         context.shutdown(ctx, clean=True)
@@ -89,7 +96,7 @@ def equivalence(tmp_path_factory) -> tuple[Path, dict[str, list[dict]]]:
     out = tmp_path_factory.mktemp("equivalence")
     weights = _run_all(RUNS, EQUIVALENCE, out)
     for name in RUNS:
-        assert _checkpoint(out / name)["step"] == STEPS, name
+        assert _metrics(out / name)["steps"] == STEPS, name
     return out, weights
 
 
@@ -116,9 +123,36 @@ def test_single_dp_and_ddp_end_with_the_same_weights(weights):
     _assert_replicas_identical(weights["ddp"])
 
 
+def test_fsdp_ends_with_the_weights_of_single_and_ddp(weights):
+    (single,) = weights["single"]
+    assert _relative_error(weights["fsdp"][0], single) <= 1e-5
+    assert _relative_error(weights["fsdp"][0], weights["ddp"][0]) <= 1e-5
+    _assert_replicas_identical(weights["fsdp"])
+    # ZeRO-2 keeps the gathered parameters from forward to backward: the same arithmetic.
+    _assert_replicas_identical([weights["fsdp"][0], weights["fsdp_zero2"][0]])
+
+
+def test_fsdp_clips_by_the_norm_of_all_shards_together(weights):
+    # Each rank's clip_grad_norm_ sees DTensor shards; a norm over its own shard alone would clip differently.
+    (single,) = weights["single_clip"]
+    assert _relative_error(weights["fsdp_clip"][0], single) <= 1e-5
+    assert _relative_error(single, weights["single"][0]) > 1e-3  # the clipping changed training
+
+
+def test_fsdp_holds_half_the_bytes_per_rank(equivalence):
+    out, _ = equivalence
+    single, fsdp = _metrics(out / "single"), _metrics(out / "fsdp")
+    whole = sum(p.numel() * 4 for p in SimpleCNN(1, 10, 8).parameters())
+    assert single["param_bytes_per_rank"] == single["grad_bytes_per_rank"] == [whole]
+    assert sum(fsdp["param_bytes_per_rank"]) == sum(fsdp["grad_bytes_per_rank"]) == whole
+    assert max(fsdp["param_bytes_per_rank"]) <= 0.51 * whole
+    # SGD's momentum: one buffer per parameter, sharded like it.
+    assert single["optimizer_bytes_per_rank"] == [whole] and sum(fsdp["optimizer_bytes_per_rank"]) == whole
+
+
 def test_accumulating_two_batches_equals_one_batch_twice_as_big(weights):
     (big,) = weights["single_2B"]
-    for name in ("single_acc2", "dp_acc2", "ddp_acc2"):
+    for name in ("single_acc2", "dp_acc2", "ddp_acc2", "fsdp_acc2"):
         assert _relative_error(weights[name][0], big) <= 1e-5, name
     _assert_replicas_identical(weights["ddp_acc2"])
 
@@ -249,4 +283,18 @@ def test_a_ddp_checkpoint_resumes_under_dp(equivalence, run_dir):
     )
     assert result.returncode == 0, result.stderr
     assert "from epoch 2" in (run_dir / "train.log").read_text()
+    assert (_checkpoint(run_dir)["epoch"], _checkpoint(run_dir)["step"]) == (2, STEPS + 3)
+
+
+def test_an_fsdp_run_resumes_under_single_and_its_best_pt_loads_anywhere(equivalence, run_dir):
+    fsdp = equivalence[0] / "fsdp" / "checkpoints"
+    assert (fsdp / "last.pt" / ".metadata").is_file()  # sharded: a torch.distributed.checkpoint directory
+    best = torch.load(fsdp / "best.pt", weights_only=True)  # whole: the plain model's keys and shapes
+    assert {k: v.shape for k, v in best["model"].items()} == {k: v.shape for k, v in SimpleCNN(1, 10, 8).state_dict().items()}
+    assert set(best["optimizer"]["state"]) == set(range(len(best["model"])))  # indexed as optimizer.state_dict() does
+    result = run_train(
+        run_dir, *TINY, "strategy=single", f"trainer.batch_size={B}", "trainer.epochs=2",
+        "trainer.limit_train_batches=3", f"trainer.resume={fsdp / 'last.pt'}",
+    )
+    assert result.returncode == 0, result.stderr
     assert (_checkpoint(run_dir)["epoch"], _checkpoint(run_dir)["step"]) == (2, STEPS + 3)

@@ -33,7 +33,7 @@ def _hparams(events: EventAccumulator) -> dict:
     return {key: value.string_value or value.number_value for key, value in values.items()}
 
 
-@pytest.mark.parametrize("sweep", ["scaling", "dp_vs_ddp"])
+@pytest.mark.parametrize("sweep", ["scaling", "dp_vs_ddp", "strategies"])
 def test_ready_made_sweeps_compose_job_by_job(sweep):
     overrides = [f"sweep={sweep}", "trainer.accelerator=cpu"]
     params = compose(*overrides, hydra=True).hydra.sweeper.params
@@ -42,7 +42,7 @@ def test_ready_made_sweeps_compose_job_by_job(sweep):
     assert not missing, f"sweep={sweep} names strategy={','.join(missing)}, which is not in conf/strategy/"
     jobs = list(itertools.product(*([f"{key}={value}" for value in str(values).split(",")]
                                     for key, values in params.items())))
-    assert len(jobs) == {"scaling": 4, "dp_vs_ddp": 6}[sweep]
+    assert len(jobs) == {"scaling": 4, "dp_vs_ddp": 6, "strategies": 6}[sweep]
     for job in jobs:
         cfg = typed(compose(*overrides, *job))
         dp = cfg.strategy.name == StrategyName.dp
@@ -87,7 +87,8 @@ def test_scaling_sweep_runs_ddp_per_job_and_reports(tmp_path):
 
 @pytest.mark.slow
 def test_every_strategy_runs_under_multirun(tmp_path):
-    jobs = _multirun(tmp_path / "sweep", "strategy=single,ddp", "trainer.devices=1")
+    # One process runs all three jobs (world size 1): each joins and leaves its own process group.
+    jobs = _multirun(tmp_path / "sweep", "strategy=single,ddp,fsdp", "trainer.devices=1")
     strategies = [json.loads((job / "metrics.json").read_text())["strategy"] for job in jobs]
-    assert strategies == ["single", "ddp"]
-    assert all((job / "checkpoints" / "last.pt").is_file() and (job / "train.log").is_file() for job in jobs)
+    assert strategies == ["single", "ddp", "fsdp"]
+    assert all((job / "checkpoints" / "last.pt").exists() and (job / "train.log").is_file() for job in jobs)

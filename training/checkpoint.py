@@ -140,21 +140,7 @@ class Checkpointer:
         if not self.ctx.is_main:
             return
         snapshot = _host_copy(
-            {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None,  # {} when disabled
-                "ema": self.ema.state_dict() if self.ema is not None else None,
-                "epoch": state.epoch,
-                "step": state.step,
-                "best": state.best_val_acc,
-                "best_acc5": state.best_val_acc5,
-                "best_weights": state.best_weights,
-                "batch": state.batch,
-                "rng": rng,
-                "config": self.config_yaml,
-            }
+            {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **self._train_state(state, rng)}
         )
         self.wait()  # one write at a time: last.pt never goes back to an older state
         if self._writer is None:
@@ -172,6 +158,22 @@ class Checkpointer:
         if self._writer is not None:
             self._writer.shutdown()
 
+    def _train_state(self, state: TrainState, rng: list | None) -> dict[str, Any]:
+        """Everything but the weights and the optimizer state: the same in both checkpoint forms."""
+        return {
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,  # {} when disabled
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "epoch": state.epoch,
+            "step": state.step,
+            "best": state.best_val_acc,
+            "best_acc5": state.best_val_acc5,
+            "best_weights": state.best_weights,
+            "batch": state.batch,
+            "rng": rng,
+            "config": self.config_yaml,
+        }
+
     def save_best(self, state: TrainState) -> None:
         """best.pt only ever gets better, even one left by an earlier run in this directory."""
         if self._best_on_disk is not None and state.best_val_acc <= self._best_on_disk:
@@ -182,10 +184,14 @@ class Checkpointer:
     def restore(self, path: Path) -> TrainState:
         """Every rank loads the same file; DDP's weights then agree without a broadcast."""
         self.wait()
-        checkpoint = load_checkpoint(path, self.ctx.device)
-        check_resumable(checkpoint, self.model, path)
-        self.model.load_state_dict(checkpoint["model"])
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if path.is_dir():  # strategy=fsdp's sharded last.pt, resharded to this world size and strategy
+            from distributed import sharded_state  # torch.distributed.checkpoint: ~1 s to import
+
+            checkpoint = sharded_state.load(path, self.model, self.optimizer, self.ctx)
+        else:
+            checkpoint = load_checkpoint(path, self.ctx.device)
+            check_resumable(checkpoint, self.model, path)
+            self._load_weights(checkpoint)
         if self.scheduler is not None and checkpoint["scheduler"] is not None:
             self.scheduler.load_state_dict(checkpoint["scheduler"])
         if self.scaler is not None and checkpoint.get("scaler"):
@@ -204,6 +210,10 @@ class Checkpointer:
         elif state.batch:
             log.warning("the checkpoint's world size differs: dropout randomness for the rest of this epoch will too")
         return state
+
+    def _load_weights(self, checkpoint: dict[str, Any]) -> None:
+        self.model.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
 
 
 def restore_rng(rng: list[torch.Tensor], ctx: DistContext) -> None:

@@ -14,7 +14,7 @@ from torch import nn
 
 from config.schema import LoggerConfig
 from distributed.context import DistContext
-from distributed.strategies import unwrap
+from distributed.strategies import gathers_in_forward, unwrap
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -68,6 +68,7 @@ class Reporter:
         self.run_dir = run_dir
         self.device = ctx.device
         self.sample_images = logger.sample_images
+        self.main_draws = logger.tensorboard and logger.sample_images > 0  # rank 0 draws sample predictions
         self._samples: tuple[torch.Tensor, torch.Tensor] | None = None
         self._made: SummaryWriter | None = None
         self._making: threading.Thread | None = None
@@ -99,19 +100,22 @@ class Reporter:
     @torch.no_grad()
     def samples(self, step: int, model: nn.Module, loader: Any) -> None:
         """A grid of the same validation images each epoch, captioned predicted / true label."""
-        if not (self.enabled and self.sample_images):
+        # FSDP: rank 0's forward all-gathers parameters, so every rank must run one with it.
+        joins = self.main_draws and gathers_in_forward(model)
+        if not (self.enabled and self.sample_images or joins):
             return
         if self._samples is None:
             self._samples = _first_samples(loader, self.sample_images)
         images, targets = self._samples
-        if not len(images):
+        if not (len(images) or joins):
             return
         net = unwrap(model)
         training = net.training
         net.eval()
         predicted = net(images.to(self.device)).argmax(dim=1).cpu()
         net.train(training)
-        self._writer.add_image("val/samples", sample_grid(images, predicted, targets), step, dataformats="HWC")
+        if self.enabled:
+            self._writer.add_image("val/samples", sample_grid(images, predicted, targets), step, dataformats="HWC")
 
     def hparams(self, options: dict[str, Any], metrics: dict[str, Any], swept: dict[str, Any] | None = None) -> None:
         """One row in the HParams tab: this job's options against its final figures.

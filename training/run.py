@@ -16,6 +16,7 @@ from errors import Preempted
 from training.checkpoint import Checkpointer, TrainState, find_resume
 from training.ema import EMA, adjusted_decay
 from training.evaluation import test
+from training.memory import MemoryProbe
 from training.metrics import reset_peak_memory
 from training.mixing import Mixing
 from training.optim import parameter_groups
@@ -23,6 +24,7 @@ from training.precision import Precision
 from training.preemption import PreemptionWatch, parse_signals
 from training.reporting import Reporter, configure_logging
 from training.schedule import with_warmup
+from training.sharded_checkpoint import ShardedCheckpointer
 from training.trainer import Trainer
 
 log = logging.getLogger("train")
@@ -75,11 +77,12 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         ema = EMA(strategies.unwrap(model), adjusted_decay(settings), job.schedule.warmup_epochs)
         log.info("EMA every %d step(s), decay %.6g per update", settings.ema_every_n_steps, adjusted_decay(settings))
     scaler = precision.grad_scaler()
-    checkpointer = Checkpointer(
+    checkpointer = (ShardedCheckpointer if strategy.sharded_checkpoint else Checkpointer)(
         ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema
     )
     resume = find_resume(settings.resume, job.run_dir)
     state = checkpointer.restore(resume) if resume else TrainState()
+    memory = MemoryProbe(model, optimizer)  # after restore: loading a sharded checkpoint steps the optimizer once
     log.info(
         "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d%s",
         job.labels["model"], job.labels["dataset"], job.labels["strategy"], ctx.world_size, ctx.device.type,
@@ -96,6 +99,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
             final = {
                 **metrics, **job.labels, "world_size": ctx.world_size, "devices": len(ctx.devices) * ctx.world_size,
                 "batch_size": settings.batch_size, "wall_s": time.perf_counter() - start,
+                **memory.per_rank(ctx, metrics["peak_memory_mb"]),
             }
             reporter.write_metrics(final)
             reporter.hparams(job.hparams, final, job.swept)

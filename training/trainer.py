@@ -17,7 +17,7 @@ from config.schema import NonFinite, TrainerConfig
 from data import Loaders
 from distributed.collectives import all_reduce_max
 from distributed.context import DistContext, epoch_seed
-from distributed.strategies import Strategy, unwrap
+from distributed.strategies import Strategy, prepare_evaluation, unwrap
 from errors import NonFiniteLoss
 from training.checkpoint import Checkpointer, TrainState, restore_rng
 from training.ema import EMA
@@ -318,7 +318,10 @@ def evaluate(model: nn.Module, loader: Iterable, batches: Batches, ctx: DistCont
     net = unwrap(model)  # DDP's forward would try to sync buffers; shards may differ in length
     net.eval()
     sums = Accumulator(ctx.device, top5=True)
+    padding = prepare_evaluation(net, batches.count(loader), ctx)  # FSDP: every forward takes all ranks
     for x, y in batches.take(loader):
         sums.update_validation(net(x), y)
+    for _ in range(padding):
+        net(x[:0])
     net.train()
     return sums.all_reduce(ctx).averages()

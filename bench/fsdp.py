@@ -1,0 +1,53 @@
+"""FSDP against DDP over 2 gloo processes on CPU, at the same global batch: throughput.
+
+python -m bench.fsdp [--quick] [--repeats 3] [--model resnet18]
+
+Both go through `python train.py` with the same model, data, batch and epochs, one run after the
+other (ddp, fsdp, fsdp ZeRO-2, ddp, ...) so that each trio sees the same machine; figure:
+steady-state training samples/s (first epoch excluded); each repeat gives a ratio to its own DDP
+run, and the table shows the median of those ratios and their range. No target: FSDP trades
+speed for memory, and what it costs here is the number to know.
+"""
+from __future__ import annotations
+
+import argparse
+
+from bench.common import median, table, train
+
+SYSTEMS = {  # name: overrides
+    "ddp(2)": ("strategy=ddp",),
+    "fsdp(2)": ("strategy=fsdp",),
+    "fsdp(2) ZeRO-2": ("strategy=fsdp", "strategy.reshard_after_forward=false"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a tiny smoke run; its figures mean nothing")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--batch-size", type=int, default=64, help="global batch")
+    args = parser.parse_args()
+    model, train_size, epochs, repeats = ("mnist_net", 256, 2, 1) if args.quick else (args.model, 1024, 3, args.repeats)
+
+    common = [
+        f"model={model}", "dataset=synthetic", f"dataset.train_size={train_size}", "dataset.val_size=128",
+        f"trainer.batch_size={args.batch_size}", f"trainer.epochs={epochs}", "trainer.accelerator=cpu",
+        "trainer.devices=2", "scheduler=none", "logger=none",
+        *(["dataset.channels=1", "dataset.image_size=28"] if model == "mnist_net" else []),
+    ]
+    speeds: dict[str, list[float]] = {name: [] for name in SYSTEMS}
+    for _ in range(repeats):
+        for name, overrides in SYSTEMS.items():
+            speeds[name].append(train(*common, *overrides)["train_samples_per_s"])
+    rows = []
+    for name in SYSTEMS:
+        ratios = [s / d for s, d in zip(speeds[name], speeds["ddp(2)"])]
+        rows.append([name, median(speeds[name]), median(ratios), f"{min(ratios):.3f}–{max(ratios):.3f}"])
+    shape = "1x28x28" if model == "mnist_net" else "3x32x32"
+    print(f"{model} {shape} (synthetic), global batch {args.batch_size}, 2 gloo ranks, {repeats} interleaved repeats:")
+    print(table(["system", "samples/s (median)", "ratio to ddp(2) (median of pairs)", "range of ratios"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""strategy=fsdp beyond the equivalence runs of test_strategies: which modules it shards, the
+commands people run, sharded checkpoints resumed at other world sizes, after kill -9 and under
+torchrun, and forwards that every rank must run together (uneven validation shards, samples)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from config.check import check
+from data import build_loaders
+from distributed.context import make_context
+from distributed.fsdp import block_classes, shard_units
+from models.mnist_net import MnistNet
+from models.resnet import resnet
+from models.simple_cnn import SimpleCNN
+from tests.conftest import job_config, last_weights, run_train, same_weights, typed_config
+from tests.test_launchers import _finish, _one_run_dir, _torchrun
+from tests.test_resume_preempt import TINY, Run
+from training.checkpoint import find_resume
+from training.trainer import Batches, evaluate
+
+FSDP = ["debug=fsdp_cpu"]  # 2 gloo ranks, 3 batches of one epoch, no TensorBoard
+
+
+def _metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def _names(classes) -> set[str]:
+    return {cls.__name__ for cls in classes}
+
+
+def test_the_shard_groups_are_the_models_repeated_blocks():
+    assert _names(block_classes(resnet("resnet18", 3, 10))) == {"BasicBlock"}
+    assert _names(block_classes(resnet("resnet50", 3, 10))) == {"Bottleneck"}  # not the convs inside them
+    assert _names(block_classes(SimpleCNN(1, 10, 8))) == {"Conv2d", "Linear"}  # the seeds' layers
+    assert _names(block_classes(MnistNet(1, 10, 8))) == {"Conv2d", "Linear"}
+    vit = torchvision.models.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=3, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=10
+    )
+    assert _names(block_classes(vit)) == {"EncoderBlock"}
+    assert len(shard_units(resnet("resnet50", 3, 10), None)) == 16  # 3 + 4 + 6 + 3 Bottlenecks
+
+
+def test_shard_modules_overrides_the_groups_children_first():
+    model = resnet("resnet18", 3, 10)
+    units = shard_units(model, ["BasicBlock", "Sequential"])
+    assert len(units) == 8 + 4 + 3  # blocks, stages, the downsample Sequentials inside blocks
+    position = {id(unit): i for i, unit in enumerate(units)}
+    for unit in units:  # fully_shard must reach a module before any module holding it
+        assert all(position[id(inner)] < position[id(unit)] for inner in unit.modules() if id(inner) in position
+                   and inner is not unit)
+
+
+def test_resume_auto_never_picks_up_a_half_written_sharded_checkpoint(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    half = checkpoints / ".last.pt.tmp"  # where every rank writes before rank 0 renames it
+    half.mkdir(parents=True)
+    (half / "__0_0.distcp").write_bytes(b"\0" * 64)
+    assert find_resume("auto", tmp_path) is None
+    check(typed_config(*FSDP, "trainer.resume=auto"), tmp_path)  # starts fresh: no error
+
+
+@pytest.mark.slow
+def test_resnet18_on_synthetic_images_trains_with_half_the_bytes_per_rank(run_dir):
+    # 49 validation images over 2 ranks of 8: rank 0 has 4 batches, rank 1 has 3 and must pad, as
+    # it must join rank 0's forward of the sample images for TensorBoard.
+    result = run_train(
+        run_dir, "strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "model=resnet18", "dataset=synthetic",
+        "dataset.val_size=49", "trainer.batch_size=16", "trainer.epochs=1", "trainer.limit_train_batches=3",
+        "launcher.timeout_s=60",
+    )
+    assert result.returncode == 0, result.stderr
+    metrics = _metrics(run_dir)
+    whole = sum(p.numel() * p.element_size() for p in resnet("resnet18", 3, 10).parameters())
+    for key in ("param_bytes_per_rank", "grad_bytes_per_rank"):
+        assert sum(metrics[key]) == whole and max(metrics[key]) <= 0.51 * whole, (key, metrics[key], whole)
+    assert sum(metrics["optimizer_bytes_per_rank"]) == whole  # SGD's momentum
+    assert math.isfinite(metrics["val_loss"]) and (metrics["val_acc"] * 49) == pytest.approx(round(metrics["val_acc"] * 49))
+    assert "memory per rank" in (run_dir / "train.log").read_text()
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0})
+    events.Reload()
+    assert len(events.Images("val/samples")) == 1
+    best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)["model"]
+    assert best.keys() == last_weights(run_dir).keys() == resnet("resnet18", 3, 10).state_dict().keys()
+
+
+@pytest.mark.slow
+def test_the_model_evaluated_is_the_model_saved_batchnorm_included(run_dir):
+    # Each rank's BatchNorm statistics follow its own data; evaluation must use rank 0's, the saved ones.
+    overrides = (*FSDP, "model=resnet18", "model.stem=cifar", "trainer.limit_val_batches=null")
+    result = run_train(run_dir, *overrides)
+    assert result.returncode == 0, result.stderr
+    job = job_config(run_dir, *overrides)
+    model = job.model()
+    model.load_state_dict(torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)["model"])
+    ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
+    val = build_loaders(job.dataset, job.data, ctx, global_batch=64, seed=0).val
+    alone = evaluate(model, val, Batches(ctx.device, None), ctx)
+    assert alone.samples == 360
+    assert alone.loss == pytest.approx(_metrics(run_dir)["val_loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_every_train_step_option_runs_under_fsdp(run_dir):
+    result = run_train(
+        run_dir, *FSDP, "model=simple_cnn", "trainer.precision=bf16-mixed", "trainer.channels_last=true",
+        "trainer.accumulate_grad_batches=2", "trainer.grad_clip=1.0", "strategy.cpu_offload=true",
+        "strategy.reshard_after_forward=false", "trainer.limit_train_batches=6",
+    )
+    assert result.returncode == 0, result.stderr
+    metrics = _metrics(run_dir)
+    assert metrics["steps"] == 3 and math.isfinite(metrics["train_loss"])
+    # bf16 compute, fp32 shards: the optimizer stepped, and saved, the fp32 weights.
+    assert last_weights(run_dir)["features.0.weight"].dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_compiled_fsdp_trains_a_step(run_dir):
+    result = run_train(run_dir, *FSDP, "model=simple_cnn", "trainer.compile=true", "trainer.max_steps=1", timeout=280)
+    assert result.returncode == 0, result.stderr
+    assert _metrics(run_dir)["steps"] == 1
+    assert last_weights(run_dir).keys() == SimpleCNN(1, 10, 8).state_dict().keys()  # no _orig_mod. prefix
+
+
+@pytest.mark.slow
+def test_a_checkpoint_saved_at_2_ranks_resumes_at_1_and_at_4(tmp_path):
+    saved = tmp_path / "saved"
+    assert run_train(saved, *FSDP).returncode == 0
+    last = saved / "checkpoints" / "last.pt"
+    for devices in (1, 4):
+        run_dir = tmp_path / f"at{devices}"
+        result = run_train(run_dir, *FSDP, f"trainer.devices={devices}", "trainer.epochs=2", f"trainer.resume={last}")
+        assert result.returncode == 0, result.stderr
+        assert "from epoch 2" in (run_dir / "train.log").read_text()
+        metrics = _metrics(run_dir)
+        assert (metrics["world_size"], metrics["steps"], len(metrics["param_bytes_per_rank"])) == (devices, 6, devices)
+
+
+@pytest.mark.slow
+def test_kill_9_mid_epoch_and_mid_save_then_resume_auto_ends_bitwise_equal(tmp_path):
+    whole, run_dir = tmp_path / "whole", tmp_path / "run"
+    fsdp = ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", *TINY]
+    assert run_train(whole, *fsdp).returncode == 0
+    args = (*fsdp, "trainer.checkpoint_every_n_steps=1", "trainer.resume=auto")
+    run = Run(run_dir, *args)
+    run.wait_for(lambda: run.logged("epoch 1/3"))  # mid-epoch 2: last.pt is a mid-epoch checkpoint
+    run.proc.kill()
+    run.finish()
+    tmp = run_dir / "checkpoints" / ".last.pt.tmp"
+    for _ in range(5):
+        run = Run(run_dir, *args)
+        run.wait_for(tmp.exists)  # the ranks are writing their shards
+        run.proc.kill()
+        run.finish()
+        assert (run_dir / "checkpoints" / "last.pt" / ".metadata").is_file()  # still the previous, whole one
+        if tmp.exists():
+            break
+    assert tmp.exists(), "no kill landed inside a checkpoint write in 5 tries"
+    result = run_train(run_dir, *args)
+    assert result.returncode == 0, result.stderr
+    assert "from epoch" in (run_dir / "train.log").read_text()
+    assert (_metrics(run_dir)["epochs"], _metrics(run_dir)["steps"]) == (3, 24)
+    assert same_weights(run_dir, whole)
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_train_fsdp_like_spawn(tmp_path, fsdp_spawn_reference):
+    code, stderr = _finish(_torchrun(tmp_path, ["--standalone", "--nproc_per_node=2"], "strategy=fsdp", "trainer.devices=2"))
+    assert code == 0, stderr
+    run_dir = _one_run_dir(tmp_path)
+    assert _metrics(run_dir)["strategy"] == "fsdp" and (run_dir / "checkpoints" / "last.pt" / ".metadata").is_file()
+    assert same_weights(run_dir, fsdp_spawn_reference)
