@@ -39,6 +39,7 @@ class Run:
     best_val_acc: float
     wall_s: float
     peak_memory_mb: float | None
+    state_mb_per_rank: float | None = None  # parameters + gradients + optimizer state, the fullest rank
     overrides: tuple[tuple[str, str], ...] = ()  # (key, value) from .hydra/overrides.yaml, as typed
     objective: str = "best_val_acc"  # the run's optimized_metric
     objective_value: float | None = None
@@ -86,6 +87,7 @@ def _run(name: str, m: dict[str, Any], run_dir: Path) -> Run:
         best_val_acc=float(m.get("best_val_acc", m["val_acc"])),
         wall_s=float(m.get("wall_s", float("nan"))),
         peak_memory_mb=_largest(m.get("peak_memory_mb")),
+        state_mb_per_rank=_state_mb(m),
         overrides=read_overrides(run_dir),
         objective=objective,
         objective_value=float(m[objective]) if isinstance(m.get(objective), (int, float)) else None,
@@ -109,6 +111,14 @@ def _optimized_metric(run_dir: Path) -> str:
     path = run_dir / ".hydra" / "config.yaml"
     config = yaml.safe_load(path.read_text()) if path.is_file() else None
     return (config or {}).get("optimized_metric") or "best_val_acc"
+
+
+def _state_mb(m: dict[str, Any]) -> float | None:
+    """What the fullest rank holds for training, from its local shards (fsdp: about 1/N of ddp's)."""
+    parts = [m.get(key) for key in ("param_bytes_per_rank", "grad_bytes_per_rank", "optimizer_bytes_per_rank")]
+    if not all(isinstance(part, list) and part for part in parts):
+        return None  # written before metrics.json recorded them
+    return max(sum(ranks) for ranks in zip(*parts)) / 1e6
 
 
 def _largest(peak: float | list[float] | None) -> float | None:
@@ -177,8 +187,8 @@ def markdown(table: list[Row]) -> str:
     extra = [k for k in swept_keys(runs) if k not in SHOWN]
     objectives = sorted({r.objective for r in runs} - {"val_acc", "best_val_acc"})
     header = [*extra, "strategy", "devices", "model", "dataset", "batch", "samples/s", "speed-up", "efficiency",
-              "val acc", "best acc", *objectives, "peak MB/device", "run"]
-    align = [*("---" for _ in extra), "---", "---:", "---", "---", *("---:" for _ in range(7 + len(objectives))), "---"]
+              "val acc", "best acc", *objectives, "state MB/rank", "peak MB/device", "run"]
+    align = [*("---" for _ in extra), "---", "---:", "---", "---", *("---:" for _ in range(8 + len(objectives))), "---"]
     lines = [f"| {' | '.join(header)} |", f"| {' | '.join(align)} |"]
     for row in table:
         r = row.run
@@ -188,7 +198,7 @@ def markdown(table: list[Row]) -> str:
             _or_dash(r.batch_size, "{}"), f"{r.samples_per_s:,.0f}", _or_dash(row.speedup, "{:.2f}×"),
             _or_dash(row.efficiency, "{:.0%}"), f"{r.val_acc:.2%}", f"{r.best_val_acc:.2%}",
             *(_or_dash(r.objective_value if r.objective == o else None, "{:.4g}") for o in objectives),
-            _or_dash(r.peak_memory_mb, "{:,.0f}"), r.name,
+            _or_dash(r.state_mb_per_rank, "{:,.1f}"), _or_dash(r.peak_memory_mb, "{:,.0f}"), r.name,
         ]
         lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines)

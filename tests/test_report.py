@@ -89,12 +89,24 @@ def test_old_and_new_metrics_files_both_load(tmp_path):
     assert (runs["new"].devices, runs["new"].batch_size, runs["new"].peak_memory_mb) == (4, 64, 1200)
 
 
+def test_the_fullest_ranks_training_state_is_reported_beside_ddps(tmp_path):
+    """fsdp's per-rank bytes against ddp's: parameters + gradients + optimizer state, largest rank."""
+    _write(tmp_path, "ddp", strategy="ddp", devices=2, param_bytes_per_rank=[4e6, 4e6],
+           grad_bytes_per_rank=[4e6, 4e6], optimizer_bytes_per_rank=[4e6, 4e6])
+    _write(tmp_path, "fsdp", strategy="fsdp", devices=2, param_bytes_per_rank=[2e6, 2.5e6],
+           grad_bytes_per_rank=[2e6, 2.5e6], optimizer_bytes_per_rank=[2e6, 2.5e6])
+    runs = {run.name: run for run in report.load_runs(tmp_path)}
+    assert (runs["ddp"].state_mb_per_rank, runs["fsdp"].state_mb_per_rank) == (12.0, 7.5)
+    table = report.markdown(report.rows(list(runs.values())))
+    assert "state MB/rank" in table and "| 12.0 |" in table and "| 7.5 |" in table
+
+
 def test_markdown_shows_a_dash_where_there_is_no_figure():
     table = report.markdown([report.Row(_run("0", devices=2, samples_per_s=1234.0), None, None),
                              report.Row(_run("1"), 1.0, 1.0)])
     header, _, no_baseline, baseline = table.splitlines()
-    assert header.count("|") == no_baseline.count("|") == 13
-    assert "| 2 | m | d | 64 | 1,234 | — | — | 90.00% | 95.00% | — | 0 |" in no_baseline
+    assert header.count("|") == no_baseline.count("|") == 14
+    assert "| 2 | m | d | 64 | 1,234 | — | — | 90.00% | 95.00% | — | — | 0 |" in no_baseline
     assert "| 1.00× | 100% |" in baseline
 
 
