@@ -136,7 +136,8 @@ def test_runs_are_named_by_the_overrides_that_differ(tmp_path):
     header, _, *lines = report.markdown(report.rows(runs)).splitlines()
     assert header.startswith("| optimizer | optimizer.lr | strategy | devices | model |")  # model: its own column
     assert lines[1].startswith("| adamw | — | ? | 1 | simple_cnn |")
-    assert all(line.count("| — | — |") == 1 for line in lines[:4])  # 1 device each: no speed-up to show
+    assert all(line.count("| — | — |") == 2 for line in lines[:4])  # 1 device each: no speed-up; no bytes recorded
+    assert all(row.speedup is None and row.efficiency is None for row in report.rows(runs))
 
 
 def test_a_search_report_takes_the_best_trial_from_the_sweepers_results(tmp_path, capsys):
