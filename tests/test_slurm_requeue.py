@@ -59,11 +59,16 @@ def test_sigusr1_requeues_the_job_and_the_second_run_finishes_it_exactly(slurm_e
     # To the job's steps (every rank), not its batch shell: what `#SBATCH --signal=USR1@90` does.
     assert _run(["scancel", "--signal=USR1", job], slurm_env, ROOT).returncode == 0
     _wait("requeue", lambda: _job(job, slurm_env)["JobState"] == "PENDING" and _job(job, slurm_env)["Restarts"] == "1", out)
+    # The first attempt's step may still be tearing down ("waiting up to 32 seconds for job step to
+    # finish"); starting the second on top of it can fail it, which SLURM's own 2-minute hold avoids.
+    _wait("step teardown", lambda: not _run(["squeue", "-h", "-s", "-j", job], slurm_env, ROOT).stdout.strip(), out)
     # SLURM keeps a requeued job pending for ~2 minutes (Reason=BeginTime); an admin may start it now.
     assert _run(["scontrol", "update", f"JobId={job}", "StartTime=now"], slurm_env, ROOT).returncode == 0
     _wait("end", lambda: _job(job, slurm_env)["JobState"] in ENDED, out)
 
-    assert _job(job, slurm_env) == {"JobState": "COMPLETED", "Restarts": "1", "ExitCode": "0:0"}, out.read_text()[-3000:]
+    shown = _run(["scontrol", "show", "job", job], slurm_env, ROOT).stdout
+    assert _job(job, slurm_env) == {"JobState": "COMPLETED", "Restarts": "1", "ExitCode": "0:0"}, (
+        f"{out.read_text()[-3000:]}\n{shown}")
     assert re.search(rf"JOB {job} ON \S+ CANCELLED AT \S+ DUE TO JOB REQUEUE", out.read_text())  # while it ran
     assert [p.name for p in run_dirs.iterdir()] == [run_dir.name]  # the requeued run found the first one's dir
     starts = re.findall(r"from epoch (\d+)(?: batch (\d+) \((.*)\))?$", (run_dir / "train.log").read_text(), re.MULTILINE)
