@@ -80,8 +80,8 @@ class Trainer:
         self.state = state or TrainState()
         self.preemption = preemption
         self.settings = settings
-        # What the step needs, resolved once: at 32 bits no autocast, no loss scaling, no clipping
-        # and no no_sync context is entered, as in a hand-written loop.
+        # What the step needs, resolved once: at 32 bits it enters no autocast, loss scaling or
+        # no_sync context, as a hand-written loop would not.
         self.precision = Precision.of(settings.precision, ctx.device)
         self.scaler = scaler
         self.scaled = scaler.is_enabled()
