@@ -181,8 +181,9 @@ def test_torchrun_ranks_never_split_the_run_dir(tmp_path):
     for i in range(REPEATS):
         cwd = tmp_path / str(i)
         cwd.mkdir()
-        # torchrun stops the other workers when one fails; polling seldom lets both reach check().
-        torchrun = ["--nproc_per_node=2", "--monitor-interval=4"]
+        # torchrun stops the other workers when one fails, at its next poll: every 10 s gives the
+        # slower rank time to reach check() too (at 4 s one rank was stopped first in 1 of 2 full-suite runs).
+        torchrun = ["--nproc_per_node=2", "--monitor-interval=10"]
         code, stderr = _finish(_torchrun(cwd, torchrun, "trainer.devices=2", "trainer.epochs=0"))
         assert code != 0 and stderr.count("error: trainer.epochs=0") == 2, stderr  # both ranks made a dir
         run_dir = _one_run_dir(cwd)
