@@ -156,7 +156,7 @@ def test_kill_9_mid_epoch_and_mid_save_then_resume_auto_ends_bitwise_equal(tmp_p
     tmp = run_dir / "checkpoints" / ".last.pt.tmp"
     for _ in range(5):
         run = Run(run_dir, *args)
-        run.wait_for(tmp.exists)  # the ranks are writing their shards
+        run.wait_for(tmp.exists, poll=0.001)  # the ranks are writing their shards
         run.proc.kill()
         run.finish()
         assert (run_dir / "checkpoints" / "last.pt" / ".metadata").is_file()  # still the previous, whole one
