@@ -59,9 +59,11 @@ def test_sigusr1_requeues_the_job_and_the_second_run_finishes_it_exactly(slurm_e
     # To the job's steps (every rank), not its batch shell: what `#SBATCH --signal=USR1@90` does.
     assert _run(["scancel", "--signal=USR1", job], slurm_env, ROOT).returncode == 0
     _wait("requeue", lambda: _job(job, slurm_env)["JobState"] == "PENDING" and _job(job, slurm_env)["Restarts"] == "1", out)
-    # The first attempt's step may still be tearing down ("waiting up to 32 seconds for job step to
-    # finish"); starting the second on top of it can fail it, which SLURM's own 2-minute hold avoids.
-    _wait("step teardown", lambda: not _run(["squeue", "-h", "-s", "-j", job], slurm_env, ROOT).stdout.strip(), out)
+    # The first attempt's step and batch script may still be ending ("waiting up to 32 seconds for job
+    # step to finish"). A second attempt started before the batch script's exit reaches slurmctld gets
+    # that exit status (FAILED, ExitCode 1:0, run time 0), which SLURM's own 2-minute hold avoids: start
+    # it only once the node, which runs nothing else, is idle.
+    _wait("node idle", lambda: _run(["sinfo", "-h", "-o", "%T"], slurm_env, ROOT).stdout.split() == ["idle"], out)
     # SLURM keeps a requeued job pending for ~2 minutes (Reason=BeginTime); an admin may start it now.
     assert _run(["scontrol", "update", f"JobId={job}", "StartTime=now"], slurm_env, ROOT).returncode == 0
     _wait("end", lambda: _job(job, slurm_env)["JobState"] in ENDED, out)
