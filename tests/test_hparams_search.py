@@ -108,6 +108,22 @@ def test_a_trial_left_running_by_a_killed_sweep_runs_again_with_its_parameters(t
     assert trials[1].params == killed.params and trials[1].system_attrs["failed_trial"] == killed.number
 
 
+def test_a_trial_whose_sweeper_died_before_its_first_heartbeat_runs_again(tmp_path):
+    study, storage = _open(tmp_path, heartbeat_interval=1, grace_period=1)
+    killed = study.ask(SPACE)  # killed here: no heartbeat was ever recorded for it
+    time.sleep(1.1)
+    young = study.ask(SPACE)  # another sweeper's, asked a moment ago, its first beat still to come
+    launch = FakeLauncher(tmp_path)
+    study, storage = _open(tmp_path, heartbeat_interval=1, grace_period=1)
+    _study._fail_stale(study)
+    assert _states(study) == ["FAIL", "RUNNING", "WAITING"]
+    retry = study.get_trials()[2]
+    assert retry.params == killed.params and retry.system_attrs["failed_trial"] == killed.number
+    study.tell(young, 0.5)
+    _study.run(study, SPACE, [], launch, tmp_path, n_trials=2, n_jobs=1, heartbeat=storage, poll_s=0.1)
+    assert _states(study) == ["FAIL", "COMPLETE", "COMPLETE"] and study.get_trials()[2].params == killed.params
+
+
 def test_a_live_trial_of_another_sweeper_is_waited_for_not_repeated(tmp_path):
     study, storage = _open(tmp_path, heartbeat_interval=1)
     other = study.ask(SPACE)
@@ -199,11 +215,6 @@ def _complete(db: Path) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="known race: a trial killed between study.ask and its first heartbeat stays RUNNING with no "
-    "heartbeat, which Optuna never finds stale, so the rerun waits for it (seen once in 4 full-suite runs)",
-)
 def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
     sweep = tmp_path / "search"
     cmd = [sys.executable, "train.py", "hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=4",

@@ -2,8 +2,9 @@
 
 The study, not this process, holds the progress: a sweep counts the study's complete trials and
 launches only what is missing to reach n_trials, so the same command run again after a kill
-carries on. Trials a killed sweep left RUNNING stop getting heartbeats; once they are older than
-the grace period any sweeper of the study fails them and runs their parameters again.
+carries on. Trials a killed sweep left RUNNING stop getting heartbeats (or never got one); once
+they are older than the grace period any sweeper of the study fails them and runs their parameters
+again.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
+from optuna.storages._rdb import models
+from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.trial import Trial, TrialState
 
 log = logging.getLogger(__name__)
@@ -80,6 +84,27 @@ def override_of(key: str, value: Any) -> str:
     return f"{key}={value}"
 
 
+class _Storage(RDBStorage):
+    """Optuna's RDB storage, whose stale trials also include those asked for and never beaten for.
+
+    A sweeper killed between study.ask and its first heartbeat leaves a RUNNING trial with no heartbeat
+    row, which RDBStorage never finds stale: the same command run again would wait for it forever.
+    """
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        stale = super()._get_stale_trial_ids(study_id)
+        assert self.heartbeat_interval is not None
+        # datetime_start is the asking process's local clock (RDBStorage.create_new_trial).
+        asked_before = datetime.now() - timedelta(seconds=self.grace_period or 2 * self.heartbeat_interval)
+        with _create_scoped_session(self.scoped_session) as session:
+            beaten = {trial_id for (trial_id,) in session.query(models.TrialHeartbeatModel.trial_id)}
+        running = self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
+        return stale + [
+            t._trial_id for t in running
+            if t._trial_id not in beaten and t.datetime_start is not None and t.datetime_start < asked_before
+        ]
+
+
 def open_study(
     name: str,
     storage: str | None,
@@ -93,7 +118,7 @@ def open_study(
     with the storage it is in, for heartbeats (the study's own handle on it is private)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeats: experimental since Optuna 2.9
-        rdb = RDBStorage(
+        rdb = _Storage(
             storage,
             heartbeat_interval=heartbeat_interval,
             grace_period=grace_period,
