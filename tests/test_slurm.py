@@ -105,12 +105,6 @@ def test_submitit_slurm_sweep_job_is_a_ddp_job(slurm_env, tmp_path, spawn_refere
     _assert_one_ddp_run(sweep / "0", spawn_reference)
 
 
-def _log_span(job: Path) -> tuple[str, str]:
-    """The first and last timestamps in a job's train.log ([2026-01-01 12:00:00,123] sorts as text)."""
-    lines = (job / "train.log").read_text().splitlines()
-    return lines[0][1:24], lines[-1][1:24]
-
-
 def test_search_runs_two_trials_at_once_as_slurm_jobs(slurm_env, tmp_path):
     sweep = tmp_path / "search"
     cmd = [sys.executable, "train.py", "hparams_search=digits", "hydra/launcher=submitit_slurm",
@@ -126,7 +120,8 @@ def test_search_runs_two_trials_at_once_as_slurm_jobs(slurm_env, tmp_path):
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
     jobs = [sweep / t.user_attrs["job"] for t in trials]
     assert [json.loads((job / "metrics.json").read_text())["best_val_acc"] for job in jobs] == [t.value for t in trials]
-    (start0, end0), (start1, end1) = (_log_span(job) for job in jobs)
-    assert start0 < end1 and start1 < end0  # both jobs were running at once
+    # Both in flight at once: asked together, told after one array ran both. (When SLURM starts each
+    # task is its scheduler's business: on a loaded node a 3-step job may end before the other starts.)
+    assert max(t.datetime_start for t in trials) < min(t.datetime_complete for t in trials)
     tasks = [p.name.split("_") for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", p.name)]
     assert sorted(task for _, task in tasks) == ["0", "1"] and len({job for job, _ in tasks}) == 1  # one array
