@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from config import setup
 from config.check import check, run_config, swept_overrides, typed
-from distributed.launch import launch
+from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
 from training.preemption import parse_signals, requeue_or_explain, resume_command
 from training.run import run
@@ -51,4 +51,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        skip_collection_at_exit()
