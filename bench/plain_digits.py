@@ -1,7 +1,7 @@
 """The baseline for the default job: the same work as `python train.py`, written as a plain script.
 
 scikit-learn's digits with the same split (data.digits) and normalisation, seed 002's Net, SGD + cosine over
-`--epochs` (15, as conf/trainer/default.yaml) at batch 64, evaluated each epoch. Prints one JSON line: final validation accuracy.
+`--epochs` (15, as config/schema.py) at batch 64, evaluated each epoch. Prints one JSON line: final validation accuracy.
 """
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ def tensors(images, labels) -> TensorDataset:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=15)
-    epochs = parser.parse_args().epochs
-    torch.manual_seed(0)
+    parser.add_argument("--seed", type=int, default=0, help="as trainer.seed")
+    args = parser.parse_args()
+    epochs = args.epochs
+    torch.manual_seed(args.seed)
     images, labels = images_and_labels()
     train_idx, val_idx = stratified_split(labels, 0.2)
     train = DataLoader(tensors(images[train_idx], labels[train_idx]), batch_size=64, shuffle=True)

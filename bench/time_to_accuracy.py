@@ -1,36 +1,49 @@
 """The default job (`make train`): wall time from the command to its exit, and the accuracy reached.
 
-python -m bench.time_to_accuracy [--quick]
+python -m bench.time_to_accuracy [--quick] [--rounds N]
 
-The baseline, timed in the same run, is bench/plain_digits.py: the same work as a plain script.
-Target: final validation accuracy ≥ 98 % in ≤ 10 s on 2 cores, start-up included.
+The baseline is bench/plain_digits.py: the same work as a plain script. Each round runs both, in
+alternating order, with the round's seed (trainer.seed=r, --seed r): 360 validation images make one
+seed's accuracy a coin toss within ±1 image, so the accuracy reported is the median over seeds, and
+the wall ratio is the median of the per-round ratios (this machine's neighbours swing absolute times).
+Target: median final validation accuracy ≥ 98 % in ≤ 10 s on 2 cores, start-up included; ratio ≤ 1.00.
 """
 from __future__ import annotations
 
 import argparse
 import time
+from typing import Callable
 
 from bench.common import median, python_json, table, train
 
-TARGET_ACC, TARGET_S = 0.98, 10.0
+TARGET_ACC, TARGET_S, TARGET_RATIO = 0.98, 10.0, 1.0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 epoch, once: a smoke run whose figures mean nothing")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    epochs, repeats = (1, 1) if args.quick else (15, args.repeats)
+    epochs, rounds = (1, 1) if args.quick else (15, args.rounds)
 
-    ours, plain = Timings(), Timings()
-    for _ in range(repeats):
-        ours.time(lambda: train(f"trainer.epochs={epochs}")["val_acc"])
-        plain.time(lambda: python_json("-m", "bench.plain_digits", "--epochs", str(epochs))["val_acc"])
-    rows = [ours.row("python train.py", met=ours.acc >= TARGET_ACC and ours.wall <= TARGET_S)]
-    rows.append(plain.row("bench/plain_digits.py (baseline)", met=None))
-    rows.append(["ratio ours / baseline (wall)", ours.wall / plain.wall, "", "", ""])
-    target = f"target ≥ {TARGET_ACC:.0%} in ≤ {TARGET_S:.0f} s"
-    print(table(["job", "wall (s)", "final val acc (median)", "range", target], rows))
+    ours, plain, ratios = Timings(), Timings(), []
+    for seed in range(rounds):
+        jobs = [
+            (ours, lambda: train(f"trainer.epochs={epochs}", f"trainer.seed={seed}")["val_acc"]),
+            (plain, lambda: python_json("-m", "bench.plain_digits", "--epochs", str(epochs), "--seed", str(seed))["val_acc"]),
+        ]
+        for timings, job in jobs if seed % 2 == 0 else jobs[::-1]:
+            timings.time(job)
+        ratios.append(ours.walls[-1] / plain.walls[-1])
+    ratio = median(ratios)
+    rows = [
+        ours.row("python train.py", met=ours.acc >= TARGET_ACC and ours.wall <= TARGET_S),
+        plain.row("bench/plain_digits.py (baseline)", met=None),
+        ["ratio ours / baseline (wall, median of rounds)", ratio, "", f"{min(ratios):.3f}–{max(ratios):.3f}",
+         "meets target" if ratio <= TARGET_RATIO else "MISSES target"],
+    ]
+    target = f"target ≥ {TARGET_ACC:.0%} in ≤ {TARGET_S:.0f} s; ratio ≤ {TARGET_RATIO:.2f}"
+    print(table(["job", "wall (s)", "final val acc (median of seeds)", "range", target], rows))
 
 
 class Timings:
@@ -38,7 +51,7 @@ class Timings:
         self.walls: list[float] = []
         self.accs: list[float] = []
 
-    def time(self, job) -> None:
+    def time(self, job: Callable[[], float]) -> None:
         start = time.perf_counter()
         self.accs.append(job())
         self.walls.append(time.perf_counter() - start)
