@@ -98,28 +98,29 @@ def _checkpointer(directory, model):
 def test_best_pt_is_never_replaced_by_a_worse_model_even_from_an_earlier_run(tmp_path):
     model = MnistNet(1, 10, 8)
     first_run = _checkpointer(tmp_path, model)
-    first_run.save_best(TrainState(epoch=1, best_val_acc=0.9))
+    first_run.save(TrainState(epoch=1, best_val_acc=0.9), best=True)
     first_run.close()
     before = (tmp_path / "best.pt").read_bytes()
     later_run = _checkpointer(tmp_path, model)  # a new run in the same directory
-    later_run.save_best(TrainState(epoch=1, best_val_acc=0.5))
+    later_run.save(TrainState(epoch=1, best_val_acc=0.5), best=True)
     later_run.wait()
     assert (tmp_path / "best.pt").read_bytes() == before
-    later_run.save_best(TrainState(epoch=2, best_val_acc=0.95))
+    later_run.save(TrainState(epoch=2, best_val_acc=0.95), best=True)
     later_run.close()
     assert torch.load(tmp_path / "best.pt", weights_only=True)["best"] == 0.95
+    assert torch.load(tmp_path / "last.pt", weights_only=True)["epoch"] == 2  # the same snapshot
 
 
 def test_a_save_is_the_state_at_the_call_and_written_in_the_background(tmp_path):
     """Training goes on while the file is written; what lands is the state when save was called."""
     model = torch.nn.Linear(2, 1)
     checkpointer = _checkpointer(tmp_path, model)
-    checkpointer.save("last.pt", TrainState(epoch=1, step=5))
+    checkpointer.save(TrainState(epoch=1, step=5))
     with torch.no_grad():
         model.weight.fill_(7.0)  # the next steps, before the write may have finished
-    checkpointer.save("last.pt", TrainState(epoch=1, step=6))
+    checkpointer.save(TrainState(epoch=1, step=6))
     checkpointer.close()
-    assert checkpointer._writer is not None and checkpointer._pending is None
+    assert checkpointer._writer is not None and checkpointer._pending == []
     saved = torch.load(tmp_path / "last.pt", weights_only=True)
     assert saved["step"] == 6 and torch.equal(saved["model"]["weight"], torch.full((1, 2), 7.0))
 
@@ -131,7 +132,7 @@ def test_a_failed_background_write_raises_at_the_next_save_or_close(tmp_path, mo
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", disk_full)
-    checkpointer.save("last.pt", TrainState(epoch=1))
+    checkpointer.save(TrainState(epoch=1))
     with pytest.raises(OSError, match="No space left"):
         checkpointer.close()
     assert not (tmp_path / "last.pt").exists()

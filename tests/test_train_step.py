@@ -138,16 +138,16 @@ def test_a_checkpoint_saved_under_any_strategy_loads_under_any_other(process_gro
         torch.manual_seed(0)
         source = wrap_saved(TinyNet())
         optimizer = torch.optim.SGD(source.parameters(), lr=0.1)
-        saver = Checkpointer(process_group, tmp_path, source, optimizer, None, "", None)
-        saver.save(f"{saved_by}.pt", TrainState())
+        saver = Checkpointer(process_group, tmp_path / saved_by, source, optimizer, None, "", None)
+        saver.save(TrainState())
         saver.close()
-        saved = torch.load(tmp_path / f"{saved_by}.pt", weights_only=True)["model"]
+        saved = torch.load(tmp_path / saved_by / "last.pt", weights_only=True)["model"]
         assert set(saved) == plain_keys, saved_by
         for loaded_by, wrap_loaded in WRAPPERS.items():
             torch.manual_seed(1)
             target = wrap_loaded(TinyNet())
             optimizer = torch.optim.SGD(target.parameters(), lr=0.1)
-            Checkpointer(process_group, tmp_path, target, optimizer, None, "", None).restore(tmp_path / f"{saved_by}.pt")
+            Checkpointer(process_group, tmp_path, target, optimizer, None, "", None).restore(tmp_path / saved_by / "last.pt")
             for name, value in target.state_dict().items():
                 key = name.replace("module.", "").replace("_orig_mod.", "")
                 assert torch.equal(value, saved[key]), (saved_by, loaded_by, name)
@@ -158,7 +158,7 @@ def test_the_grad_scaler_state_is_checkpointed(tmp_path):
     x, _ = _batch()
     trainer.scaler.scale(trainer.model(x).sum() * float("inf")).backward()
     trainer.optimizer_step()  # overflow: skip the step, halve the scale
-    trainer.checkpointer.save("last.pt", TrainState())
+    trainer.checkpointer.save(TrainState())
     trainer.checkpointer.close()
     restored = torch.amp.GradScaler("cpu")
     Checkpointer(trainer.ctx, tmp_path, trainer.model, trainer.optimizer, None, "", restored).restore(tmp_path / "last.pt")

@@ -132,26 +132,42 @@ class Checkpointer:
         self.config_yaml = config_yaml
         self._best_on_disk = _best_in(directory / "best.pt") if ctx.is_main else None
         self._writer: ThreadPoolExecutor | None = None
-        self._pending: Future | None = None
+        self._pending: list[Future] = []  # oldest first
 
-    def save(self, name: str, state: TrainState) -> None:
-        """Every rank must call this for a mid-epoch save (it gathers their RNG states)."""
+    def save(self, state: TrainState, best: bool = False) -> None:
+        """last.pt, after best.pt when `best` and better than any best.pt on disk: one snapshot for both.
+
+        Every rank must call this for a mid-epoch save (it gathers their RNG states)."""
         rng = _gather_rng(self.ctx) if state.batch else None
         if not self.ctx.is_main:
             return
+        names = ["best.pt"] if best and self._better_than_on_disk(state) else []
         snapshot = _host_copy(
             {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **self._train_state(state, rng)}
         )
-        self.wait()  # one write at a time: last.pt never goes back to an older state
+        # One writer thread writes the files in order, each atomically; with the write in flight
+        # and this one queued, a third save waits: at most two snapshots are held at once.
+        self._wait(keep=1)
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
-        self._pending = self._writer.submit(save_checkpoint, snapshot, self.directory / name)
+        for name in [*names, "last.pt"]:
+            self._pending.append(self._writer.submit(save_checkpoint, snapshot, self.directory / name))
+
+    def _better_than_on_disk(self, state: TrainState) -> bool:
+        """best.pt only ever gets better, even one left by an earlier run in this directory."""
+        if self._best_on_disk is not None and state.best_val_acc <= self._best_on_disk:
+            return False
+        self._best_on_disk = state.best_val_acc
+        return True
 
     def wait(self) -> None:
-        """Until the last save is on disk; a failed write raises here."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+        """Until every save is on disk; a failed write raises here."""
+        self._wait(keep=0)
+
+    def _wait(self, keep: int) -> None:
+        """Until at most `keep` writes are left queued or in flight; the first that failed raises."""
+        while len(self._pending) > keep:
+            self._pending.pop(0).result()
 
     def close(self) -> None:
         self.wait()
@@ -173,13 +189,6 @@ class Checkpointer:
             "rng": rng,
             "config": self.config_yaml,
         }
-
-    def save_best(self, state: TrainState) -> None:
-        """best.pt only ever gets better, even one left by an earlier run in this directory."""
-        if self._best_on_disk is not None and state.best_val_acc <= self._best_on_disk:
-            return
-        self.save("best.pt", state)
-        self._best_on_disk = state.best_val_acc
 
     def restore(self, path: Path) -> TrainState:
         """Every rank loads the same file; DDP's weights then agree without a broadcast."""

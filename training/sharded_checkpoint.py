@@ -39,9 +39,12 @@ class ShardedCheckpointer(Checkpointer):
         # Gathering best.pt takes every rank, so every rank must agree on whether to save it.
         self._best_on_disk = all_gather_object(self._best_on_disk, ctx)[0]
 
-    def save(self, name: str, state: TrainState) -> None:
-        """Every rank writes its shards of `name`; rank 0 commits it."""
+    def save(self, state: TrainState, best: bool = False) -> None:
+        """Every rank writes its shards of last.pt; rank 0 commits it. best.pt first, when `best`."""
+        if best:
+            self._save_best(state)
         rng = _gather_rng(self.ctx) if state.batch else None
+        name = "last.pt"
         final = self.directory / name
         tmp = self.directory / f".{name}.tmp"
         if self.ctx.is_main:
@@ -54,16 +57,15 @@ class ShardedCheckpointer(Checkpointer):
         # No rank may start the next save's writes into the temp directory before it is renamed.
         barrier(self.ctx)
 
-    def save_best(self, state: TrainState) -> None:
+    def _save_best(self, state: TrainState) -> None:
         """best.pt only ever gets better; it is one file in the format every strategy loads."""
-        if self._best_on_disk is not None and state.best_val_acc <= self._best_on_disk:
+        if not self._better_than_on_disk(state):
             return
         model_state, optimizer_state = _sharded_state().full_state(self.model, self.optimizer)
         rng = _gather_rng(self.ctx) if state.batch else None
         if self.ctx.is_main:
             payload = {"model": model_state, "optimizer": optimizer_state, **self._train_state(state, rng)}
             save_checkpoint(payload, self.directory / "best.pt")
-        self._best_on_disk = state.best_val_acc
 
     def _load_weights(self, checkpoint: dict) -> None:
         """A whole checkpoint (best.pt, or any strategy's last.pt file): each rank keeps its shards."""

@@ -130,9 +130,7 @@ class Trainer:
                 epoch + 1, settings.epochs, train.loss, train.acc, val.loss, val.acc, val.acc5,
                 f"  ema loss {ema.loss:.4f} acc {ema.acc:.4f} acc5 {ema.acc5:.4f}" if ema else "", speed,
             )
-            if improved:
-                self.checkpointer.save_best(state)
-            self.checkpointer.save("last.pt", state)
+            self.checkpointer.save(state, best=improved)
             more = state.epoch < settings.epochs and not self._done()
             if more and self.preemption is not None and self.preemption.should_stop(state.step, force=True):
                 raise self.preemption.preempted()  # last.pt, just saved, holds this epoch's end
@@ -211,7 +209,7 @@ class Trainer:
             stop = self.preemption is not None and self.preemption.should_stop(state.step)
             if stop or (every and state.step % every == 0):
                 self._raise_if_nonfinite()
-                self.checkpointer.save("last.pt", state)
+                self.checkpointer.save(state)
             if stop:
                 bar.close()
                 raise self.preemption.preempted()
