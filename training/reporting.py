@@ -4,10 +4,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -72,30 +71,31 @@ class Reporter:
         self.main_draws = logger.tensorboard and logger.sample_images > 0  # rank 0 draws sample predictions
         self._samples: tuple[torch.Tensor, torch.Tensor] | None = None
         self._made: SummaryWriter | None = None
-        self._writes: list[Future] = []
-        # Every TensorBoard call runs in order on one thread beside training: the writer's imports
-        # (~0.1 s), and each epoch's sample grid drawn and PNG-encoded (~10 ms), stay off the steps.
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorboard") if self.enabled else None
-        self._submit(self._make_writer)
+        self._making: threading.Thread | None = None
+        if self.enabled:
+            # TensorBoard's imports take ~0.1 s: made beside the first steps (whose kernels release
+            # the GIL), not before them; the first write waits for it.
+            self._making = threading.Thread(target=self._make_writer, name="tensorboard", daemon=True)
+            self._making.start()
 
     def _make_writer(self) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self._made = SummaryWriter(log_dir=str(self.run_dir / "tb"))
 
-    def _submit(self, write: Callable[[], None]) -> None:
-        if self._thread is None:
-            return
-        self._writes = [f for f in self._writes if not f.done() or f.exception() is not None]
-        self._writes.append(self._thread.submit(write))
-
     @property
     def _writer(self) -> SummaryWriter:
-        assert self._made is not None, "TensorBoard's writer could not be made: see the error close() raises"
+        if self._making is not None:
+            self._making.join()
+            self._making = None
+        if self._made is None:
+            raise RuntimeError("TensorBoard's writer could not be made (see the tensorboard thread's error above)")
         return self._made
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        self._submit(lambda: [self._writer.add_scalar(tag, value, step) for tag, value in values.items()])
+        if self.enabled:
+            for tag, value in values.items():
+                self._writer.add_scalar(tag, value, step)
 
     @torch.no_grad()
     def samples(self, step: int, model: nn.Module, loader: Any) -> None:
@@ -114,8 +114,8 @@ class Reporter:
         net.eval()
         predicted = net(images.to(self.device)).argmax(dim=1).cpu()
         net.train(training)
-        self._submit(lambda: self._writer.add_image(
-            "val/samples", sample_grid(images, predicted, targets), step, dataformats="HWC"))
+        if self.enabled:
+            self._writer.add_image("val/samples", sample_grid(images, predicted, targets), step, dataformats="HWC")
 
     def hparams(self, options: dict[str, Any], metrics: dict[str, Any], swept: dict[str, Any] | None = None) -> None:
         """One row in the HParams tab: this job's options against its final figures.
@@ -125,19 +125,15 @@ class Reporter:
         """
         if not self.enabled:
             return
+        from torch.utils.tensorboard.summary import hparams
+
         values, heading = hparam_values(options, swept or {})
         step = metrics.get("steps", 0)
-
-        def write() -> None:
-            from torch.utils.tensorboard.summary import hparams
-
-            _, start, end = hparams(values, {})  # the session's start and end, as torch writes them
-            # SummaryWriter.add_hparams would open a second writer in a timestamped subdirectory, which
-            # TensorBoard shows as a run of its own; written here, a sweep shows one run per job.
-            for summary in (experiment_summary(values, heading), start, end):
-                self._writer.file_writer.add_summary(summary, step)
-
-        self._submit(write)
+        _, start, end = hparams(values, {})  # the session's start and end, as torch writes them
+        # SummaryWriter.add_hparams would open a second writer in a timestamped subdirectory, which
+        # TensorBoard shows as a run of its own; written here, a sweep shows one run per job.
+        for summary in (experiment_summary(values, heading), start, end):
+            self._writer.file_writer.add_summary(summary, step)
         self.scalars(step, {tag: metrics[tag[len("final/"):]] for tag in HPARAM_METRICS
                             if tag.startswith("final/") and tag[len("final/"):] in metrics})
 
@@ -147,14 +143,8 @@ class Reporter:
             (self.run_dir / "metrics.json").write_text(json.dumps(metrics) + "\n")
 
     def close(self) -> None:
-        """Everything written and the event file closed; the first write that failed raises here."""
-        if self._thread is None:
-            return
-        self._submit(lambda: self._writer.close())
-        self._thread.shutdown()
-        self._thread = None
-        for write in self._writes:
-            write.result()
+        if self.enabled:
+            self._writer.close()
 
 
 def _first_samples(loader: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
