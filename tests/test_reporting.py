@@ -1,6 +1,8 @@
 """What TensorBoard shows: the per-epoch grid of validation samples, and the HParams tab's row per job."""
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -9,7 +11,7 @@ from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 from config.check import swept_overrides
 from config.schema import LoggerConfig
 from distributed.context import DistContext
-from training.reporting import HPARAM_METRICS, Reporter, sample_grid
+from training.reporting import HPARAM_METRICS, Reporter, image_summary, sample_grid
 
 
 def _caption_hues(grid: np.ndarray, index: int, tile: int = 96) -> set[str]:
@@ -74,3 +76,12 @@ def test_hparams_write_nothing_on_other_ranks(tmp_path):
     reporter.hparams({"model": "m"}, {"best_val_acc": 1.0}, {"model": "m"})
     reporter.close()
     assert not (tmp_path / "tb").exists()
+
+
+def test_the_image_summary_holds_the_grid_losslessly():
+    from PIL import Image
+
+    grid = sample_grid(torch.randn(6, 3, 5, 5), torch.arange(6), torch.arange(6))
+    (value,) = image_summary("val/samples", grid).value
+    assert (value.tag, value.image.height, value.image.width, value.image.colorspace) == ("val/samples", *grid.shape)
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(value.image.encoded_image_string))), grid)

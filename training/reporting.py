@@ -1,6 +1,7 @@
 """What the run tells people: console and train.log, TensorBoard, metrics.json. Rank 0 only."""
 from __future__ import annotations
 
+import io
 import json
 import logging
 import sys
@@ -17,6 +18,7 @@ from distributed.context import DistContext
 from distributed.strategies import gathers_in_forward, unwrap
 
 if TYPE_CHECKING:
+    from tensorboard.compat.proto.summary_pb2 import Summary
     from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger("train")
@@ -115,7 +117,8 @@ class Reporter:
         predicted = net(images.to(self.device)).argmax(dim=1).cpu()
         net.train(training)
         if self.enabled:
-            self._writer.add_image("val/samples", sample_grid(images, predicted, targets), step, dataformats="HWC")
+            grid = sample_grid(images, predicted, targets)
+            self._writer.file_writer.add_summary(image_summary("val/samples", grid), step)
 
     def hparams(self, options: dict[str, Any], metrics: dict[str, Any], swept: dict[str, Any] | None = None) -> None:
         """One row in the HParams tab: this job's options against its final figures.
@@ -164,22 +167,34 @@ def sample_grid(images: torch.Tensor, predicted: torch.Tensor, targets: torch.Te
     """An HWC uint8 grid: each image scaled to its own min..max, captioned green when right, red when wrong."""
     from PIL import Image, ImageDraw
 
+    # Per-image min-max undoes any normalisation well enough to look at, whatever the dataset.
+    x = images.float()
+    low, high = x.amin(dim=(1, 2, 3), keepdim=True), x.amax(dim=(1, 2, 3), keepdim=True)
+    pixels = ((x - low) / (high - low).clamp_min(1e-8) * 255).to(torch.uint8)
+    pixels = pixels.expand(-1, 3, -1, -1) if pixels.shape[1] == 1 else pixels
     columns = min(len(images), 4)
     rows = -(-len(images) // columns)
     caption, gap = 14, 2
     grid = Image.new("RGB", (columns * (tile + gap) - gap, rows * (tile + caption)), "white")
     draw = ImageDraw.Draw(grid)
-    for i, (image, p, t) in enumerate(zip(images.float(), predicted.tolist(), targets.tolist())):
-        # Per-image min-max undoes any normalisation well enough to look at, whatever the dataset.
-        low, high = image.min(), image.max()
-        pixels = ((image - low) / (high - low).clamp_min(1e-8) * 255).to(torch.uint8)
-        if pixels.shape[0] == 1:
-            pixels = pixels.expand(3, -1, -1)
-        tile_image = Image.fromarray(pixels.permute(1, 2, 0).numpy()).resize((tile, tile), Image.NEAREST)
+    for i, (hwc, p, t) in enumerate(zip(pixels.permute(0, 2, 3, 1).numpy(), predicted.tolist(), targets.tolist())):
         x, y = (i % columns) * (tile + gap), (i // columns) * (tile + caption)
-        grid.paste(tile_image, (x, y))
+        grid.paste(Image.fromarray(hwc).resize((tile, tile), Image.NEAREST), (x, y))
         draw.text((x + 2, y + tile + 1), f"pred {p} / true {t}", fill=(0, 140, 0) if p == t else (200, 0, 0))
     return np.asarray(grid)
+
+
+def image_summary(tag: str, hwc: np.ndarray) -> Summary:
+    """TensorBoard's image summary, as SummaryWriter.add_image makes it but PNG-encoded at zlib
+    level 1: a grid a third of add_image's time (its level 6), for a file a few % larger."""
+    from PIL import Image
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    png = io.BytesIO()
+    Image.fromarray(hwc).save(png, format="PNG", compress_level=1)
+    height, width, channels = hwc.shape
+    image = Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=png.getvalue())
+    return Summary(value=[Summary.Value(tag=tag, image=image)])
 
 
 def hparam_values(options: dict[str, Any], swept: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
