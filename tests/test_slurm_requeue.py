@@ -60,12 +60,12 @@ def test_sigusr1_requeues_the_job_and_the_second_run_finishes_it_exactly(slurm_e
     assert _run(["scancel", "--signal=USR1", job], slurm_env, ROOT).returncode == 0
     _wait("requeue", lambda: _job(job, slurm_env)["JobState"] == "PENDING" and _job(job, slurm_env)["Restarts"] == "1", out)
     # The first attempt's step and batch script may still be ending ("waiting up to 32 seconds for job
-    # step to finish"). A second attempt started before the batch script's exit reaches slurmctld gets
-    # that exit status (FAILED, ExitCode 1:0, run time 0), which SLURM's own 2-minute hold avoids: start
-    # it only once the node, which runs nothing else, is idle.
+    # step to finish"): start the second only once the node, which runs nothing else, is idle.
     _wait("node idle", lambda: _run(["sinfo", "-h", "-o", "%T"], slurm_env, ROOT).stdout.split() == ["idle"], out)
-    # SLURM keeps a requeued job pending for ~2 minutes (Reason=BeginTime); an admin may start it now.
-    assert _run(["scontrol", "update", f"JobId={job}", "StartTime=now"], slurm_env, ROOT).returncode == 0
+    # SLURM keeps a requeued job pending for ~2 minutes (Reason=BeginTime); an admin may start it
+    # sooner, though not within the second the first run's credential was revoked in: slurmd refuses
+    # that start ("Killing non-startable batch job: Job credential revoked", exit 1:0, run time 0).
+    assert _run(["scontrol", "update", f"JobId={job}", "StartTime=now+2"], slurm_env, ROOT).returncode == 0
     _wait("end", lambda: _job(job, slurm_env)["JobState"] in ENDED, out)
 
     shown = _run(["scontrol", "show", "job", job], slurm_env, ROOT).stdout
