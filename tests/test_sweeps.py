@@ -16,6 +16,7 @@ from config.schema import StrategyName
 from config.setup import compose
 from errors import ConfigError
 from tests.conftest import ROOT
+from training.reporting import HPARAM_METRICS
 
 TINY = ("debug=limit", "logger=tensorboard")  # 3 short epochs, with the TensorBoard files under test
 
@@ -68,8 +69,11 @@ def test_scaling_sweep_runs_ddp_per_job_and_reports(tmp_path):
         (events_file,) = (job / "tb").iterdir()  # rank 0 alone writes, hparams included: one file
         events = EventAccumulator(str(job / "tb"), size_guidance={"images": 0})
         events.Reload()
-        assert {"train/loss", "val/acc", "final/best_val_acc"} <= set(events.Tags()["scalars"])
-        assert events.Scalars("final/best_val_acc")[-1].value == pytest.approx(m["best_val_acc"])
+        # Each HParams metric is the last point of a per-epoch series: no one-point final/* charts.
+        assert {"train/loss", *HPARAM_METRICS} <= set(events.Tags()["scalars"])
+        assert not any(tag.startswith("final/") for tag in events.Tags()["scalars"])
+        assert [e.value for e in events.Scalars("val/best_acc")] == sorted(e.value for e in events.Scalars("val/best_acc"))
+        assert events.Scalars("val/best_acc")[-1].value == pytest.approx(m["best_val_acc"])
         hparams = _hparams(events)
         assert (hparams["strategy"], hparams["devices"], hparams["model"]) == ("ddp", m["devices"], "mnist_net")
         images = events.Images("val/samples")

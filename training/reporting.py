@@ -49,14 +49,13 @@ def configure_logging(ctx: DistContext, run_dir: Path) -> None:
 
 # The figures TensorBoard's HParams tab sets against each job's options: tag -> column title.
 # TensorBoard takes a metric's value from the last point of the scalar series of its tag (there is no
-# other source), so the final validation figures and speed come from the per-epoch series, with no
-# chart of their own; the figures without a series are written once, at the last step, under final/.
+# other source), so each is a series the trainer writes every epoch: no one-point charts.
 HPARAM_METRICS = {
     "val/acc": "final val acc",
-    "final/best_val_acc": "best val acc",
+    "val/best_acc": "best val acc",
     "val/loss": "final val loss",
     "throughput/samples_per_s": "samples/s (last epoch)",
-    "final/wall_s": "wall time (s)",
+    "time/train_s": "training time (s)",
 }
 
 
@@ -137,8 +136,6 @@ class Reporter:
         # TensorBoard shows as a run of its own; written here, a sweep shows one run per job.
         for summary in (experiment_summary(values, heading), start, end):
             self._writer.file_writer.add_summary(summary, step)
-        self.scalars(step, {tag: metrics[tag[len("final/"):]] for tag in HPARAM_METRICS
-                            if tag.startswith("final/") and tag[len("final/"):] in metrics})
 
     def write_metrics(self, metrics: dict[str, Any]) -> None:
         """One JSON object on one line: sweep reports read one file per run."""

@@ -104,6 +104,7 @@ class Trainer:
         state, settings = self.state, self.settings
         samples_per_s: list[float] = []
         train = val = ema = memory = None
+        started = time.perf_counter()
         while state.epoch < settings.epochs and not self._done():
             epoch = state.epoch
             train, speed = self.train_epoch()
@@ -119,7 +120,8 @@ class Trainer:
             self.reporter.scalars(
                 state.step,
                 {
-                    "val/loss": val.loss, "val/acc": val.acc, "val/acc5": val.acc5, "throughput/samples_per_s": speed,
+                    "val/loss": val.loss, "val/acc": val.acc, "val/acc5": val.acc5, "val/best_acc": state.best_val_acc,
+                    "throughput/samples_per_s": speed, "time/train_s": time.perf_counter() - started,
                     **({"val_ema/loss": ema.loss, "val_ema/acc": ema.acc, "val_ema/acc5": ema.acc5} if ema else {}),
                     **{f"memory/peak_mb/device{i}": mb for i, mb in enumerate(memory or [])},
                 },
