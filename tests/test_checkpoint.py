@@ -125,7 +125,7 @@ def test_a_save_is_the_state_at_the_call_and_written_in_the_background(tmp_path)
     assert saved["step"] == 6 and torch.equal(saved["model"]["weight"], torch.full((1, 2), 7.0))
 
 
-def test_a_failed_background_write_raises_at_the_next_save_or_close(tmp_path, monkeypatch):
+def test_a_failed_background_write_raises_at_a_later_save_or_at_close(tmp_path, monkeypatch):
     checkpointer = _checkpointer(tmp_path, torch.nn.Linear(2, 1))
 
     def disk_full(fd):
@@ -133,8 +133,11 @@ def test_a_failed_background_write_raises_at_the_next_save_or_close(tmp_path, mo
 
     monkeypatch.setattr(os, "fsync", disk_full)
     checkpointer.save(TrainState(epoch=1))
+    checkpointer.save(TrainState(epoch=2))  # queued behind the first: nothing waited for yet
     with pytest.raises(OSError, match="No space left"):
-        checkpointer.close()
+        checkpointer.save(TrainState(epoch=3))  # waits for the first write, which failed
+    with pytest.raises(OSError, match="No space left"):
+        checkpointer.close()  # the second failed too
     assert not (tmp_path / "last.pt").exists()
 
 
