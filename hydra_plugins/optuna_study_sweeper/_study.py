@@ -93,16 +93,16 @@ class _Storage(RDBStorage):
 
     def _get_stale_trial_ids(self, study_id: int) -> list[int]:
         stale = super()._get_stale_trial_ids(study_id)
-        assert self.heartbeat_interval is not None
         # datetime_start is the asking process's local clock (RDBStorage.create_new_trial).
         asked_before = datetime.now() - timedelta(seconds=self.grace_period or 2 * self.heartbeat_interval)
-        with _create_scoped_session(self.scoped_session) as session:
-            beaten = {trial_id for (trial_id,) in session.query(models.TrialHeartbeatModel.trial_id)}
         running = self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
-        return stale + [
-            t._trial_id for t in running
-            if t._trial_id not in beaten and t.datetime_start is not None and t.datetime_start < asked_before
-        ]
+        old = [t._trial_id for t in running if t.datetime_start is not None and t.datetime_start < asked_before]
+        if not old:
+            return stale
+        heartbeat = models.TrialHeartbeatModel
+        with _create_scoped_session(self.scoped_session) as session:
+            beaten = {i for (i,) in session.query(heartbeat.trial_id).filter(heartbeat.trial_id.in_(old))}
+        return stale + [trial_id for trial_id in old if trial_id not in beaten]
 
 
 def open_study(
