@@ -14,7 +14,7 @@ import argparse
 import time
 from typing import Callable
 
-from bench.common import median, python_json, table, train
+from bench.common import median, python_json, table, train, verdict
 
 TARGET_ACC, TARGET_S, TARGET_RATIO = 0.98, 10.0, 1.0
 
@@ -40,7 +40,7 @@ def main() -> None:
         ours.row("python train.py", met=ours.acc >= TARGET_ACC and ours.wall <= TARGET_S),
         plain.row("bench/plain_digits.py (baseline)", met=None),
         ["ratio ours / baseline (wall, median of rounds)", ratio, "", f"{min(ratios):.3f}–{max(ratios):.3f}",
-         "meets target" if ratio <= TARGET_RATIO else "MISSES target"],
+         verdict(ratio, TARGET_RATIO, higher_is_better=False)],
     ]
     target = f"target ≥ {TARGET_ACC:.0%} in ≤ {TARGET_S:.0f} s; ratio ≤ {TARGET_RATIO:.2f}"
     print(table(["job", "wall (s)", "final val acc (median of seeds)", "range", target], rows))
@@ -65,8 +65,8 @@ class Timings:
         return median(self.accs)
 
     def row(self, name: str, met: bool | None) -> list:
-        verdict = "" if met is None else ("meets target" if met else "MISSES target")
-        return [name, self.wall, f"{self.acc:.4f}", f"{min(self.accs):.4f}–{max(self.accs):.4f}", verdict]
+        said = "" if met is None else ("meets target" if met else "MISSES target")
+        return [name, self.wall, f"{self.acc:.4f}", f"{min(self.accs):.4f}–{max(self.accs):.4f}", said]
 
 
 if __name__ == "__main__":
