@@ -165,9 +165,9 @@ def sample_grid(images: torch.Tensor, predicted: torch.Tensor, targets: torch.Te
     from PIL import Image, ImageDraw
 
     # Per-image min-max undoes any normalisation well enough to look at, whatever the dataset.
-    x = images.float()
-    low, high = x.amin(dim=(1, 2, 3), keepdim=True), x.amax(dim=(1, 2, 3), keepdim=True)
-    pixels = ((x - low) / (high - low).clamp_min(1e-8) * 255).to(torch.uint8)
+    values = images.float()
+    low, high = values.amin(dim=(1, 2, 3), keepdim=True), values.amax(dim=(1, 2, 3), keepdim=True)
+    pixels = ((values - low) / (high - low).clamp_min(1e-8) * 255).to(torch.uint8)
     pixels = pixels.expand(-1, 3, -1, -1) if pixels.shape[1] == 1 else pixels
     columns = min(len(images), 4)
     rows = -(-len(images) // columns)
