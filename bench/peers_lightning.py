@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from bench.plain_loop import NETS, SGD
+from bench.plain_loop import NETS, SGD, add_job_arguments
 from bench.startup import FIRST_STEP
 
 
@@ -54,10 +54,7 @@ class FirstStep(L.Callback):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=NETS, required=True)
-    parser.add_argument("--channels", type=int, required=True)
-    parser.add_argument("--image-size", type=int, required=True)
-    parser.add_argument("--classes", type=int, default=10)
+    add_job_arguments(parser)
     parser.add_argument("--train-size", type=int, default=2048)
     parser.add_argument("--val-size", type=int, default=512)
     parser.add_argument("--batch-size", type=int, required=True)

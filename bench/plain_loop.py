@@ -27,6 +27,14 @@ NETS = {"simple_cnn": SimpleCNN, "mnist_net": MnistNet}
 SGD = {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True}  # conf/optimizer/sgd.yaml
 
 
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """What both baselines (this loop, bench/peers_lightning.py) train: a NETS model on random images."""
+    parser.add_argument("--model", choices=NETS, required=True)
+    parser.add_argument("--channels", type=int, required=True)
+    parser.add_argument("--image-size", type=int, required=True)
+    parser.add_argument("--classes", type=int, default=10)
+
+
 def sliced(x: torch.Tensor, y: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     for idx in torch.randperm(len(x)).split(batch_size):
         yield x[idx], y[idx]
@@ -34,10 +42,7 @@ def sliced(x: torch.Tensor, y: torch.Tensor, batch_size: int) -> Iterator[tuple[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=NETS, required=True)
-    parser.add_argument("--channels", type=int, required=True)
-    parser.add_argument("--image-size", type=int, required=True)
-    parser.add_argument("--classes", type=int, default=10)
+    add_job_arguments(parser)
     parser.add_argument("--train-size", type=int, required=True)
     parser.add_argument("--val-size", type=int, default=0)
     parser.add_argument("--batch-size", type=int, required=True)
