@@ -21,7 +21,7 @@ from models.resnet import resnet
 from models.simple_cnn import SimpleCNN
 from tests.conftest import job_config, last_weights, run_train, same_weights, typed_config
 from tests.test_launchers import _finish, _one_run_dir, _torchrun
-from tests.test_resume_preempt import TINY, Run
+from tests.test_resume_preempt import TINY, Run, kill_inside_a_checkpoint_write
 from training.checkpoint import find_resume
 from training.trainer import Batches, evaluate
 
@@ -153,16 +153,8 @@ def test_kill_9_mid_epoch_and_mid_save_then_resume_auto_ends_bitwise_equal(tmp_p
     run.wait_for(lambda: run.logged("epoch 1/3"))  # mid-epoch 2: last.pt is a mid-epoch checkpoint
     run.proc.kill()
     run.finish()
-    tmp = run_dir / "checkpoints" / ".last.pt.tmp"
-    for _ in range(5):
-        run = Run(run_dir, *args)
-        run.wait_for(tmp.exists, poll=0.001)  # the ranks are writing their shards
-        run.proc.kill()
-        run.finish()
-        assert (run_dir / "checkpoints" / "last.pt" / ".metadata").is_file()  # still the previous, whole one
-        if tmp.exists():
-            break
-    assert tmp.exists(), "no kill landed inside a checkpoint write in 5 tries"
+    # The ranks writing their shards of the next: the previous last.pt is still whole.
+    kill_inside_a_checkpoint_write(run_dir, args, whole=(run_dir / "checkpoints" / "last.pt" / ".metadata").is_file)
     result = run_train(run_dir, *args)
     assert result.returncode == 0, result.stderr
     assert "from epoch" in (run_dir / "train.log").read_text()

@@ -8,6 +8,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -76,6 +77,21 @@ class Run:
         return found
 
 
+def kill_inside_a_checkpoint_write(run_dir: Path, args: tuple[str, ...], whole: Callable[[], bool]) -> None:
+    """SIGKILL runs of `args` until one dies while last.pt is being written (its temp file, left
+    behind, proves it), checking after each kill that the previous last.pt is `whole()`."""
+    tmp = run_dir / "checkpoints" / ".last.pt.tmp"
+    for _ in range(5):
+        run = Run(run_dir, *args)
+        run.wait_for(tmp.exists, poll=0.001)
+        run.proc.kill()
+        run.finish()
+        assert whole(), "the kill damaged the previous last.pt"
+        if tmp.exists():
+            return
+    raise AssertionError("no kill landed inside a checkpoint write in 5 tries")
+
+
 def _cmdline(pid: int) -> str:
     try:
         return f"{pid}: " + (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -110,17 +126,7 @@ def test_kill_9_at_any_moment_then_resume_auto_ends_bitwise_equal(tmp_path, unin
     run.proc.kill()
     run.finish()
     _checkpoint(run_dir)  # readable
-    # During a checkpoint write: a temp file left behind proves the kill landed inside one.
-    tmp = run_dir / "checkpoints" / ".last.pt.tmp"
-    for _ in range(5):
-        run = Run(run_dir, *args)
-        run.wait_for(tmp.exists, poll=0.001)
-        run.proc.kill()
-        run.finish()
-        assert _checkpoint(run_dir)["step"] > 0  # the previous last.pt is whole
-        if tmp.exists():
-            break
-    assert tmp.exists(), "no kill landed inside a checkpoint write in 5 tries"
+    kill_inside_a_checkpoint_write(run_dir, args, whole=lambda: _checkpoint(run_dir)["step"] > 0)
     result = run_train(run_dir, *args)
     assert result.returncode == 0, result.stderr
     assert "from epoch" in (run_dir / "train.log").read_text()
