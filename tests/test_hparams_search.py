@@ -240,3 +240,15 @@ def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
     assert (results["best_value"], results["best_params"]) == (study.best_value, study.best_params)
     assert "Best parameters: optimizer.lr=" in again.stdout
     assert all((sweep / t.user_attrs["job"] / "metrics.json").is_file() for t in complete)
+
+
+def test_train_py_returns_the_metric_optimized_metric_names_to_the_sweeper(tmp_path):
+    sweep = tmp_path / "search"
+    cmd = [sys.executable, "train.py", "-m", "hparams_search=digits", f"hydra.sweep.dir={sweep}",
+           "hydra.sweeper.n_trials=1", "optimized_metric=val_loss", "hydra.sweeper.direction=minimize",
+           "debug=fdr", "trainer.progress_bar=false"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (trial,) = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}").get_trials()
+    metrics = yaml.safe_load((sweep / trial.user_attrs["job"] / "metrics.json").read_text())
+    assert trial.value == metrics["val_loss"] != metrics["best_val_acc"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from distributed.context import make_context
-from training.run import train
+from training import run as run_job
 from tests.conftest import job_config
 
 # The ResNets take tens of seconds each on 2 cores (45 s for resnet50 in a loaded suite run): slow.
@@ -29,7 +29,7 @@ def test_every_model_trains_on_every_dataset(model, dataset, tmp_path):
     ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
     torch.manual_seed(job.trainer.seed)
     before = job.model().state_dict()
-    trained = train(ctx, job)
+    trained = run_job.train(ctx, job)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert math.isfinite(metrics["train_loss"]) and metrics["steps"] == 3
     changed = [k for k, v in trained.state_dict().items() if v.is_floating_point() and not torch.equal(v, before[k])]

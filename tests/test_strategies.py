@@ -25,7 +25,7 @@ from config.check import check
 from distributed.launch import launch
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from models.simple_cnn import SimpleCNN
-from training.run import train
+from training import run as run_job
 from tests.conftest import job_config, run_train, typed_config
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ def _train_and_dump(ctx: DistContext, jobs: list[tuple], out: str, check_sync_bn
         if check_sync_bn:
             _compare_sync_bn_with_batchnorm(ctx, Path(out))
         for name, job in jobs:
-            model = train(ctx, job)
+            model = run_job.train(ctx, job)
             torch.save(sharded_state.gathered_model_state(model), Path(out) / f"{name}.rank{ctx.rank}.pt")
             del model
     finally:
