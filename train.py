@@ -12,6 +12,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from config import setup
@@ -32,7 +33,7 @@ def main(cfg: DictConfig) -> float | None:
     settings = typed(cfg)
     swept = swept_overrides(overrides, hydra_cfg.job.config.override_dirname.exclude_keys)
     try:
-        plan = check(settings, run_dir)
+        plan = check(settings, run_dir, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
         launch(plan, run, run_config(cfg, settings, run_dir, hydra_cfg.runtime.choices, swept))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

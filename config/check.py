@@ -32,11 +32,12 @@ def typed(cfg: DictConfig) -> Config:
     return OmegaConf.to_object(cfg)
 
 
-def check(cfg: Config, run_dir: Path | None = None) -> LaunchPlan:
-    """Everything that can be wrong before training starts, as one-line ConfigErrors."""
+def check(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> LaunchPlan:
+    """Everything that can be wrong before training starts, as one-line ConfigErrors. `multirun`:
+    one job of a Hydra `-m` sweep (the launch plan then keeps CUDA out of this process)."""
     trainer = cfg.trainer
     strategy = strategies.get(cfg.strategy)
-    plan = plan_launch(trainer, strategy, cfg.launcher)
+    plan = plan_launch(trainer, strategy, cfg.launcher, multirun=multirun)
     strategy.check_model(factory(cfg.model))
     if trainer.epochs < 1:
         raise ConfigError(f"trainer.epochs={trainer.epochs}: train for at least 1 epoch")

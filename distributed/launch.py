@@ -39,6 +39,11 @@ class LaunchPlan:
     master_port: int | None  # None: pick a free one (spawn) / torchrun's
     env_rank: EnvRank | None = None  # torchrun/slurm: this process is this one rank
     forward_signals: tuple[signal.Signals, ...] = ()  # passed on to spawned ranks (preemption)
+    # A GPU job of a Hydra multirun started here (not a torchrun/SLURM rank): even one process runs
+    # in a child. A CUDA context costs memory on every GPU it touched and is released only when its
+    # process exits, so a sweep's parent that trained one job in-process would hold it on the GPUs
+    # its later spawned jobs use. CPU jobs and single runs stay in-process: no context, faster start.
+    own_process: bool = False
 
     @property
     def world_size(self) -> int:
@@ -56,9 +61,11 @@ class LaunchPlan:
 
 
 def plan_launch(
-    trainer: TrainerConfig, strategy: Strategy, launcher: LauncherConfig, env: Mapping[str, str] = os.environ
+    trainer: TrainerConfig, strategy: Strategy, launcher: LauncherConfig, env: Mapping[str, str] = os.environ,
+    multirun: bool = False,
 ) -> LaunchPlan:
-    """Resolve launcher/accelerator/devices against this machine and its environment.
+    """Resolve launcher/accelerator/devices against this machine and its environment. `multirun`:
+    Hydra runs this job as one of several in this process (`-m`).
 
     Raises ConfigError on a mismatch, before any process starts.
     """
@@ -101,6 +108,7 @@ def plan_launch(
         master_addr=env_rank.master_addr if env_rank else (launcher.master_addr or "127.0.0.1"),
         master_port=launcher.master_port or (env_rank.master_port if env_rank else None),
         env_rank=env_rank,
+        own_process=multirun and accelerator == Accelerator.gpu and env_rank is None,
     )
 
 
@@ -143,7 +151,7 @@ def launch(plan: LaunchPlan, worker: Callable[..., Any], *args: Any) -> None:
         os.environ["MASTER_PORT"] = str(plan.master_port or _free_port(plan.master_addr))
     if plan.env_rank is not None:
         worker(plan.context(plan.env_rank.rank, plan.env_rank.local_rank), *args)
-    elif plan.processes_per_node == 1:
+    elif plan.processes_per_node == 1 and not plan.own_process:  # CPU, or a single run: in this process
         _run_rank(0, plan, worker, args)
     else:
         _spawn(plan, worker, args)

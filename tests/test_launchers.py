@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from distributed import environment
-from distributed.launch import plan_launch
+from config.check import check
+from distributed import environment, launch as launching
+from distributed.launch import launch, plan_launch
 from errors import ConfigError
 from distributed import strategies
 from tests.conftest import ROOT, free_port, same_weights, typed_config
@@ -113,6 +115,36 @@ def test_environment_that_disagrees_with_the_config_is_a_one_line_error(env, ove
     with pytest.raises(ConfigError) as e:
         _plan(env, "strategy=ddp", *overrides)
     assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("strategy", ["single", "dp", "ddp"])
+def test_a_gpu_sweep_job_runs_even_one_process_in_a_child(monkeypatch, strategy):
+    """Under -m the Hydra process runs job after job: a GPU job trained in it would leave a CUDA
+    context there, on the GPUs later jobs' ranks use. CPU jobs and single runs stay in-process."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("MASTER_ADDR", "")  # launch sets them for ddp; monkeypatch puts them back
+    monkeypatch.setenv("MASTER_PORT", "")
+    spawned, in_process = [], []
+
+    class Finished:
+        processes = []
+
+        def join(self, grace_period: float) -> bool:
+            return True
+
+    def start_processes(fn, args, nprocs, join):
+        spawned.append(nprocs)
+        return Finished()
+
+    monkeypatch.setattr(launching.mp, "start_processes", start_processes)
+    # (accelerator, multirun): (the processes spawned, the devices of the workers run here)
+    expected = {("gpu", True): ([1], []), ("gpu", False): ([], ["cuda"]),
+                ("cpu", True): ([], ["cpu"]), ("cpu", False): ([], ["cpu"])}
+    for (accelerator, multirun), where in expected.items():
+        cfg = typed_config(f"strategy={strategy}", f"trainer.accelerator={accelerator}")
+        launch(check(cfg, multirun=multirun), lambda ctx: in_process.append(ctx.device.type))
+        assert (spawned, in_process) == where, (accelerator, multirun)
+        spawned.clear(), in_process.clear()
 
 
 def _torchrun(cwd: Path, torchrun_args: list[str], *overrides: str) -> subprocess.Popen:
