@@ -14,6 +14,7 @@ from data import build_loaders
 from distributed.context import make_context
 from tests.conftest import job_config, run_train
 from tests.dataset_files import write_cifar, write_image_folder
+from training.mixing import Mixing
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +65,25 @@ def test_label_smoothing_is_in_the_first_steps_loss(tmp_path):
     expected = F.cross_entropy(model(x), y, label_smoothing=0.2).item()
     assert metrics["train_loss"] == pytest.approx(expected, rel=1e-5)
     assert metrics["train_loss"] != pytest.approx(F.cross_entropy(model(x), y).item(), rel=1e-5)  # unsmoothed
+
+
+@pytest.mark.parametrize("alpha", ["trainer.mixup_alpha=0.4", "trainer.cutmix_alpha=1.0"])
+def test_mixup_or_cutmix_is_in_the_first_steps_loss(tmp_path, alpha):
+    overrides = ("model=simple_cnn", "trainer.max_steps=1", "trainer.limit_val_batches=1", alpha)
+    metrics = _train(tmp_path / "run", *overrides)
+    job = job_config(tmp_path / "job", *overrides)  # rebuild what the run trained on, in its order
+    torch.manual_seed(job.trainer.seed)
+    loaders = build_loaders(job.dataset, job.data, make_context(0, 0, 1, 1, "cpu", False), 64, job.trainer.seed)
+    model = job.model()
+    x, y = next(iter(loaders.train))
+    mixing = Mixing.of(job.trainer, job.dataset.num_classes, rank=0)
+    mixed, targets, _ = mixing(x, y, epoch=0, batch=0)  # as the Trainer mixes epoch 0's batch 0 on rank 0
+    assert targets.shape == (len(y), job.dataset.num_classes) and not torch.equal(mixed, x)
+    expected = F.cross_entropy(model(mixed), targets).item()
+    # An untrained net's loss is near log(10) whatever it is given: mixup moves it by ~1e-5, so a
+    # float32 tolerance (the same ops on one thread, here and in the run) tells the two apart.
+    assert metrics["train_loss"] == pytest.approx(expected, rel=1e-6)
+    assert metrics["train_loss"] != pytest.approx(F.cross_entropy(model(x), y).item(), rel=1e-6)  # unmixed
 
 
 MIXED_EMA = (
