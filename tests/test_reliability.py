@@ -16,10 +16,31 @@ from distributed import strategies
 from distributed.context import make_context
 from distributed.strategies import AutocastReplica
 from errors import ConfigError
-from tests.conftest import ROOT, run_train, typed_config
+from tests.conftest import ROOT, job_config, run_train, typed_config
 from tests.test_launchers import SLURM_ENV, _plan
 
 DDP_CPU = ("strategy=ddp", "trainer.accelerator=cpu")
+
+
+class _Stop(Exception):
+    """Raised by a spy to end train() where the test has seen enough."""
+
+
+def _train_until_loaders(monkeypatch, run_dir, ctx, *overrides: str) -> dict:
+    """training.run.train() up to its build_loaders call, whose keyword arguments it returns."""
+    from training import run as run_module
+
+    seen = {}
+
+    def build_loaders(*args, **kwargs):
+        seen.update(kwargs)
+        raise _Stop
+
+    monkeypatch.setattr(run_module, "build_loaders", build_loaders)
+    monkeypatch.setattr(run_module, "PreemptionWatch", lambda *args: None)  # its flag tensor would need CUDA
+    with pytest.raises(_Stop):
+        run_module.train(ctx, job_config(run_dir, *overrides))
+    return seen
 
 
 def test_dp_refuses_compile_on_several_gpus_before_launch():
@@ -63,6 +84,21 @@ def test_autocast_replica_keeps_the_dtype_in_a_fresh_thread():
     assert strategies.unwrap(AutocastReplica(net, torch.float16)) is net
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, None], ids=["bf16-mixed", "32"])
+def test_dp_on_two_gpus_puts_autocast_inside_each_replica_under_mixed_precision(monkeypatch, dtype):
+    """On CPU nn.DataParallel keeps the module and skips its GPU setup, so wrap's choice shows."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    ctx = make_context(0, 0, 1, 1, "gpu", use_process_group=False, devices_per_process=2)
+    net = nn.Linear(4, 2)
+    model = strategies.get(StrategyConfig(StrategyName.dp)).wrap(net, ctx, compile=False, precision_dtype=dtype)
+    assert isinstance(model, nn.DataParallel)
+    if dtype is None:
+        assert model.module is net
+    else:
+        assert isinstance(model.module, AutocastReplica) and model.module.dtype == dtype
+    assert strategies.unwrap(model) is net
+
+
 def test_collectives_wait_ten_minutes_by_default_and_one_in_debug_runs():
     assert typed_config().launcher.timeout_s >= 600
     assert typed_config("debug=fdr").launcher.timeout_s == 60
@@ -96,6 +132,36 @@ def test_compiling_drops_the_partial_last_batch():
     sizes = {drop: [len(y) for _, y in build_loaders(cfg.dataset, cfg.data, ctx, 500, 0, drop_last=drop).train]
              for drop in (False, True)}
     assert sizes == {False: [500, 500, 437], True: [500, 500]}
+
+
+def test_train_asks_for_full_batches_only_when_compiling(monkeypatch, run_dir):
+    ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
+    for compiled in (True, False):
+        kwargs = _train_until_loaders(monkeypatch, run_dir, ctx, f"trainer.compile={str(compiled).lower()}")
+        assert kwargs["drop_last"] is compiled
+
+
+def test_train_on_a_gpu_resets_its_peaks_and_lets_cudnn_benchmark(monkeypatch, run_dir):
+    reset = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset.append)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # and back after the test
+    _train_until_loaders(monkeypatch, run_dir, make_context(0, 0, 1, 1, "cpu", use_process_group=False))
+    assert (reset, torch.backends.cudnn.benchmark) == ([], False)  # CPU: neither
+    _train_until_loaders(monkeypatch, run_dir, make_context(0, 0, 1, 1, "gpu", use_process_group=False))
+    assert (reset, torch.backends.cudnn.benchmark) == ([torch.device("cuda", 0)], True)
+
+
+def test_a_checkpoint_keeps_the_rng_state_of_every_gpu_dp_drives(monkeypatch):
+    from training.checkpoint import _gather_rng, restore_rng
+
+    ctx = make_context(0, 0, 1, 1, "gpu", use_process_group=False, devices_per_process=2)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: torch.tensor([device.index], dtype=torch.uint8))
+    restored = {}
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.update({device: state.tolist()}))
+    [states] = _gather_rng(ctx)  # rank 0's: the CPU state, then one per GPU
+    assert [state.tolist() for state in states[1:]] == [[0], [1]]
+    restore_rng(states, ctx)
+    assert restored == {torch.device("cuda", 0): [0], torch.device("cuda", 1): [1]}
 
 
 NAN = ("model._target_=tests.faults.NanNet", "+model.at_step=5", "trainer.epochs=2", "trainer.limit_train_batches=4",
