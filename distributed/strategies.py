@@ -127,6 +127,14 @@ class AutocastReplica(nn.Module):
             return self.module(x)
 
 
+def _warn_if_sync_batchnorm_compiled(config: StrategyConfig, trainer: TrainerConfig) -> None:
+    if config.sync_batchnorm and trainer.compile:
+        log.warning(
+            "strategy.sync_batchnorm=true with trainer.compile=true: every synchronised BatchNorm breaks the "
+            "compiled graph (a collective per layer), so expect little gain from compiling"
+        )
+
+
 class DDP(Strategy):
     name = "ddp"
     process_group = True
@@ -140,11 +148,7 @@ class DDP(Strategy):
                 "DDP's static graph cannot skip the gradient sync of accumulated micro-batches; "
                 "set strategy.static_graph=false or trainer.accumulate_grad_batches=1"
             )
-        if self.config.sync_batchnorm and trainer.compile:
-            log.warning(
-                "strategy.sync_batchnorm=true with trainer.compile=true: every synchronised BatchNorm breaks the "
-                "compiled graph (a collective per layer), so expect little gain from compiling"
-            )
+        _warn_if_sync_batchnorm_compiled(self.config, trainer)
 
     def wrap(self, model: nn.Module, ctx: DistContext, compile: bool, precision_dtype: torch.dtype | None) -> nn.Module:
         if self.config.sync_batchnorm:
@@ -192,6 +196,7 @@ class FSDP(Strategy):
                 f"strategy=fsdp with trainer.ema_decay={trainer.ema_decay}: the weights' average is not sharded yet; "
                 "use strategy=ddp for EMA, or trainer.ema_decay=null"
             )
+        _warn_if_sync_batchnorm_compiled(self.config, trainer)
 
     def check_model(self, build: Callable[[], nn.Module]) -> None:
         names = self.config.shard_modules

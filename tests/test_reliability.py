@@ -57,10 +57,11 @@ def test_static_graph_with_accumulation_is_a_one_line_error():
     check(typed_config(*DDP_CPU, "strategy.static_graph=true"))
 
 
-def test_sync_batchnorm_with_compile_warns(caplog):
-    ddp = strategies.get(StrategyConfig(StrategyName.ddp, sync_batchnorm=True))
+@pytest.mark.parametrize("name", [StrategyName.ddp, StrategyName.fsdp])
+def test_sync_batchnorm_with_compile_warns(caplog, name):
+    strategy = strategies.get(StrategyConfig(name, sync_batchnorm=True))
     with caplog.at_level(logging.WARNING, logger="train"):
-        ddp.check(TrainerConfig(compile=True), Accelerator.cpu, devices=2, num_nodes=1)
+        strategy.check(TrainerConfig(compile=True), Accelerator.cpu, devices=2, num_nodes=1)
     assert "breaks the compiled graph" in caplog.text
 
 
