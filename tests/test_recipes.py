@@ -123,6 +123,24 @@ def test_cutmix_pastes_one_box_and_weights_the_targets_by_its_area():
     assert torch.equal(dominant, labels if area <= 0.5 else labels.roll(1))
 
 
+def test_with_both_alphas_each_batch_is_either_a_pure_mixup_blend_or_a_pure_cutmix_paste():
+    kinds = []
+    for batch in range(20):
+        images, labels, (mixed, targets, _) = _mixed(0.2, 1.0, batch)
+        rolled = images.roll(1, 0)
+        lam = targets[0, labels[0]].item()  # sample 0's own share (label 0; its neighbour's is 2)
+        blend = torch.allclose(mixed, lam * images + (1 - lam) * rolled)
+        pasted = mixed != images
+        paste = (
+            bool(((mixed == images) | (mixed == rolled)).all())  # every pixel its own or its neighbour's
+            and bool(pasted.any()) and all(torch.equal(pasted[i], pasted[0]) for i in range(8))  # one box
+            and pasted[0].float().mean().item() == pytest.approx(1 - lam)  # the targets weigh its area
+        )
+        assert blend != paste, f"batch {batch}: blended {blend}, pasted {paste}"
+        kinds.append("mixup" if blend else "cutmix")
+    assert set(kinds) == {"mixup", "cutmix"}, kinds
+
+
 def test_mixing_draws_from_its_own_seeded_stream():
     before = torch.get_rng_state()
     _, _, first = _mixed(0.2, 1.0, batch=4)
