@@ -108,5 +108,5 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         preemption.close()
         reporter.close()
         if ctx.device.type == "cuda":
-            torch.cuda.empty_cache()  # the next sweep job in this process starts with the memory free
+            torch.cuda.empty_cache()  # a torchrun/SLURM rank runs a -m sweep's jobs in one process
     return strategies.unwrap(model)
