@@ -108,5 +108,5 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         preemption.close()
         reporter.close()
         if ctx.device.type == "cuda":
-            torch.cuda.empty_cache()  # a torchrun/SLURM rank runs a -m sweep's jobs in one process
+            torch.cuda.empty_cache()  # for the next job of a torchrun/SLURM rank that runs a -m sweep
     return strategies.unwrap(model)
