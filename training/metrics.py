@@ -90,7 +90,7 @@ class Window:
 
 
 def reset_peak_memory(ctx: DistContext) -> None:
-    """Sweep jobs of one process (single, dp, 1-device ddp under -m) share CUDA's counters:
+    """Jobs that share a process (a torchrun/SLURM rank running a -m sweep) share CUDA's counters:
     without a reset each job would report the running maximum of those before it."""
     if ctx.device.type == "cuda":
         for device in ctx.devices:
