@@ -210,6 +210,13 @@ def test_kill_9_mid_epoch_with_mixing_and_ema_then_resume_ends_bitwise_equal(tmp
     result = run_train(run_dir, *args)
     assert result.returncode == 0, result.stderr
     resumed, uninterrupted = _checkpoint(run_dir), _checkpoint(whole)
+    # The EMA updates after every 2nd optimizer step (RECIPE); in the 1 warmup epoch it copies the
+    # weights and n_averaged stays 0, so only the updates of epochs 2 and 3 count.
+    steps_per_epoch, epochs, every, warmup_epochs = 8, 3, 2, 1  # TINY, debug=limit, RECIPE, RECIPE
+    assert uninterrupted["step"] == epochs * steps_per_epoch
+    after_warmup = range(warmup_epochs * steps_per_epoch + 1, epochs * steps_per_epoch + 1)
+    averaged = [step for step in after_warmup if step % every == 0]
+    assert int(uninterrupted["ema"]["n_averaged"]) == len(averaged)
     _assert_same_weights(resumed, uninterrupted)
     for key, value in uninterrupted["ema"].items():
         assert torch.equal(resumed["ema"][key], value), key
