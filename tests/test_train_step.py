@@ -18,6 +18,7 @@ from distributed.context import DistContext, make_context
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from errors import ConfigError
 from training.checkpoint import Checkpointer, TrainState
+from training.metrics import Averages
 from training.precision import Precision
 from training.reporting import Reporter
 from training.trainer import Trainer
@@ -163,6 +164,19 @@ def test_the_grad_scaler_state_is_checkpointed(tmp_path):
     restored = torch.amp.GradScaler("cpu")
     Checkpointer(trainer.ctx, tmp_path, trainer.model, trainer.optimizer, None, "", restored).restore(tmp_path / "last.pt")
     assert restored.get_scale() == 512.0
+
+
+def test_the_best_weights_are_the_emas_when_its_accuracy_beats_the_models(tmp_path):
+    trainer = _trainer(TinyNet(), tmp_path)
+    state = trainer.state
+    epochs = [  # (model's, EMA's) validation figures, epoch by epoch
+        (Averages(1.0, 0.5, 10, acc5=0.8), Averages(0.9, 0.7, 10, acc5=0.9)),  # the EMA's is the best
+        (Averages(1.0, 0.6, 10, acc5=0.8), Averages(0.9, 0.5, 10, acc5=0.8)),  # the model beats the EMA, not the best
+        (Averages(0.8, 0.8, 10, acc5=1.0), Averages(0.9, 0.75, 10, acc5=0.9)),  # the model's is the best
+    ]
+    seen = [(trainer._note_best(val, ema), state.best_val_acc, state.best_val_acc5, state.best_weights)
+            for val, ema in epochs]
+    assert seen == [(True, 0.7, 0.9, "ema"), (False, 0.7, 0.9, "ema"), (True, 0.8, 1.0, "model")]
 
 
 def test_ddp_options_reach_distributed_data_parallel(process_group):
