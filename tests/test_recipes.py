@@ -2,6 +2,8 @@
 groups, label smoothing, MixUp/CutMix, EMA, top-5, repeated augmentation, torchvision models."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -243,18 +245,19 @@ def test_recipe_sizes_and_augmentations_reach_the_transforms(tmp_path):
     root = write_image_folder(tmp_path, classes=2, per_class=1, size=300)
     cfg = typed_config(
         "dataset=imagefolder", f"dataset.root={root}", "dataset.train_crop=176", "dataset.val_resize=232",
-        "dataset.auto_augment=ta_wide", "dataset.random_erase=0.1",
+        "dataset.val_crop=200", "dataset.auto_augment=ta_wide", "dataset.random_erase=0.1",
     ).dataset
     from PIL import Image
 
     image = Image.new("RGB", (300, 260))
     train, val = sample_transform(cfg, train=True), sample_transform(cfg, train=False)
-    assert train(image).shape == (3, 176, 176) and val(image).shape == (3, 224, 224)
+    assert train(image).shape == (3, 176, 176) and val(image).shape == (3, 200, 200)
     names = [type(t).__name__ for t in train.transforms]
     assert names == ["RandomResizedCrop", "RandomHorizontalFlip", "TrivialAugmentWide", "ToTensor", "Normalize",
                      "RandomErasing"]
     assert [type(t).__name__ for t in val.transforms][:2] == ["Resize", "CenterCrop"]
     assert val.transforms[0].size == 232
+    assert sample_transform(replace(cfg, val_crop=None), train=False)(image).shape == (3, 224, 224)  # image_size
 
 
 def test_a_checkpoint_resumes_only_with_the_warmup_it_trained_with(tmp_path):
