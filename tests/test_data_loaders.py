@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from data import build_loaders, num_workers
+from data.sampler import RepeatedAugmentationSampler
 from data.transforms import random_crop_flip
 from distributed.context import make_context
 from tests.conftest import typed_config
@@ -122,6 +123,22 @@ def test_persistent_workers_augment_a_resumed_epoch_as_an_unbroken_run_does(cifa
     resumed.train_sampler.set_epoch(1)
     for x, x_ref in zip(resumed.train, batches, strict=True):
         assert torch.equal(x[0], x_ref)
+
+
+@pytest.mark.parametrize("per_image, loader", [(("dataset.resize=40",), "DataLoader"), ((), "TensorLoader")])
+def test_repeated_augmentation_reaches_both_loaders_each_image_three_times_in_a_row(cifar_root, per_image, loader):
+    loaders = _loaders(_cifar(cifar_root, "data.repeated_augmentations=3", *per_image), batch=12)
+    assert type(loaders.train).__name__ == loader
+    assert isinstance(loaders.train_sampler, RepeatedAugmentationSampler) and loaders.train_sampler.repetitions == 3
+    loaders.train_sampler.set_epoch(1)
+    if loader == "DataLoader":  # the indices the loader itself draws (paired with their epoch)
+        indices = [index for index, _ in next(iter(loaders.train.batch_sampler))]
+    else:
+        indices = list(loaders.train.order)[:12]
+    runs = torch.tensor(indices).view(4, 3)
+    assert (runs == runs[:, :1]).all() and len(set(runs[:, 0].tolist())) == 4, indices
+    _, labels = next(iter(loaders.train))  # and the batch it serves: 4 images, each 3 times
+    assert (labels.view(4, 3) == labels.view(4, 3)[:, :1]).all(), labels
 
 
 def test_num_workers_auto_splits_the_tasks_cpus_among_local_ranks():
