@@ -55,6 +55,23 @@ def test_warmup_rises_linearly_every_step_then_hands_over_to_the_epoch_scheduler
     assert resumed_optimizer.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
 
 
+def test_warmup_in_front_of_steplr_hands_over_at_the_warmups_end():
+    optimizer = _sgd()
+    step_lr = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.1)
+    warmup = Warmup(optimizer, step_lr, start_factor=0.01, epochs=1, steps=2)  # 1 epoch of 2 steps
+    lrs, step = [], 0
+    for _ in range(6):  # as the Trainer drives it: step_update after every step, step() at each epoch's end
+        for _ in range(2):
+            lrs.append(optimizer.param_groups[0]["lr"])  # the lr this step trains with
+            optimizer.step()
+            step += 1
+            warmup.step_update(step)
+        warmup.step()
+    warm = [0.01, 0.01 + (1 - 0.01) * 1 / 2]  # linear from 0.01 over the 2 warmup steps
+    # then StepLR from its own epoch 0: lr 1 for step_size=2 epochs, x0.1 every 2 epochs after
+    assert lrs == pytest.approx(warm + [1.0] * 4 + [0.1] * 4 + [0.01] * 2)
+
+
 def test_warmup_without_an_epoch_scheduler_ends_at_the_lr():
     optimizer = _sgd(0.4)
     warmup = Warmup(optimizer, None, start_factor=0.5, epochs=2, steps=2)
