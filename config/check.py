@@ -127,6 +127,14 @@ def _check_resume(cfg: Config, run_dir: Path | None) -> None:
         if not path.exists():
             raise ConfigError(f"trainer.resume={resume}: no such file; give an existing checkpoint path")
         if path.is_dir():  # strategy=fsdp's sharded last.pt, checked from its metadata and train state
+            if test_only:  # training.evaluation reads one whole file; strategy=fsdp writes best.pt as one
+                best = path.parent / "best.pt"
+                best = best if best.is_file() else "<that run>/checkpoints/best.pt"
+                raise ConfigError(
+                    f"trainer.test_only=true evaluates a whole-file checkpoint, but trainer.resume={resume} is "
+                    f"strategy=fsdp's sharded last.pt (a directory); give trainer.resume={best}, the best epoch's "
+                    "weights in one file"
+                )
             from distributed import sharded_state  # torch.distributed.checkpoint: ~1 s to import
 
             checkpoint = sharded_state.describe(path)

@@ -46,6 +46,10 @@ def files(tmp_path_factory):
     _sharded(MnistNet(1, 10, 8), root / "sharded_foreign")
     with open(root / "sharded_foreign" / sharded_state.METADATA, "wb") as f:
         pickle.dump(_Touch(root / "touched"), f)
+    fsdp_run = root / "fsdp_run" / "checkpoints"  # strategy=fsdp's: last.pt sharded, best.pt one file
+    fsdp_run.mkdir(parents=True)
+    _sharded(MnistNet(1, 10, 8), fsdp_run / "last.pt")
+    save_checkpoint(_checkpoint(MnistNet(1, 10, 8)), fsdp_run / "best.pt")
     return root
 
 
@@ -107,6 +111,9 @@ CHECKS = {  # config.check.check's ConfigErrors: the one line train.py prints af
         ["trainer.resume={root}/sharded_other_model"], ["sharded_other_model", "fc2.weight", "[5, 128]"]),
     "pickled object in sharded metadata": (
         ["trainer.resume={root}/sharded_foreign"], ["sharded_foreign", "pickled Python object", "system"]),
+    "test_only of a sharded last.pt": (
+        ["trainer.test_only=true", "trainer.resume={root}/fsdp_run/checkpoints/last.pt"],
+        ["trainer.test_only=true", "sharded last.pt", "trainer.resume={root}/fsdp_run/checkpoints/best.pt"]),
     "fsdp with fp16": ([*DDP[1:], "strategy=fsdp", "trainer.precision=16-mixed"], ["trainer.precision=bf16-mixed"]),
     "fsdp sharding a class the model lacks": (
         ["strategy=fsdp", "strategy.shard_modules=[Bottleneck]"], ["strategy.shard_modules", "Bottleneck", "Conv2d"]),
