@@ -110,7 +110,8 @@ def test_mixing_and_ema_are_reported_beside_the_model(ema_run):
         f"module.{key}" for key in last["model"]}
     assert best["best_weights"] in ("model", "ema") and best["best"] == metrics["best_val_acc"]
     assert metrics["best_val_acc"] >= max(metrics["val_acc"], metrics["val_ema_acc"])
-    assert "ema loss" in (run_dir / "train.log").read_text()
+    log = (run_dir / "train.log").read_text()
+    assert "ema loss" in log and f"best acc {metrics['best_val_acc']:.4f} acc5 {metrics['best_val_acc5']:.4f}" in log
 
 
 @pytest.mark.parametrize("mixing", [("trainer.mixup_alpha=0.4",), ("trainer.cutmix_alpha=0.5", "data.loader=device")])

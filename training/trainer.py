@@ -128,9 +128,11 @@ class Trainer:
             )
             self.reporter.samples(state.step, self.model, self.loaders.val)
             log.info(
-                "epoch %d/%d  train loss %.4f acc %.4f  val loss %.4f acc %.4f acc5 %.4f%s  %.0f samples/s",
+                "epoch %d/%d  train loss %.4f acc %.4f  val loss %.4f acc %.4f acc5 %.4f%s  best acc %.4f acc5 %.4f"
+                "  %.0f samples/s",
                 epoch + 1, settings.epochs, train.loss, train.acc, val.loss, val.acc, val.acc5,
-                f"  ema loss {ema.loss:.4f} acc {ema.acc:.4f} acc5 {ema.acc5:.4f}" if ema else "", speed,
+                f"  ema loss {ema.loss:.4f} acc {ema.acc:.4f} acc5 {ema.acc5:.4f}" if ema else "",
+                state.best_val_acc, state.best_val_acc5, speed,
             )
             self.checkpointer.save(state, best=improved)
             more = state.epoch < settings.epochs and not self._done()
