@@ -116,8 +116,14 @@ def test_seed003_runs_tiny_on_an_image_folder(tmp_path):
 def test_tv_resnet50_runs_tiny_on_an_image_folder(tmp_path):
     root = write_image_folder(tmp_path / "images", classes=3, per_class=2, size=40)
     run_dir = tmp_path / "run"
-    metrics = _run(run_dir, "experiment=tv_resnet50", f"dataset.root={root}", "trainer.devices=1", "trainer.batch_size=2")
+    # The EMA every step, not every 32nd, and no warmup: within its 5 warmup epochs the EMA only
+    # copies the weights (n_averaged stays 0), and this run is 1 epoch of 3 steps.
+    metrics = _run(
+        run_dir, "experiment=tv_resnet50", f"dataset.root={root}", "trainer.devices=1", "trainer.batch_size=2",
+        "trainer.ema_every_n_steps=1", "scheduler.warmup_epochs=0",
+    )
     assert (metrics["model"], metrics["dataset"], metrics["steps"]) == ("resnet50", "imagefolder", 3)
     assert {"val_ema_acc", "val_acc5", "best_weights"} <= set(metrics)
-    lr = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["optimizer"]["param_groups"][0]["initial_lr"]
-    assert lr == pytest.approx(0.5 * 2 / 1024)  # linear scaling from lr 0.5 at batch 1024
+    last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert last["optimizer"]["param_groups"][0]["initial_lr"] == pytest.approx(0.5 * 2 / 1024)  # from 0.5 at 1024
+    assert int(last["ema"]["n_averaged"]) == metrics["steps"] > 0  # updated after every step
