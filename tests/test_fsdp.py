@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 import torchvision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
 from config.check import check
 from data import build_loaders
+from distributed import strategies
 from distributed.context import make_context
 from distributed.fsdp import block_classes, shard_units
 from models.mnist_net import MnistNet
@@ -23,9 +26,12 @@ from tests.conftest import job_config, last_weights, run_train, same_weights, ty
 from tests.test_launchers import _finish, _one_run_dir, _torchrun
 from tests.test_resume_preempt import TINY, Run, kill_inside_a_checkpoint_write
 from training.checkpoint import find_resume
+from training.precision import Precision
 from training.trainer import Batches, evaluate
 
 FSDP = ["debug=fsdp_cpu"]  # 2 gloo ranks, 3 batches of one epoch, no TensorBoard
+# No BatchNorm, no dropout, no schedule: any world size trains the same numbers (test_strategies).
+EXACT = [*FSDP, "model=simple_cnn", "scheduler=none"]
 
 
 def _metrics(run_dir: Path) -> dict:
@@ -65,6 +71,37 @@ def test_resume_auto_never_picks_up_a_half_written_sharded_checkpoint(tmp_path):
     (half / "__0_0.distcp").write_bytes(b"\0" * 64)
     assert find_resume("auto", tmp_path) is None
     check(typed_config(*FSDP, "trainer.resume=auto"), tmp_path)  # starts fresh: no error
+
+
+@pytest.mark.parametrize("overrides, reshard, mixed, offload", [
+    ((), True, MixedPrecisionPolicy(), OffloadPolicy),  # 32 bits: no cast
+    (("strategy.reshard_after_forward=false",), False, MixedPrecisionPolicy(), OffloadPolicy),
+    (("trainer.precision=bf16-mixed",), True,
+     MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32), OffloadPolicy),
+    (("trainer.precision=bf16-mixed", "strategy.mixed_precision=false"), True, MixedPrecisionPolicy(), OffloadPolicy),
+    (("strategy.cpu_offload=true",), True, MixedPrecisionPolicy(), CPUOffloadPolicy),
+])
+def test_the_strategy_options_reach_fully_shard(tmp_path, monkeypatch, overrides, reshard, mixed, offload):
+    calls = []
+    # distributed/fsdp.py imports fully_shard from torch.distributed.fsdp when it shards.
+    monkeypatch.setattr("torch.distributed.fsdp.fully_shard", lambda module, **kw: calls.append((module, kw)) or module)
+    cfg = typed_config(*EXACT, *overrides)
+    ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=True)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = SimpleCNN(1, 10, 8)
+        units = shard_units(model, None)
+        strategies.get(cfg.strategy).wrap(model, ctx, False, Precision.of(cfg.trainer.precision, ctx.device).dtype)
+    finally:
+        dist.destroy_process_group()
+    assert [module for module, _ in calls] == [*units, model]  # every block, then the root
+    *blocks, root = [kw for _, kw in calls]
+    assert [kw["reshard_after_forward"] for kw in blocks] == [reshard] * len(units)
+    assert root["reshard_after_forward"] is False  # the root's parameters: the first backward needs them
+    for kw in (*blocks, root):
+        assert kw["mp_policy"] == mixed
+        assert type(kw["offload_policy"]) is offload
+        assert getattr(kw["offload_policy"], "pin_memory", False) is False  # pinned memory needs CUDA
 
 
 @pytest.mark.slow
