@@ -32,6 +32,7 @@ from training.trainer import Batches, evaluate
 FSDP = ["debug=fsdp_cpu"]  # 2 gloo ranks, 3 batches of one epoch, no TensorBoard
 # No BatchNorm, no dropout, no schedule: any world size trains the same numbers (test_strategies).
 EXACT = [*FSDP, "model=simple_cnn", "scheduler=none"]
+SHARDS_OF_2 = [".metadata", "__0_0.distcp", "__1_0.distcp"]  # a last.pt both ranks of a 2-rank run wrote
 
 
 def _metrics(run_dir: Path) -> dict:
@@ -40,6 +41,25 @@ def _metrics(run_dir: Path) -> dict:
 
 def _names(classes) -> set[str]:
     return {cls.__name__ for cls in classes}
+
+
+def _relative_error(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in b)
+
+
+def _shard_files(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints" / "last.pt").iterdir())
+
+
+@pytest.fixture(scope="module")
+def saved_at_2(tmp_path_factory) -> Path:
+    """An fsdp(2) run of EXACT: one epoch of 3 steps, a complete sharded last.pt and best.pt."""
+    run_dir = tmp_path_factory.mktemp("saved_at_2") / "run"
+    result = run_train(run_dir, *EXACT)
+    assert result.returncode == 0, result.stderr
+    assert _shard_files(run_dir) == SHARDS_OF_2
+    return run_dir
 
 
 def test_the_shard_groups_are_the_models_repeated_blocks():
@@ -167,17 +187,24 @@ def test_compiled_fsdp_trains_a_step(run_dir):
 
 
 @pytest.mark.slow
-def test_a_checkpoint_saved_at_2_ranks_resumes_at_1_and_at_4(tmp_path):
-    saved = tmp_path / "saved"
-    assert run_train(saved, *FSDP).returncode == 0
-    last = saved / "checkpoints" / "last.pt"
-    for devices in (1, 4):
+def test_a_checkpoint_saved_at_2_ranks_resumes_at_1_and_at_4(tmp_path, saved_at_2):
+    # 3 more steps from the step-3 checkpoint at 1, 2 and 4 ranks end where 6 unbroken steps at 2
+    # ranks do: bitwise at 2, to rounding at 1 and 4 (the global batch is summed in another order).
+    unbroken = tmp_path / "unbroken"
+    result = run_train(unbroken, *EXACT, "trainer.epochs=2")
+    assert result.returncode == 0, result.stderr
+    reference = last_weights(unbroken)
+    last = saved_at_2 / "checkpoints" / "last.pt"
+    for devices in (1, 2, 4):
         run_dir = tmp_path / f"at{devices}"
-        result = run_train(run_dir, *FSDP, f"trainer.devices={devices}", "trainer.epochs=2", f"trainer.resume={last}")
+        result = run_train(run_dir, *EXACT, f"trainer.devices={devices}", "trainer.epochs=2", f"trainer.resume={last}")
         assert result.returncode == 0, result.stderr
         assert "from epoch 2" in (run_dir / "train.log").read_text()
         metrics = _metrics(run_dir)
         assert (metrics["world_size"], metrics["steps"], len(metrics["param_bytes_per_rank"])) == (devices, 6, devices)
+        error = _relative_error(last_weights(run_dir), reference)
+        assert error <= 1e-5, (devices, error)
+    assert same_weights(tmp_path / "at2", unbroken)
 
 
 @pytest.mark.slow
