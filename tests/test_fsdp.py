@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,6 @@ import torchvision
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
-from config.check import check
 from data import build_loaders
 from distributed import strategies
 from distributed.context import make_context
@@ -84,13 +84,26 @@ def test_shard_modules_overrides_the_groups_children_first():
                    and inner is not unit)
 
 
-def test_resume_auto_never_picks_up_a_half_written_sharded_checkpoint(tmp_path):
-    checkpoints = tmp_path / "checkpoints"
-    half = checkpoints / ".last.pt.tmp"  # where every rank writes before rank 0 renames it
-    half.mkdir(parents=True)
-    (half / "__0_0.distcp").write_bytes(b"\0" * 64)
-    assert find_resume("auto", tmp_path) is None
-    check(typed_config(*FSDP, "trainer.resume=auto"), tmp_path)  # starts fresh: no error
+@pytest.mark.slow
+def test_resume_auto_never_picks_up_a_half_written_sharded_checkpoint(tmp_path, saved_at_2):
+    run_dir = tmp_path / "run"
+    checkpoints = run_dir / "checkpoints"
+    shutil.copytree(saved_at_2 / "checkpoints", checkpoints, symlinks=True)
+    complete = (checkpoints / "last.pt").resolve()  # last.pt.step3.<hex>
+    # Later saves a kill cut short: every rank's shards, but no .metadata (DCP writes it last). One
+    # under the writer's temp name, one under a version name with a higher step: a finder that took
+    # the newest directory, or any one not known to be whole, would read it.
+    halves = (checkpoints / ".last.pt.tmp", checkpoints / "last.pt.step5.dead00")
+    for half in halves:
+        half.mkdir()
+        for shard in complete.glob("__*.distcp"):
+            shutil.copy(shard, half)
+    assert find_resume("auto", run_dir).resolve() == complete
+    result = run_train(run_dir, *EXACT, "trainer.epochs=2", "trainer.resume=auto")
+    assert result.returncode == 0, result.stderr
+    assert f"from epoch 2 batch 1 ({checkpoints / 'last.pt'})" in (run_dir / "train.log").read_text()
+    assert _metrics(run_dir)["steps"] == 6  # 3 from the whole step-3 checkpoint, 3 more
+    assert not any(half.exists() for half in halves)  # the run's first save cleared them away
 
 
 @pytest.mark.parametrize("overrides, reshard, mixed, offload", [
