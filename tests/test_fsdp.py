@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import shutil
 from pathlib import Path
 
@@ -227,16 +229,28 @@ def test_kill_9_mid_epoch_and_mid_save_then_resume_auto_ends_bitwise_equal(tmp_p
     assert run_train(whole, *fsdp).returncode == 0
     args = (*fsdp, "trainer.checkpoint_every_n_steps=1", "trainer.resume=auto")
     run = Run(run_dir, *args)
-    run.wait_for(lambda: run.logged("epoch 1/3"))  # mid-epoch 2: last.pt is a mid-epoch checkpoint
+    run.wait_for(lambda: _committed_step(run_dir) > 8)  # epoch 2 under way: last.pt is a mid-epoch checkpoint
     run.proc.kill()
     run.finish()
     # The ranks writing their shards of the next: the previous last.pt is still whole.
     kill_inside_a_checkpoint_write(run_dir, args, whole=(run_dir / "checkpoints" / "last.pt" / ".metadata").is_file)
+    step = _committed_step(run_dir)
     result = run_train(run_dir, *args)
     assert result.returncode == 0, result.stderr
-    assert "from epoch" in (run_dir / "train.log").read_text()
+    # train.log gains a line per attempt: the last is this run's, and it resumed inside an epoch (8 batches each).
+    epoch, batch = map(int, re.findall(r"from epoch (\d+) batch (\d+) \(", (run_dir / "train.log").read_text())[-1])
+    assert batch > 1 and (epoch - 1) * 8 + batch - 1 == step, (epoch, batch, step)
     assert (_metrics(run_dir)["epochs"], _metrics(run_dir)["steps"]) == (3, 24)
     assert same_weights(run_dir, whole)
+
+
+def _committed_step(run_dir: Path) -> int:
+    """The step of the checkpoint last.pt points at (last.pt -> last.pt.step<N>.<hex>); 0 before one."""
+    try:
+        target = os.readlink(run_dir / "checkpoints" / "last.pt")
+    except FileNotFoundError:
+        return 0
+    return int(re.fullmatch(r"last\.pt\.step(\d+)\.\w+", target).group(1))
 
 
 @pytest.mark.slow
