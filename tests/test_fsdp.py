@@ -258,5 +258,5 @@ def test_torchrun_two_processes_train_fsdp_like_spawn(tmp_path, fsdp_spawn_refer
     code, stderr = _finish(_torchrun(tmp_path, ["--standalone", "--nproc_per_node=2"], "strategy=fsdp", "trainer.devices=2"))
     assert code == 0, stderr
     run_dir = _one_run_dir(tmp_path)
-    assert _metrics(run_dir)["strategy"] == "fsdp" and (run_dir / "checkpoints" / "last.pt" / ".metadata").is_file()
+    assert _metrics(run_dir)["strategy"] == "fsdp" and _shard_files(run_dir) == SHARDS_OF_2  # each rank wrote its shards
     assert same_weights(run_dir, fsdp_spawn_reference)

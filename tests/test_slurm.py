@@ -69,7 +69,9 @@ def test_srun_two_tasks_train_fsdp_like_spawn(slurm_env, tmp_path, fsdp_spawn_re
                   slurm_env, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "outputs").iterdir()
-    assert (run_dir / "checkpoints" / "last.pt" / ".metadata").is_file()  # every task wrote its shards
+    # Every task wrote its shards: DCP names each rank's file __<rank>_0.distcp.
+    last = run_dir / "checkpoints" / "last.pt"
+    assert sorted(p.name for p in last.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert json.loads((run_dir / "metrics.json").read_text())["strategy"] == "fsdp"
     assert same_weights(run_dir, fsdp_spawn_reference)
 
