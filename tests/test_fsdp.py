@@ -223,6 +223,20 @@ def test_a_checkpoint_saved_at_2_ranks_resumes_at_1_and_at_4(tmp_path, saved_at_
 
 
 @pytest.mark.slow
+def test_test_only_under_ddp_reports_the_single_process_figures_of_an_fsdp_best_pt(tmp_path, saved_at_2):
+    args = ("model=simple_cnn", "trainer.accelerator=cpu", "logger=none", "trainer.test_only=true",
+            f"trainer.resume={saved_at_2 / 'checkpoints' / 'best.pt'}")
+    figures = {}
+    for name, strategy in (("single", ()), ("ddp", ("strategy=ddp", "trainer.devices=2"))):
+        result = run_train(tmp_path / name, *args, *strategy)
+        assert result.returncode == 0, result.stderr
+        metrics = _metrics(tmp_path / name)
+        figures[name] = {k: metrics[k] for k in ("val_acc", "val_acc5", "val_loss", "val_samples")}
+        assert metrics["world_size"] == (2 if strategy else 1)
+    assert figures["ddp"] == figures["single"] and figures["single"]["val_samples"] == 360
+
+
+@pytest.mark.slow
 def test_kill_9_mid_epoch_and_mid_save_then_resume_auto_ends_bitwise_equal(tmp_path):
     whole, run_dir = tmp_path / "whole", tmp_path / "run"
     fsdp = ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", *TINY]
