@@ -21,8 +21,11 @@ import yaml
 
 # Overrides that only change how many devices train: runs differing in these alone compare in speed.
 DEVICE_KEYS = frozenset({"trainer.devices", "trainer.gpus", "trainer.num_nodes"})
+# Overrides that pick a strategy and a device count together (conf/parallelism, swept by
+# sweep=strategies): metrics.json records both, so a run's identity keeps its strategy without them.
+LAYOUT_KEYS = frozenset({"parallelism"})
 # Swept keys the table already shows in a column of its own.
-SHOWN = frozenset({"strategy", "model", "dataset", "trainer.batch_size"}) | DEVICE_KEYS
+SHOWN = frozenset({"strategy", "model", "dataset", "trainer.batch_size"}) | DEVICE_KEYS | LAYOUT_KEYS
 SEARCH_RESULTS = "optimization_results.yaml"  # written by the hparams_search sweeper in the sweep dir
 
 
@@ -47,7 +50,7 @@ class Run:
     @property
     def identity(self) -> tuple[Any, ...]:
         """Everything but the device count: runs with the same identity differ only in devices."""
-        rest = tuple((k, v) for k, v in self.overrides if k not in DEVICE_KEYS)
+        rest = tuple((k, v) for k, v in self.overrides if k not in DEVICE_KEYS | LAYOUT_KEYS)
         return rest, self.strategy, self.model, self.dataset, self.batch_size
 
 
@@ -243,7 +246,7 @@ def plot(table: list[Row], path: Path, search: dict[str, Any] | None = None) -> 
     panels = (3 if devices_vary else 2) + (search is not None)
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.8))
     if devices_vary:
-        _scaling(axes[0], axes[1], table, [k for k in keys if k not in DEVICE_KEYS])
+        _scaling(axes[0], axes[1], table, [k for k in keys if k not in DEVICE_KEYS | LAYOUT_KEYS])
     else:
         _objective_per_configuration(axes[0], runs, keys)
     _accuracy_vs_wall_time(axes[2 if devices_vary else 1], runs, keys, annotate=not devices_vary)

@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
+from bench import report
 from config.check import check, typed
 from config.schema import StrategyName
 from config.setup import compose
@@ -34,18 +36,28 @@ def _hparams(events: EventAccumulator) -> dict:
     return {key: value.string_value or value.number_value for key, value in values.items()}
 
 
-@pytest.mark.parametrize("sweep", ["scaling", "dp_vs_ddp", "strategies"])
+# (strategy, trainer.devices) of each job a ready-made sweep runs, in order.
+SWEEP_JOBS = {
+    "scaling": [("ddp", n) for n in (1, 2, 4, 8)],
+    "dp_vs_ddp": [(s, n) for s in ("dp", "ddp") for n in (1, 2, 4)],
+    "strategies": [("single", 1), *((s, n) for s in ("ddp", "fsdp") for n in (1, 2, 4))],
+}
+
+
+def _sweep_jobs(*overrides: str) -> list[tuple[str, ...]]:
+    """The overrides of each job `python train.py -m *overrides` runs, as the basic sweeper makes them."""
+    params = compose(*overrides, hydra=True).hydra.sweeper.params
+    return list(itertools.product(*([f"{key}={value}" for value in str(values).split(",")]
+                                    for key, values in params.items())))
+
+
+@pytest.mark.parametrize("sweep", SWEEP_JOBS)
 def test_ready_made_sweeps_compose_job_by_job(sweep):
     overrides = [f"sweep={sweep}", "trainer.accelerator=cpu"]
-    params = compose(*overrides, hydra=True).hydra.sweeper.params
-    strategies = str(params["strategy"]).split(",")
-    missing = [s for s in strategies if not (ROOT / "conf" / "strategy" / f"{s}.yaml").exists()]
-    assert not missing, f"sweep={sweep} names strategy={','.join(missing)}, which is not in conf/strategy/"
-    jobs = list(itertools.product(*([f"{key}={value}" for value in str(values).split(",")]
-                                    for key, values in params.items())))
-    assert len(jobs) == {"scaling": 4, "dp_vs_ddp": 6, "strategies": 6}[sweep]
-    for job in jobs:
-        cfg = typed(compose(*overrides, *job))
+    jobs = _sweep_jobs(*overrides)
+    configs = [typed(compose(*overrides, *job)) for job in jobs]
+    assert [(cfg.strategy.name.value, cfg.trainer.devices) for cfg in configs] == SWEEP_JOBS[sweep]
+    for job, cfg in zip(jobs, configs):
         dp = cfg.strategy.name == StrategyName.dp
         if dp and cfg.trainer.devices > 1:
             with pytest.raises(ConfigError, match="strategy=ddp"):  # DP splits over GPUs, not CPUs
@@ -53,6 +65,24 @@ def test_ready_made_sweeps_compose_job_by_job(sweep):
             continue
         processes = 1 if dp else cfg.trainer.devices  # DP: one process
         assert check(cfg).processes_per_node == processes, job
+
+
+def test_the_report_of_sweep_strategies_compares_each_strategy_with_its_own_one_device_run(tmp_path):
+    # Jobs as the sweep writes them: overrides.yaml holds parallelism=<job>, metrics.json the rest.
+    for i, job in enumerate(_sweep_jobs("sweep=strategies", "trainer.accelerator=cpu")):
+        cfg = typed(compose("sweep=strategies", "trainer.accelerator=cpu", *job))
+        strategy, devices = cfg.strategy.name.value, cfg.trainer.devices
+        run = tmp_path / str(i)
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["sweep=strategies", *job]))
+        speed = {"single": 100.0, "ddp": 90.0 * devices, "fsdp": 60.0 * devices}[strategy]
+        (run / "metrics.json").write_text(json.dumps({
+            "strategy": strategy, "devices": devices, "model": "m", "dataset": "d", "batch_size": 64,
+            "train_samples_per_s": speed, "val_acc": 0.9, "best_val_acc": 0.9, "wall_s": 1.0}))
+    rows = {(row.run.strategy, row.run.devices): row.speedup for row in report.rows(report.load_runs(tmp_path))}
+    assert rows == pytest.approx({("single", 1): None, **{(s, n): float(n) for s in ("ddp", "fsdp") for n in (1, 2, 4)}})
+    table = report.markdown(report.rows(report.load_runs(tmp_path)))
+    assert "parallelism" not in table.splitlines()[0]  # the strategy and devices columns say it
 
 
 @pytest.mark.slow
@@ -91,8 +121,11 @@ def test_scaling_sweep_runs_ddp_per_job_and_reports(tmp_path):
 
 @pytest.mark.slow
 def test_every_strategy_runs_under_multirun(tmp_path):
-    # One process runs all three jobs (world size 1): each joins and leaves its own process group.
-    jobs = _multirun(tmp_path / "sweep", "strategy=single,ddp,fsdp", "trainer.devices=1")
-    strategies = [json.loads((job / "metrics.json").read_text())["strategy"] for job in jobs]
-    assert strategies == ["single", "ddp", "fsdp"]
+    # sweep=strategies' 1-device jobs (the command line narrows its seven): one process runs all three
+    # (world size 1), each joining and leaving its own process group.
+    jobs = _multirun(tmp_path / "sweep", "sweep=strategies", "parallelism=single,ddp1,fsdp1")
+    assert [job.name for job in jobs] == [
+        f"{i}_logger-tensorboard+parallelism-{p}" for i, p in enumerate(("single", "ddp1", "fsdp1"))]
+    metrics = [json.loads((job / "metrics.json").read_text()) for job in jobs]
+    assert [(m["strategy"], m["devices"]) for m in metrics] == [("single", 1), ("ddp", 1), ("fsdp", 1)]
     assert all((job / "checkpoints" / "last.pt").exists() and (job / "train.log").is_file() for job in jobs)
