@@ -38,6 +38,15 @@ def _scalars(run_dir) -> EventAccumulator:
     return events
 
 
+def _first_step(run_dir, *overrides: str):
+    """The run's job, its freshly initialised model and its first batch, rebuilt as the run made them."""
+    job = job_config(run_dir, *overrides)
+    torch.manual_seed(job.trainer.seed)
+    loaders = build_loaders(job.dataset, job.data, make_context(0, 0, 1, 1, "cpu", False), 64, job.trainer.seed)
+    model = job.model()
+    return job, model, next(iter(loaders.train))
+
+
 def test_warmup_lr_scaling_and_decay_groups(run_dir):
     # 3 epochs of 4 steps at batch 64: lr 0.05 x 64 / 128, warmed up over epoch 1, then cosine over 2.
     _train(
@@ -57,11 +66,7 @@ def test_warmup_lr_scaling_and_decay_groups(run_dir):
 def test_label_smoothing_is_in_the_first_steps_loss(tmp_path):
     overrides = ("model=simple_cnn", "trainer.max_steps=1", "trainer.limit_val_batches=1", "trainer.label_smoothing=0.2")
     metrics = _train(tmp_path / "run", *overrides)
-    job = job_config(tmp_path / "job", *overrides)  # rebuild what the run trained on, in its order
-    torch.manual_seed(job.trainer.seed)
-    loaders = build_loaders(job.dataset, job.data, make_context(0, 0, 1, 1, "cpu", False), 64, job.trainer.seed)
-    model = job.model()
-    x, y = next(iter(loaders.train))
+    _, model, (x, y) = _first_step(tmp_path / "job", *overrides)
     expected = F.cross_entropy(model(x), y, label_smoothing=0.2).item()
     assert metrics["train_loss"] == pytest.approx(expected, rel=1e-5)
     assert metrics["train_loss"] != pytest.approx(F.cross_entropy(model(x), y).item(), rel=1e-5)  # unsmoothed
@@ -71,11 +76,7 @@ def test_label_smoothing_is_in_the_first_steps_loss(tmp_path):
 def test_mixup_or_cutmix_is_in_the_first_steps_loss(tmp_path, alpha):
     overrides = ("model=simple_cnn", "trainer.max_steps=1", "trainer.limit_val_batches=1", alpha)
     metrics = _train(tmp_path / "run", *overrides)
-    job = job_config(tmp_path / "job", *overrides)  # rebuild what the run trained on, in its order
-    torch.manual_seed(job.trainer.seed)
-    loaders = build_loaders(job.dataset, job.data, make_context(0, 0, 1, 1, "cpu", False), 64, job.trainer.seed)
-    model = job.model()
-    x, y = next(iter(loaders.train))
+    job, model, (x, y) = _first_step(tmp_path / "job", *overrides)
     mixing = Mixing.of(job.trainer, job.dataset.num_classes, rank=0)
     mixed, targets, _ = mixing(x, y, epoch=0, batch=0)  # as the Trainer mixes epoch 0's batch 0 on rank 0
     assert targets.shape == (len(y), job.dataset.num_classes) and not torch.equal(mixed, x)
