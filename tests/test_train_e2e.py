@@ -38,6 +38,14 @@ def test_default_job_learns_digits(run_dir):
     assert best["best"] == pytest.approx(metrics["best_val_acc"])
 
 
+def test_debug_overfit_learns_its_three_batches_by_heart(run_dir):
+    result = run_train(run_dir, "debug=overfit")
+    assert result.returncode == 0, result.stderr
+    metrics = _metrics(run_dir)
+    assert (metrics["epochs"], metrics["steps"]) == (30, 90)  # the same 3 batches each epoch
+    assert metrics["val_acc"] == 1.0 and metrics["val_loss"] < 0.05, metrics  # validated on those batches
+
+
 def test_ddp_on_cpu_writes_from_rank_zero_only(tmp_path):
     outputs = tmp_path / "outputs"
     result = run_train(
