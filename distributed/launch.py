@@ -213,6 +213,12 @@ def _first_error(error_files: list[str]) -> tuple[int, str]:
 
 def _spawned_rank(local_rank: int, plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
     """A spawned rank reports preemption through its exit code, 128 + the signal, as a shell does."""
+    # torch.multiprocessing asks the kernel to send a rank SIGINT when its launcher dies
+    # (PR_SET_PDEATHSIG), but a launcher started in the background (`python train.py &` in a
+    # script, a test runner) passes SIGINT on ignored: the orphaned ranks would train on and keep
+    # writing checkpoints into the run dir. Python's own handler ends them with KeyboardInterrupt.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         _run_rank(local_rank, plan, worker, args)
     except Preempted as e:

@@ -25,13 +25,26 @@ DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
 class Run:
     """`python train.py` in the background, tagged so that every process it starts can be found."""
 
-    def __init__(self, run_dir: Path, *overrides: str) -> None:
+    def __init__(self, run_dir: Path, *overrides: str, background: bool = False) -> None:
+        """`background`: started as a shell starts `python train.py ... &`, with SIGINT ignored."""
         self.run_dir, self.tag = run_dir, uuid.uuid4().hex
         run_dir.mkdir(parents=True, exist_ok=True)
         self.out = open(run_dir.parent / f"{run_dir.name}-{self.tag}.out", "w+")
         cmd = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "trainer.progress_bar=false", *overrides]
         env = {**os.environ, "TRAIN_TEST_TAG": self.tag}
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.out, stderr=subprocess.STDOUT, env=env)
+        sigint = signal.SIG_IGN if background else signal.SIG_DFL
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.out, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
+
+    def kill(self) -> None:
+        """kill -9 the whole job at once, as a node failure or SLURM's step kill does: train.py and
+        every rank it started, so no rank lives on to finish a write after the moment."""
+        for pid in [self.proc.pid, *self._tagged()]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # gone since
+                pass
+        self.finish()
 
     def wait_for(self, ready, timeout: float = 180, poll: float = 0.02) -> None:
         """Poll `ready()` every `poll` s; fail if the run ends first. 20 ms: a finer poll steals CPU from
@@ -84,8 +97,7 @@ def kill_inside_a_checkpoint_write(run_dir: Path, args: tuple[str, ...], whole: 
     for _ in range(5):
         run = Run(run_dir, *args)
         run.wait_for(tmp.exists, poll=0.001)
-        run.proc.kill()
-        run.finish()
+        run.kill()
         assert whole(), "the kill damaged the previous last.pt"
         if tmp.exists():
             return
@@ -123,8 +135,7 @@ def test_kill_9_at_any_moment_then_resume_auto_ends_bitwise_equal(tmp_path, unin
     # During an epoch: between the end-of-epoch checkpoint and the next.
     run = Run(run_dir, *args)
     run.wait_for(lambda: run.logged("epoch 1/3"))
-    run.proc.kill()
-    run.finish()
+    run.kill()
     _checkpoint(run_dir)  # readable
     kill_inside_a_checkpoint_write(run_dir, args, whole=lambda: _checkpoint(run_dir)["step"] > 0)
     result = run_train(run_dir, *args)
@@ -165,6 +176,24 @@ def test_sigusr1_to_a_ddp_run_saves_and_resume_continues_exactly(tmp_path):
     result = run_train(run_dir, *DDP, *TINY, "trainer.resume=auto")
     assert result.returncode == 0, result.stderr
     _assert_same_weights(_checkpoint(run_dir), _checkpoint(whole))
+
+
+def test_ranks_end_with_a_killed_launcher_started_in_the_background(tmp_path):
+    # Started as `python train.py ... &` is, with SIGINT ignored: the signal the kernel sends a
+    # spawned rank when its launcher dies. 1,000 epochs: orphans left training would outlive the wait.
+    run_dir = tmp_path / "run"
+    run = Run(run_dir, *DDP, *TINY, "trainer.epochs=1000", "trainer.checkpoint_every_n_steps=1", background=True)
+    try:
+        run.wait_for(lambda: _checkpoint_exists(run_dir))
+        run.proc.kill()  # train.py alone, as the OOM killer would
+        run.finish()
+        assert run.leftovers() == []
+    finally:
+        run.kill()  # whatever outlived the check
+
+
+def _checkpoint_exists(run_dir: Path) -> bool:
+    return (run_dir / "checkpoints" / "last.pt").exists()
 
 
 @pytest.mark.parametrize(
