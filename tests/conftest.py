@@ -74,6 +74,12 @@ def same_weights(run_dir: Path, other: Path) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest ||a - b|| / ||b|| over the tensors of two state dicts with the same keys."""
+    assert a.keys() == b.keys()
+    return max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in b)
+
+
 def _spawn_reference(tmp_path_factory, strategy: str) -> Path:
     run_dir = tmp_path_factory.mktemp(f"spawn_{strategy}") / "run"
     result = run_train(run_dir, "debug=ddp_cpu", f"strategy={strategy}")

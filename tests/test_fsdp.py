@@ -24,7 +24,7 @@ from distributed.fsdp import block_classes, shard_units
 from models.mnist_net import MnistNet
 from models.resnet import resnet
 from models.simple_cnn import SimpleCNN
-from tests.conftest import job_config, last_weights, run_train, same_weights, typed_config
+from tests.conftest import job_config, last_weights, relative_error, run_train, same_weights, typed_config
 from tests.test_launchers import _finish, _one_run_dir, _torchrun
 from tests.test_resume_preempt import TINY, Run, kill_inside_a_checkpoint_write
 from training.checkpoint import find_resume
@@ -43,11 +43,6 @@ def _metrics(run_dir: Path) -> dict:
 
 def _names(classes) -> set[str]:
     return {cls.__name__ for cls in classes}
-
-
-def _relative_error(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in b)
 
 
 def _shard_files(run_dir: Path) -> list[str]:
@@ -217,7 +212,7 @@ def test_a_checkpoint_saved_at_2_ranks_resumes_at_1_and_at_4(tmp_path, saved_at_
         assert "from epoch 2" in (run_dir / "train.log").read_text()
         metrics = _metrics(run_dir)
         assert (metrics["world_size"], metrics["steps"], len(metrics["param_bytes_per_rank"])) == (devices, 6, devices)
-        error = _relative_error(last_weights(run_dir), reference)
+        error = relative_error(last_weights(run_dir), reference)
         assert error <= 1e-5, (devices, error)
     assert same_weights(tmp_path / "at2", unbroken)
 

@@ -26,7 +26,7 @@ from distributed.launch import launch
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from models.simple_cnn import SimpleCNN
 from training import run as run_job
-from tests.conftest import job_config, run_train, typed_config
+from tests.conftest import job_config, relative_error, run_train, typed_config
 
 pytestmark = pytest.mark.slow
 
@@ -105,10 +105,6 @@ def weights(equivalence) -> dict[str, list[dict]]:
     return equivalence[1]
 
 
-def _relative_error(a: dict, b: dict) -> float:
-    return max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in b)
-
-
 def _assert_replicas_identical(replicas: list[dict]) -> None:
     first, *others = replicas
     for other in others:
@@ -118,15 +114,15 @@ def _assert_replicas_identical(replicas: list[dict]) -> None:
 
 def test_single_dp_and_ddp_end_with_the_same_weights(weights):
     (single,) = weights["single"]
-    assert _relative_error(weights["dp"][0], single) <= 1e-5
-    assert _relative_error(weights["ddp"][0], single) <= 1e-5
+    assert relative_error(weights["dp"][0], single) <= 1e-5
+    assert relative_error(weights["ddp"][0], single) <= 1e-5
     _assert_replicas_identical(weights["ddp"])
 
 
 def test_fsdp_ends_with_the_weights_of_single_and_ddp(weights):
     (single,) = weights["single"]
-    assert _relative_error(weights["fsdp"][0], single) <= 1e-5
-    assert _relative_error(weights["fsdp"][0], weights["ddp"][0]) <= 1e-5
+    assert relative_error(weights["fsdp"][0], single) <= 1e-5
+    assert relative_error(weights["fsdp"][0], weights["ddp"][0]) <= 1e-5
     _assert_replicas_identical(weights["fsdp"])
     # ZeRO-2 keeps the gathered parameters from forward to backward: the same arithmetic.
     _assert_replicas_identical([weights["fsdp"][0], weights["fsdp_zero2"][0]])
@@ -135,8 +131,8 @@ def test_fsdp_ends_with_the_weights_of_single_and_ddp(weights):
 def test_fsdp_clips_by_the_norm_of_all_shards_together(weights):
     # Each rank's clip_grad_norm_ sees DTensor shards; a norm over its own shard alone would clip differently.
     (single,) = weights["single_clip"]
-    assert _relative_error(weights["fsdp_clip"][0], single) <= 1e-5
-    assert _relative_error(single, weights["single"][0]) > 1e-3  # the clipping changed training
+    assert relative_error(weights["fsdp_clip"][0], single) <= 1e-5
+    assert relative_error(single, weights["single"][0]) > 1e-3  # the clipping changed training
 
 
 def test_fsdp_holds_half_the_bytes_per_rank(equivalence):
@@ -153,25 +149,25 @@ def test_fsdp_holds_half_the_bytes_per_rank(equivalence):
 def test_accumulating_two_batches_equals_one_batch_twice_as_big(weights):
     (big,) = weights["single_2B"]
     for name in ("single_acc2", "dp_acc2", "ddp_acc2", "fsdp_acc2"):
-        assert _relative_error(weights[name][0], big) <= 1e-5, name
+        assert relative_error(weights[name][0], big) <= 1e-5, name
     _assert_replicas_identical(weights["ddp_acc2"])
 
 
 def test_label_smoothing_ema_and_repeated_augmentation_train_the_same_under_ddp(equivalence, weights):
     (single,) = weights["single_recipe"]
-    assert _relative_error(weights["ddp_recipe"][0], single) <= 1e-5
+    assert relative_error(weights["ddp_recipe"][0], single) <= 1e-5
     _assert_replicas_identical(weights["ddp_recipe"])
     out, _ = equivalence
     ema = {name: _checkpoint(out / name)["ema"] for name in ("single_recipe", "ddp_recipe")}
     averaged = {name: {k: v for k, v in state.items() if k != "n_averaged"} for name, state in ema.items()}
-    assert _relative_error(averaged["ddp_recipe"], averaged["single_recipe"]) <= 1e-5
+    assert relative_error(averaged["ddp_recipe"], averaged["single_recipe"]) <= 1e-5
     assert int(ema["ddp_recipe"]["n_averaged"]) == STEPS
-    assert _relative_error(averaged["single_recipe"], {f"module.{k}": v for k, v in single.items()}) > 1e-3
+    assert relative_error(averaged["single_recipe"], {f"module.{k}": v for k, v in single.items()}) > 1e-3
 
 
 def test_the_tolerance_tells_different_training_apart(weights):
     # The same steps at another batch size land far outside 1e-5: the checks above can fail.
-    assert _relative_error(weights["single"][0], weights["single_2B"][0]) > 1e-3
+    assert relative_error(weights["single"][0], weights["single_2B"][0]) > 1e-3
 
 
 SYNC_BN = (
