@@ -184,16 +184,12 @@ def test_ranks_end_with_a_killed_launcher_started_in_the_background(tmp_path):
     run_dir = tmp_path / "run"
     run = Run(run_dir, *DDP, *TINY, "trainer.epochs=1000", "trainer.checkpoint_every_n_steps=1", background=True)
     try:
-        run.wait_for(lambda: _checkpoint_exists(run_dir))
+        run.wait_for((run_dir / "checkpoints" / "last.pt").exists)
         run.proc.kill()  # train.py alone, as the OOM killer would
         run.finish()
         assert run.leftovers() == []
     finally:
         run.kill()  # whatever outlived the check
-
-
-def _checkpoint_exists(run_dir: Path) -> bool:
-    return (run_dir / "checkpoints" / "last.pt").exists()
 
 
 @pytest.mark.parametrize(
