@@ -144,7 +144,8 @@ def test_a_gpu_sweep_job_runs_even_one_process_in_a_child(monkeypatch, strategy)
         cfg = typed_config(f"strategy={strategy}", f"trainer.accelerator={accelerator}")
         launch(check(cfg, multirun=multirun), lambda ctx: in_process.append(ctx.device.type))
         assert (spawned, in_process) == where, (accelerator, multirun)
-        spawned.clear(), in_process.clear()
+        spawned.clear()
+        in_process.clear()
 
 
 def _torchrun(cwd: Path, torchrun_args: list[str], *overrides: str) -> subprocess.Popen:
