@@ -36,6 +36,11 @@ class LauncherName(Enum):
     slurm = "slurm"
 
 
+class StartMethod(Enum):  # how train.py starts the ranks it launches itself (torch.multiprocessing)
+    spawn = "spawn"  # a fresh interpreter per rank, as torch.multiprocessing.spawn (the seeds)
+    forkserver = "forkserver"  # one server imports torch and train.py once, then forks each rank from it
+
+
 class Loader(Enum):
     dataloader = "dataloader"  # workers, per-sample transforms
     device = "device"  # the split held on the device, augmented a batch at a time
@@ -131,6 +136,7 @@ class LauncherConfig:
     # Every collective's limit; NCCL aborts a rank that waits longer. A first torch.compile step,
     # 8 ranks scanning an ImageNet folder or a checkpoint fsync on a network disk take minutes.
     timeout_s: float = 600.0
+    start_method: StartMethod = StartMethod.spawn
 
 
 @dataclass

@@ -39,6 +39,7 @@ class LaunchPlan:
     master_port: int | None  # None: pick a free one (spawn) / torchrun's
     env_rank: EnvRank | None = None  # torchrun/slurm: this process is this one rank
     forward_signals: tuple[signal.Signals, ...] = ()  # passed on to spawned ranks (preemption)
+    start_method: str = "spawn"  # "spawn" | "forkserver": how the ranks started here begin
     # A GPU job of a Hydra multirun started here (not a torchrun/SLURM rank): even one process runs
     # in a child. A CUDA context costs memory on every GPU it touched and is released only when its
     # process exits, so a sweep's parent that trained one job in-process would hold it on the GPUs
@@ -109,6 +110,7 @@ def plan_launch(
         master_port=launcher.master_port or (env_rank.master_port if env_rank else None),
         env_rank=env_rank,
         own_process=multirun and accelerator == Accelerator.gpu and env_rank is None,
+        start_method=launcher.start_method.value,
     )
 
 
@@ -163,7 +165,12 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
     A rank that raises or dies makes torch stop the others (after _GRACE_S); a survivor stuck
     in a collective with the dead rank fails by itself within launcher.timeout_s at the latest.
     """
-    ranks = mp.start_processes(_spawned_rank, args=(plan, worker, args), nprocs=plan.processes_per_node, join=False)
+    if plan.start_method == "forkserver":
+        mp.set_forkserver_preload(forkserver_preload(worker))
+    ranks = mp.start_processes(
+        _spawned_rank, args=(plan, worker, args), nprocs=plan.processes_per_node, join=False,
+        start_method=plan.start_method,
+    )
 
     def forward(signum: int, frame: Any) -> None:
         for process in ranks.processes:
@@ -188,6 +195,14 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def forkserver_preload(worker: Callable[..., Any]) -> list[str]:
+    """What the forkserver imports once, so that no rank forked from it imports it again (~2.5 s of
+    CPU each): train.py (`__main__`), the worker's module and torch._dynamo (the first optimizer
+    step's). CUDA allows forkserver as it does spawn (not fork) as long as the server never
+    initializes CUDA, and none of these imports does (tests/test_launchers.py checks)."""
+    return ["__main__", "torch._dynamo", worker.__module__]
 
 
 def _hung_rank(ranks: mp.ProcessContext, first_error: str) -> int | None:
