@@ -15,6 +15,7 @@ from config.check import run_config, swept_overrides, typed
 from config.schema import Config, RunConfig
 from config.setup import ROOT, compose
 from distributed import sharded_state
+from tests import train_server
 
 # trainer.compile=true runs (and any test's subprocesses, which inherit this) reuse inductor's compiled
 # kernels and FX graphs from earlier suite runs (in the git-ignored .cache/) instead of rebuilding them.
@@ -45,10 +46,20 @@ def job_config(run_dir: Path, *overrides: str) -> RunConfig:
     return run_config(cfg, typed(cfg), run_dir, choices, swept_overrides(overrides))
 
 
-def run_train(run_dir: Path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """`python train.py` in a subprocess, with its run dir at `run_dir`."""
-    cmd = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "trainer.progress_bar=false", *overrides]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+# What the tests' train.py runs add to their overrides, unless cold: the ranks a run starts fork from
+# a preloaded server too. The default, spawn, is what the cold runs (the default job, the kill,
+# preemption and launcher tests) start their ranks with.
+FORKSERVER = "launcher.start_method=forkserver"
+
+
+def run_train(run_dir: Path, *overrides: str, timeout: float = 240, cold: bool = False) -> subprocess.CompletedProcess:
+    """`python train.py` in its own process, with its run dir at `run_dir`: forked from the preloaded
+    server (tests/train_server.py), or with `cold`, a fresh interpreter that imports everything."""
+    args = [f"hydra.run.dir={run_dir}", "trainer.progress_bar=false"]
+    if cold:
+        cmd = [sys.executable, "train.py", *args, *overrides]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return train_server.run([FORKSERVER, *args, *overrides], timeout=timeout)
 
 
 @pytest.fixture
@@ -82,14 +93,14 @@ def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 
 def _spawn_reference(tmp_path_factory, strategy: str) -> Path:
     run_dir = tmp_path_factory.mktemp(f"spawn_{strategy}") / "run"
-    result = run_train(run_dir, "debug=ddp_cpu", f"strategy={strategy}")
+    result = run_train(run_dir, "debug=ddp_cpu", f"strategy={strategy}", "launcher.start_method=spawn")
     assert result.returncode == 0, result.stderr
     return run_dir
 
 
 @pytest.fixture(scope="session")
 def spawn_reference(tmp_path_factory) -> Path:
-    """2 spawn ranks of the tiny DDP job the launcher tests run under torchrun and SLURM."""
+    """2 spawned ranks of the tiny DDP job the launcher tests run under torchrun and SLURM."""
     return _spawn_reference(tmp_path_factory, "ddp")
 
 

@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 
 from config.setup import compose
 from hydra_plugins.optuna_study_sweeper import _study
+from tests import train_server
 from tests.conftest import ROOT
 
 SAMPLER = OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 0})
@@ -246,10 +247,9 @@ def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
 
 def test_train_py_returns_the_metric_optimized_metric_names_to_the_sweeper(tmp_path):
     sweep = tmp_path / "search"
-    cmd = [sys.executable, "train.py", "-m", "hparams_search=digits", f"hydra.sweep.dir={sweep}",
-           "hydra.sweeper.n_trials=1", "optimized_metric=val_loss", "hydra.sweeper.direction=minimize",
-           "debug=fdr", "trainer.progress_bar=false"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    done = train_server.run(["-m", "hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=1",
+                             "optimized_metric=val_loss", "hydra.sweeper.direction=minimize", "debug=fdr",
+                             "trainer.progress_bar=false"])
     assert done.returncode == 0, done.stderr[-3000:]
     (trial,) = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}").get_trials()
     metrics = yaml.safe_load((sweep / trial.user_attrs["job"] / "metrics.json").read_text())

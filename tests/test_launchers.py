@@ -15,7 +15,8 @@ from distributed import environment, launch as launching
 from distributed.launch import launch, plan_launch
 from errors import ConfigError
 from distributed import strategies
-from tests.conftest import ROOT, free_port, same_weights, typed_config
+from tests import train_server
+from tests.conftest import ROOT, free_port, run_train, same_weights, typed_config
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 TINY = ["debug=fdr"]
@@ -132,7 +133,7 @@ def test_a_gpu_sweep_job_runs_even_one_process_in_a_child(monkeypatch, strategy)
         def join(self, grace_period: float) -> bool:
             return True
 
-    def start_processes(fn, args, nprocs, join):
+    def start_processes(fn, args, nprocs, join, start_method):
         spawned.append(nprocs)
         return Finished()
 
@@ -211,27 +212,63 @@ REPEATS = 3  # the 10-run figures above were taken by hand; 3 keep the suite sho
 
 @pytest.mark.slow
 def test_torchrun_ranks_never_split_the_run_dir(tmp_path):
+    # torchrun stops the other workers when one fails, at its next poll: every 10 s gives the slower
+    # rank time to reach check() too (at 4 s one rank was stopped first in 1 of 2 full-suite runs).
+    # The runs go at once (a port each), so the 10 s are waited once, and the ranks start under load.
+    runs = []
     for i in range(REPEATS):
-        cwd = tmp_path / str(i)
-        cwd.mkdir()
-        # torchrun stops the other workers when one fails, at its next poll: every 10 s gives the
-        # slower rank time to reach check() too (at 4 s one rank was stopped first in 1 of 2 full-suite runs).
-        torchrun = ["--nproc_per_node=2", "--monitor-interval=10"]
-        code, stderr = _finish(_torchrun(cwd, torchrun, "trainer.devices=2", "trainer.epochs=0"))
+        (tmp_path / str(i)).mkdir()
+        torchrun = ["--nproc_per_node=2", "--monitor-interval=10", f"--master_port={free_port()}"]
+        runs.append(_torchrun(tmp_path / str(i), torchrun, "trainer.devices=2", "trainer.epochs=0"))
+    for i, run in enumerate(runs):
+        code, stderr = _finish(run)
         assert code != 0 and stderr.count("error: trainer.epochs=0") == 2, stderr  # both ranks made a dir
-        run_dir = _one_run_dir(cwd)
+        run_dir = _one_run_dir(tmp_path / str(i))
         assert (run_dir / ".hydra" / "config.yaml").is_file()
 
 
 @pytest.mark.slow
 def test_submitit_local_sweep_runs_two_jobs(tmp_path):
     sweep = tmp_path / "multirun"
-    cmd = [sys.executable, "train.py", "-m", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}",
-           "trainer.seed=0,1", *TINY]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    result = train_server.run(["-m", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}", "trainer.seed=0,1", *TINY])
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = [sweep / f"{job}_trainer.seed-{job}" for job in (0, 1)]
     for job, path in enumerate(jobs):
         assert f"trainer.seed={job}" in (path / ".hydra" / "overrides.yaml").read_text()
     losses = [json.loads((path / "metrics.json").read_text())["train_loss"] for path in jobs]
     assert losses[0] != losses[1]  # two jobs, two seeds: really two trainings
+
+
+@pytest.mark.slow
+def test_ranks_from_the_forkserver_train_exactly_as_spawned_ones(run_dir, spawn_reference):
+    result = run_train(run_dir, "debug=ddp_cpu", "strategy=ddp", "launcher.start_method=forkserver")
+    assert result.returncode == 0, result.stderr
+    assert same_weights(run_dir, spawn_reference)
+
+
+# Imports what the forkserver preloads, train.py as the server does (__mp_main__), with every way into
+# CUDA recorded: a server that touched CUDA would hand each forked rank a broken CUDA state.
+_PRELOAD_TOUCHES_CUDA = """
+import runpy, torch
+touched = []
+def record(name, real):
+    def wrapper(*args, **kwargs):
+        touched.append(name)
+        return real(*args, **kwargs)
+    return wrapper
+for name in ("_lazy_init", "init", "is_available", "device_count", "current_device"):
+    setattr(torch.cuda, name, record(name, getattr(torch.cuda, name)))
+torch._C._cuda_getDeviceCount = record("_cuda_getDeviceCount", torch._C._cuda_getDeviceCount)
+from distributed.launch import forkserver_preload
+from training.run import run
+for module in forkserver_preload(run):
+    runpy.run_path("train.py", run_name="__mp_main__") if module == "__main__" else __import__(module)
+print(touched)
+"""
+
+
+def test_the_forkserver_preload_never_touches_cuda():
+    done = subprocess.run([sys.executable, "-c", _PRELOAD_TOUCHES_CUDA], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -16,7 +16,7 @@ from distributed import strategies
 from distributed.context import make_context
 from distributed.strategies import AutocastReplica
 from errors import ConfigError
-from tests.conftest import ROOT, job_config, run_train, typed_config
+from tests.conftest import job_config, run_train, typed_config
 from tests.test_launchers import SLURM_ENV, _plan
 
 DDP_CPU = ("strategy=ddp", "trainer.accelerator=cpu")

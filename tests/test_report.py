@@ -12,7 +12,8 @@ from tensorboard.backend.event_processing.event_multiplexer import EventMultiple
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from bench import report
-from tests.conftest import ROOT
+from tests import train_server
+from tests.conftest import FORKSERVER, ROOT
 
 TINY = ("trainer.accelerator=cpu", "trainer.epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
         "trainer.progress_bar=false")
@@ -25,7 +26,7 @@ SUBDIR = (
     "hydra.job.config.override_dirname.item_sep=+",
     "hydra.job.config.override_dirname.exclude_keys=[hparams_search,sweep,optimized_metric,trainer.accelerator,"
     "trainer.progress_bar,trainer.limit_train_batches,trainer.limit_val_batches,trainer.resume,dataset.root,"
-    "dataset.download,model.weights]",
+    "dataset.download,model.weights,launcher.start_method]",
 )
 
 
@@ -164,8 +165,7 @@ def test_main_without_runs_says_what_to_do(tmp_path, capsys):
 
 def _sweep_and_report(sweep: Path, *overrides: str) -> list[str]:
     """Run `python train.py -m` with the proposed job dirs, then bench.report on it: the table's lines."""
-    cmd = [sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep}", *TINY, *SUBDIR, *overrides]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    result = train_server.run(["-m", FORKSERVER, f"hydra.sweep.dir={sweep}", *TINY, *SUBDIR, *overrides])
     assert result.returncode == 0, result.stderr[-3000:]
     result = subprocess.run([sys.executable, "-m", "bench.report", str(sweep)], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)

@@ -23,7 +23,7 @@ def _weights(path):
 
 
 def test_default_job_learns_digits(run_dir):
-    result = run_train(run_dir)
+    result = run_train(run_dir, cold=True)  # the README's first command, from a cold interpreter
     assert result.returncode == 0, result.stderr
     metrics = _metrics(run_dir)
     assert metrics["val_acc"] >= 0.95, metrics

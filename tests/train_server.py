@@ -1,0 +1,83 @@
+"""`python train.py ...` for the tests, minus the interpreter's start-up.
+
+Each run is still its own process running train.py as `__main__` with the given arguments, working
+directory and environment, exiting with train.py's code. It is forked from a server process
+(multiprocessing's forkserver) that imported, once per test worker, what every run imports
+(torch, `torch._dynamo` for the first optimizer step, Hydra, torchvision, TensorBoard and this
+project): ~2.5 s of CPU per run, most of the suite's CPU when every run paid it. The server only
+imports (one thread, no OpenMP pool, no CUDA), so forking it is safe; random reseeds itself in
+each child (os.register_at_fork).
+
+What this cannot show, a cold interpreter's imports, the tests that start `sys.executable
+train.py` themselves still do: the default job, the kill -9 and preemption runs, torchrun, SLURM.
+"""
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+# Preloaded: what a run imports, so that its child does not (train.py's own imports, and the first
+# optimizer step's torch._dynamo). train.py itself runs fresh in each child.
+import hydra  # noqa: F401
+import torch._dynamo  # noqa: F401
+import torch.utils.tensorboard  # noqa: F401
+import torchvision  # noqa: F401
+
+import config.check  # noqa: F401
+import distributed.launch  # noqa: F401
+import training.preemption  # noqa: F401
+import training.run  # noqa: F401
+from config.setup import ROOT
+
+TRAIN_PY = ROOT / "train.py"
+_context = multiprocessing.get_context("forkserver")
+_context.set_forkserver_preload([__name__])
+
+
+def run(args: list[str], cwd: Path = ROOT, timeout: float = 240) -> subprocess.CompletedProcess:
+    """What `subprocess.run([sys.executable, "train.py", *args], cwd=cwd, capture_output=True,
+    text=True, timeout=timeout)` returns."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        child = _context.Process(target=_train_py, args=(args, cwd, dict(os.environ), out, err))
+        child.start()
+        child.join(timeout)
+        if child.exitcode is None:
+            child.kill()
+            child.join()
+            raise subprocess.TimeoutExpired(["train.py", *args], timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess(["train.py", *args], child.exitcode, out.read_text(), err.read_text())
+
+
+def _train_py(args: list[str], cwd: Path, env: dict[str, str], out: Path, err: Path) -> None:
+    """The child: what the interpreter does for `python train.py *args`, from the preloaded state."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.argv = [str(TRAIN_PY), *args]
+    sys.path.insert(0, str(ROOT))  # the script's directory, as `python train.py` puts it first
+    code = 0
+    try:
+        runpy.run_path(str(TRAIN_PY), run_name="__main__")
+    except SystemExit as e:  # sys.exit(): an int is the status; anything else is printed, status 1
+        if isinstance(e.code, int) or e.code is None:
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # as the interpreter: the traceback on stderr, exit status 1
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()  # a multiprocessing child skips them; the interpreter would run them
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
