@@ -39,6 +39,7 @@ class LauncherName(Enum):
 class StartMethod(Enum):  # how train.py starts the ranks it launches itself (torch.multiprocessing)
     spawn = "spawn"  # a fresh interpreter per rank, as torch.multiprocessing.spawn (the seeds)
     forkserver = "forkserver"  # one server imports torch and train.py once, then forks each rank from it
+    fork = "fork"  # CPU only: each rank a copy of this process, nothing imported again (CUDA cannot be forked)
 
 
 class Loader(Enum):

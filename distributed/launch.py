@@ -16,7 +16,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from config.schema import Accelerator, LauncherConfig, TrainerConfig
+from config.schema import Accelerator, LauncherConfig, StartMethod, TrainerConfig
 from distributed import environment
 from distributed.context import DistContext, make_context
 from distributed.environment import EnvRank
@@ -39,7 +39,7 @@ class LaunchPlan:
     master_port: int | None  # None: pick a free one (spawn) / torchrun's
     env_rank: EnvRank | None = None  # torchrun/slurm: this process is this one rank
     forward_signals: tuple[signal.Signals, ...] = ()  # passed on to spawned ranks (preemption)
-    start_method: str = "spawn"  # "spawn" | "forkserver": how the ranks started here begin
+    start_method: str = "spawn"  # "spawn" | "forkserver" | "fork": how the ranks started here begin
     # A GPU job of a Hydra multirun started here (not a torchrun/SLURM rank): even one process runs
     # in a child. A CUDA context costs memory on every GPU it touched and is released only when its
     # process exits, so a sweep's parent that trained one job in-process would hold it on the GPUs
@@ -97,6 +97,11 @@ def plan_launch(
     if accelerator == Accelerator.gpu:
         _check_gpus(devices, visible, env_rank is not None and processes == devices)
     strategy.check(trainer, accelerator, devices, num_nodes)
+    if launcher.start_method == StartMethod.fork and accelerator == Accelerator.gpu:
+        raise ConfigError(
+            "launcher.start_method=fork cannot start GPU ranks: CUDA does not work in a forked process; "
+            "use launcher.start_method=forkserver (or spawn)"
+        )
     if strategy.process_group and env_rank is None and launcher.master_port is not None:
         _check_port_free(launcher.master_addr or "127.0.0.1", int(launcher.master_port))
     return LaunchPlan(

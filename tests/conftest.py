@@ -46,10 +46,10 @@ def job_config(run_dir: Path, *overrides: str) -> RunConfig:
     return run_config(cfg, typed(cfg), run_dir, choices, swept_overrides(overrides))
 
 
-# What the tests' train.py runs add to their overrides, unless cold: the ranks a run starts fork from
-# a preloaded server too. The default, spawn, is what the cold runs (the default job, the kill,
-# preemption and launcher tests) start their ranks with.
-FORKSERVER = "launcher.start_method=forkserver"
+# What the tests' train.py runs add to their overrides, unless cold: the CPU ranks a run starts are
+# forked from it, with nothing left to import. The default, spawn, is what the cold runs (the default
+# job, the kill, preemption and launcher tests) start their ranks with; forkserver has its own test.
+FORK_RANKS = "launcher.start_method=fork"
 
 
 def run_train(run_dir: Path, *overrides: str, timeout: float = 240, cold: bool = False) -> subprocess.CompletedProcess:
@@ -59,7 +59,7 @@ def run_train(run_dir: Path, *overrides: str, timeout: float = 240, cold: bool =
     if cold:
         cmd = [sys.executable, "train.py", *args, *overrides]
         return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    return train_server.run([FORKSERVER, *args, *overrides], timeout=timeout)
+    return train_server.run([FORK_RANKS, *args, *overrides], timeout=timeout)
 
 
 @pytest.fixture

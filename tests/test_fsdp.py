@@ -24,7 +24,7 @@ from distributed.fsdp import block_classes, shard_units
 from models.mnist_net import MnistNet
 from models.resnet import resnet
 from models.simple_cnn import SimpleCNN
-from tests.conftest import job_config, last_weights, relative_error, run_train, same_weights, typed_config
+from tests.conftest import FORK_RANKS, job_config, last_weights, relative_error, run_train, same_weights, typed_config
 from tests.test_launchers import _finish, _one_run_dir, _torchrun
 from tests.test_resume_preempt import TINY, Run, kill_inside_a_checkpoint_write
 from training.checkpoint import find_resume
@@ -236,7 +236,8 @@ def test_kill_9_mid_epoch_and_mid_save_then_resume_auto_ends_bitwise_equal(tmp_p
     whole, run_dir = tmp_path / "whole", tmp_path / "run"
     fsdp = ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", *TINY]
     assert run_train(whole, *fsdp).returncode == 0
-    args = (*fsdp, "trainer.checkpoint_every_n_steps=1", "trainer.resume=auto")
+    # Its ranks forked (FORK_RANKS): each attempt's kill is what is under test, not how ranks start.
+    args = (*fsdp, "trainer.checkpoint_every_n_steps=1", "trainer.resume=auto", FORK_RANKS)
     run = Run(run_dir, *args)
     run.wait_for(lambda: _committed_step(run_dir) > 8)  # epoch 2 under way: last.pt is a mid-epoch checkpoint
     run.kill()

@@ -240,10 +240,18 @@ def test_submitit_local_sweep_runs_two_jobs(tmp_path):
 
 
 @pytest.mark.slow
-def test_ranks_from_the_forkserver_train_exactly_as_spawned_ones(run_dir, spawn_reference):
-    result = run_train(run_dir, "debug=ddp_cpu", "strategy=ddp", "launcher.start_method=forkserver")
+@pytest.mark.parametrize("start_method", ["forkserver", "fork"])
+def test_ranks_forked_train_exactly_as_spawned_ones(run_dir, spawn_reference, start_method):
+    result = run_train(run_dir, "debug=ddp_cpu", "strategy=ddp", f"launcher.start_method={start_method}")
     assert result.returncode == 0, result.stderr
     assert same_weights(run_dir, spawn_reference)
+
+
+def test_fork_cannot_start_gpu_ranks(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    cfg = typed_config("strategy=ddp", "trainer.gpus=2", "launcher.start_method=fork")
+    with pytest.raises(ConfigError, match=r"^launcher.start_method=fork cannot start GPU ranks: .*forkserver"):
+        check(cfg)
 
 
 # Imports what the forkserver preloads, train.py as the server does (__mp_main__), with every way into

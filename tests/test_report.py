@@ -13,7 +13,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from bench import report
 from tests import train_server
-from tests.conftest import FORKSERVER, ROOT
+from tests.conftest import FORK_RANKS, ROOT
 
 TINY = ("trainer.accelerator=cpu", "trainer.epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
         "trainer.progress_bar=false")
@@ -165,7 +165,7 @@ def test_main_without_runs_says_what_to_do(tmp_path, capsys):
 
 def _sweep_and_report(sweep: Path, *overrides: str) -> list[str]:
     """Run `python train.py -m` with the proposed job dirs, then bench.report on it: the table's lines."""
-    result = train_server.run(["-m", FORKSERVER, f"hydra.sweep.dir={sweep}", *TINY, *SUBDIR, *overrides])
+    result = train_server.run(["-m", FORK_RANKS, f"hydra.sweep.dir={sweep}", *TINY, *SUBDIR, *overrides])
     assert result.returncode == 0, result.stderr[-3000:]
     result = subprocess.run([sys.executable, "-m", "bench.report", str(sweep)], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)

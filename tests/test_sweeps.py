@@ -18,14 +18,14 @@ from config.schema import StrategyName
 from config.setup import compose
 from errors import ConfigError
 from tests import train_server
-from tests.conftest import FORKSERVER, ROOT
+from tests.conftest import FORK_RANKS, ROOT
 from training.reporting import HPARAM_METRICS
 
 TINY = ("debug=limit", "logger=tensorboard")  # 3 short epochs, with the TensorBoard files under test
 
 
 def _multirun(sweep_dir: Path, *overrides: str) -> list[Path]:
-    result = train_server.run(["-m", FORKSERVER, f"hydra.sweep.dir={sweep_dir}", *TINY, *overrides])
+    result = train_server.run(["-m", FORK_RANKS, f"hydra.sweep.dir={sweep_dir}", *TINY, *overrides])
     assert result.returncode == 0, result.stderr
     return sorted(p for p in sweep_dir.iterdir() if p.is_dir())
 
