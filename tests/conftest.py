@@ -108,3 +108,16 @@ def spawn_reference(tmp_path_factory) -> Path:
 def fsdp_spawn_reference(tmp_path_factory) -> Path:
     """The same job under FSDP."""
     return _spawn_reference(tmp_path_factory, "fsdp")
+
+
+# pytest-xdist hands whole files to the workers in collection order (--no-loadscope-reorder): the
+# longest first, so that none of them starts last and runs alone while the other workers are done.
+# The SLURM and hung-rank files mostly wait, and overlap with the others' CPU work. Seconds per file:
+# BENCHMARKS.md (the test suite).
+LONGEST_FIRST = ["test_slurm_requeue.py", "test_slurm.py", "test_bench.py", "test_launchers.py", "test_fsdp.py",
+                 "test_resume_preempt.py", "test_strategies.py", "test_hung_rank.py"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    order = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable: the rest keep their order
