@@ -173,7 +173,7 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
     if plan.start_method == "forkserver":
         mp.set_forkserver_preload(forkserver_preload(worker))
     ranks = mp.start_processes(
-        _spawned_rank, args=(plan, worker, args), nprocs=plan.processes_per_node, join=False,
+        _spawned_rank, args=(plan, worker, args, dict(os.environ)), nprocs=plan.processes_per_node, join=False,
         start_method=plan.start_method,
     )
 
@@ -231,8 +231,15 @@ def _first_error(error_files: list[str]) -> tuple[int, str]:
     return rank, lines[-1].strip()[:500]
 
 
-def _spawned_rank(local_rank: int, plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
+def _spawned_rank(
+    local_rank: int, plan: LaunchPlan, worker: Callable[..., Any], args: tuple, environ: dict[str, str]
+) -> None:
     """A spawned rank reports preemption through its exit code, 128 + the signal, as a shell does."""
+    # A rank runs in the environment its launch had (MASTER_PORT, ...). A forkserver's rank would
+    # otherwise get the server's, from the first launch: in a sweep, an earlier job's port.
+    if os.environ != environ:
+        os.environ.clear()
+        os.environ.update(environ)
     # torch.multiprocessing asks the kernel to send a rank SIGINT when its launcher dies
     # (PR_SET_PDEATHSIG), but a launcher started in the background (`python train.py &` in a
     # script, a test runner) passes SIGINT on ignored: the orphaned ranks would train on and keep

@@ -19,6 +19,7 @@ from config.schema import DatasetConfig
 from data import check, cifar10, download, imagefolder, mnist
 from distributed.context import make_context
 from errors import ConfigError
+from tests import train_server
 from tests.conftest import ROOT, typed_config
 from tests.dataset_files import class_images, write_cifar, write_image_folder, write_mnist
 
@@ -315,7 +316,9 @@ def test_in_ddp_rank_zero_downloads_once_and_every_rank_learns_the_outcome(tmp_p
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     root = tmp_path / "cache"
-    mp.spawn(_download_on_two_ranks, args=(port, archive.getvalue(), str(root), str(tmp_path)), nprocs=2)
+    train_server.ensure_running()  # the two ranks fork from it: nothing left to import
+    mp.start_processes(_download_on_two_ranks, args=(port, archive.getvalue(), str(root), str(tmp_path)), nprocs=2,
+                       start_method="forkserver")
     offline = [Path(tmp_path, f"rank{r}.txt").read_text().splitlines() for r in range(2)]
     assert offline[0][0] == offline[1][0] and offline[0][0].startswith("could not download cifar10")
     assert offline[0][1] == "ok after 2 requests"  # torchvision asks once for redirects, once for the file

@@ -280,3 +280,20 @@ def test_the_forkserver_preload_never_touches_cuda():
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def _record_master_port(ctx, out: str) -> None:
+    Path(out, f"rank{ctx.rank}").write_text(os.environ["MASTER_PORT"])
+
+
+def test_each_launch_hands_its_forkserver_ranks_its_own_environment(monkeypatch, tmp_path):
+    """A forkserver outlives the launch that started it: a sweep's next job must not hand its ranks
+    the environment the server started with (an earlier job's MASTER_PORT)."""
+    monkeypatch.setenv("MASTER_ADDR", "")  # launch sets them; monkeypatch puts them back
+    monkeypatch.setenv("MASTER_PORT", "")
+    train_server.ensure_running()  # already running when the launches come, as in a sweep's later jobs
+    cfg = typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.start_method=forkserver")
+    for job in ("first", "second"):
+        (tmp_path / job).mkdir()
+        launch(check(cfg), _record_master_port, str(tmp_path / job))
+        assert [(tmp_path / job / f"rank{r}").read_text() for r in range(2)] == [os.environ["MASTER_PORT"]] * 2

@@ -26,6 +26,7 @@ from distributed.launch import launch
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from models.simple_cnn import SimpleCNN
 from training import run as run_job
+from tests import train_server
 from tests.conftest import job_config, relative_error, run_train, typed_config
 
 pytestmark = pytest.mark.slow
@@ -77,6 +78,9 @@ def _run_all(runs: dict[str, tuple], base: tuple, out: Path, check_sync_bn: bool
 
     Returns each run's final weights, one state_dict per rank.
     """
+    # The ranks fork from this worker's train server (tests/train_server.py): nothing left to import.
+    train_server.ensure_running()
+    base = (*base, "launcher.start_method=forkserver")
     plans = {name: check(typed_config(*base, *overrides)) for name, overrides in runs.items()}
     by_processes: dict[int, list] = {}
     for name, overrides in runs.items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import runpy
 import subprocess
@@ -38,12 +39,20 @@ from config.setup import ROOT
 
 TRAIN_PY = ROOT / "train.py"
 _context = multiprocessing.get_context("forkserver")
-_context.set_forkserver_preload([__name__])
+
+
+def ensure_running() -> None:
+    """Start this process's forkserver with this module preloaded, if it is not running yet. A test
+    that starts ranks here with start_method="forkserver" calls it first: the ranks then fork from
+    this server, and its preload is this module's, not the first launch's (one server per process)."""
+    _context.set_forkserver_preload([__name__])
+    multiprocessing.forkserver.ensure_running()
 
 
 def run(args: list[str], cwd: Path = ROOT, timeout: float = 240) -> subprocess.CompletedProcess:
     """What `subprocess.run([sys.executable, "train.py", *args], cwd=cwd, capture_output=True,
     text=True, timeout=timeout)` returns."""
+    ensure_running()
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
         child = _context.Process(target=_train_py, args=(args, cwd, dict(os.environ), out, err))
