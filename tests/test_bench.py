@@ -87,12 +87,15 @@ def test_peers_times_train_py_lightning_and_the_hand_written_loop_side_by_side()
     startup = {name: number(by[name]["start-up + 2 steps (s)"]) for name in speed}
     vs_loop = "/ hand-written loop (median of rounds)"
     assert number(by["hand-written loop"][vs_loop]) == 1
-    # one round: each ratio is that round's ratio of the figures printed
-    assert number(by["train.py"][vs_loop]) == pytest.approx(speed["train.py"] / speed["hand-written loop"], rel=0.01)
+    # One round: each ratio is that round's ratio of the figures printed (to the 3 decimals printed:
+    # a --quick round's figures mean nothing, and a loaded machine can even make one negative).
+    assert number(by["train.py"][vs_loop]) == pytest.approx(
+        speed["train.py"] / speed["hand-written loop"], rel=0.01, abs=5e-4)
     assert all(seconds > 0 for seconds in startup.values())
     if LIGHTNING:
         ratio = by["train.py / Lightning"]
-        assert number(ratio["samples/s (median)"]) == pytest.approx(speed["train.py"] / speed["Lightning"], rel=0.01)
+        assert number(ratio["samples/s (median)"]) == pytest.approx(
+            speed["train.py"] / speed["Lightning"], rel=0.01, abs=5e-4)
         assert number(ratio["start-up + 2 steps (s)"]) == pytest.approx(
             startup["train.py"] / startup["Lightning"], rel=0.01)
 

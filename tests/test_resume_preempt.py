@@ -13,6 +13,7 @@ from typing import Callable
 import pytest
 import torch
 
+from tests import train_server
 from tests.conftest import ROOT, run_train
 
 pytestmark = pytest.mark.slow
@@ -23,17 +24,23 @@ DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
 
 
 class Run:
-    """`python train.py` in the background, tagged so that every process it starts can be found."""
+    """`python train.py` in the background, leading a session of its own: every process it starts
+    (ranks, a forkserver, the resource tracker) is in it, orphans included, and can be found."""
 
-    def __init__(self, run_dir: Path, *overrides: str, background: bool = False) -> None:
-        """`background`: started as a shell starts `python train.py ... &`, with SIGINT ignored."""
-        self.run_dir, self.tag = run_dir, uuid.uuid4().hex
+    def __init__(self, run_dir: Path, *overrides: str, cold: bool = False, background: bool = False) -> None:
+        """Forked from the train server (tests/train_server.py), or with `cold`, a fresh interpreter.
+        `background`: a fresh interpreter started as a shell starts `python train.py ... &`, with
+        SIGINT ignored."""
+        self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.out = open(run_dir.parent / f"{run_dir.name}-{self.tag}.out", "w+")
-        cmd = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "trainer.progress_bar=false", *overrides]
-        env = {**os.environ, "TRAIN_TEST_TAG": self.tag}
+        self.out = open(run_dir.parent / f"{run_dir.name}-{uuid.uuid4().hex}.out", "w+")
+        args = [f"hydra.run.dir={run_dir}", "trainer.progress_bar=false", *overrides]
+        if not (cold or background):
+            self.proc = train_server.start(args, Path(self.out.name))
+            return
         sigint = signal.SIG_IGN if background else signal.SIG_DFL
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.out, stderr=subprocess.STDOUT, env=env,
+        self.proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, stdout=self.out,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
 
     def kill(self) -> None:
@@ -80,12 +87,15 @@ class Run:
         return [_cmdline(pid) for pid in found]
 
     def _tagged(self) -> list[int]:
+        """The processes of this run's session (train.py's pid is its id)."""
         found = []
         for entry in Path("/proc").iterdir():
             try:
-                if entry.name.isdigit() and f"TRAIN_TEST_TAG={self.tag}".encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
+                if entry.name.isdigit():
+                    stat = (entry / "stat").read_text()
+                    if int(stat[stat.rindex(")") + 2:].split()[3]) == self.proc.pid:  # state ppid pgrp session
+                        found.append(int(entry.name))
+            except OSError:  # gone since
                 pass
         return found
 

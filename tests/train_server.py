@@ -18,6 +18,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,11 +53,9 @@ def ensure_running() -> None:
 def run(args: list[str], cwd: Path = ROOT, timeout: float = 240) -> subprocess.CompletedProcess:
     """What `subprocess.run([sys.executable, "train.py", *args], cwd=cwd, capture_output=True,
     text=True, timeout=timeout)` returns."""
-    ensure_running()
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        child = _context.Process(target=_train_py, args=(args, cwd, dict(os.environ), out, err))
-        child.start()
+        child = _start(args, cwd, out, err, new_session=False)
         child.join(timeout)
         if child.exitcode is None:
             child.kill()
@@ -65,13 +64,50 @@ def run(args: list[str], cwd: Path = ROOT, timeout: float = 240) -> subprocess.C
         return subprocess.CompletedProcess(["train.py", *args], child.exitcode, out.read_text(), err.read_text())
 
 
-def _train_py(args: list[str], cwd: Path, env: dict[str, str], out: Path, err: Path) -> None:
+class Started:
+    """A train.py that start() started: the part of subprocess.Popen the tests use."""
+
+    def __init__(self, process: multiprocessing.Process) -> None:
+        self._process, self.pid = process, process.pid
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired("train.py", timeout)
+        return self._process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def start(args: list[str], output: Path, cwd: Path = ROOT) -> Started:
+    """`python train.py *args` in the background, stdout and stderr to `output`, leading a session
+    of its own (as `subprocess.Popen(..., start_new_session=True)`): every process it starts is in it."""
+    return Started(_start(args, cwd, output, output, new_session=True))
+
+
+def _start(args: list[str], cwd: Path, out: Path, err: Path, new_session: bool) -> multiprocessing.Process:
+    ensure_running()
+    child = _context.Process(target=_train_py, args=(args, cwd, dict(os.environ), out, err, new_session))
+    child.start()
+    return child
+
+
+def _train_py(args: list[str], cwd: Path, env: dict[str, str], out: Path, err: Path, new_session: bool) -> None:
     """The child: what the interpreter does for `python train.py *args`, from the preloaded state."""
+    if new_session:
+        os.setsid()
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    for fd, path in ((1, out), (2, err)):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+    os.dup2(1 if err == out else os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
     sys.argv = [str(TRAIN_PY), *args]
     sys.path.insert(0, str(ROOT))  # the script's directory, as `python train.py` puts it first
     code = 0
