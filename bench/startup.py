@@ -10,9 +10,8 @@ benchmark clocks that line on stdout. Target, for the default job: at most 2 s a
 first step: the first optimizer imports torch._dynamo. The peers job (bench.peers: simple_cnn on
 synthetic 3x32x32, batch 128) is clocked the same way under train.py and under Lightning's Trainer
 (bench/peers_lightning.py prints the same line); without Lightning installed its row is left out.
-The DDP pair clocks the default job on 2 CPU ranks started by spawn and by forkserver
-(launcher.start_method). Each round runs every command once, in an order rotated per round; a
-ratio is the median of per-round ratios.
+Each round runs every command once, in an order rotated per round; the ratio is the median of
+per-round ratios.
 """
 from __future__ import annotations
 
@@ -66,17 +65,12 @@ def main() -> None:
     rounds = 1 if args.quick else args.repeats
 
     ours = ["train.py", "trainer.max_steps=1"]
-    ddp = [*ours, "strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
-    spawned, forked = (f"python train.py (ddp, 2 CPU ranks, {how}), to its first optimizer step"
-                       for how in ("spawn", "forkserver"))
     commands = {
         f"python -c '{BARE}'": lambda: to_exit(BARE),
         f"python -c '{WITH_OPTIMIZER}'": lambda: to_exit(WITH_OPTIMIZER),
         "python train.py (default job), to its first optimizer step": lambda: to_first_step(ours, "hydra.run.dir="),
         "python train.py (peers job), to its first optimizer step": (
             lambda: to_first_step([*ours, *PEERS_JOB], "hydra.run.dir=")),
-        spawned: lambda: to_first_step(ddp, "hydra.run.dir="),
-        forked: lambda: to_first_step([*ddp, "launcher.start_method=forkserver"], "hydra.run.dir="),
     }
     if importlib.util.find_spec("lightning") is not None:
         commands["Lightning Trainer (peers job), to its first optimizer step"] = (
@@ -94,15 +88,11 @@ def main() -> None:
         target = verdict(above, TARGET_S, higher_is_better=False) if "default job" in name else ""
         rows.append([name, median(seconds[name]), above, target])
     print(table(["command", "seconds (median)", "above bare import (s)", f"target ≤ {TARGET_S} s above"], rows))
-    ratio = median([a / b for a, b in zip(seconds[forked], seconds[spawned])])
-    print(f"\nforkserver / spawn to the first optimizer step, ddp on 2 CPU ranks: {ratio:.3f} (median of per-round ratios)")
-    lightning = "Lightning Trainer (peers job), to its first optimizer step"
-    if lightning in seconds:
-        peers = "python train.py (peers job), to its first optimizer step"
-        ratio = median([a / b for a, b in zip(seconds[peers], seconds[lightning])])
-        print(f"train.py / Lightning to the first optimizer step, peers job: {ratio:.3f} (median of per-round ratios)")
+    if len(names) == 5:
+        ratio = median([a / b for a, b in zip(seconds[names[3]], seconds[names[4]])])
+        print(f"\ntrain.py / Lightning to the first optimizer step, peers job: {ratio:.3f} (median of per-round ratios)")
     else:
-        print("Lightning is not installed (make bench-deps): its row is left out")
+        print("\nLightning is not installed (make bench-deps): its row is left out")
 
 
 if __name__ == "__main__":
