@@ -46,9 +46,9 @@ def job_config(run_dir: Path, *overrides: str) -> RunConfig:
     return run_config(cfg, typed(cfg), run_dir, choices, swept_overrides(overrides))
 
 
-# What the tests' train.py runs add to their overrides, unless cold: the CPU ranks a run starts are
-# forked from it, with nothing left to import. The default, spawn, is what the cold runs (the default
-# job, the kill, preemption and launcher tests) start their ranks with; forkserver has its own test.
+# What run_train adds to a run's overrides, unless cold: the CPU ranks it starts are forked from it,
+# with nothing left to import. The kill, preemption and rank-failure runs (test_resume_preempt.Run)
+# and the spawn references keep the default, spawn; forkserver and fork each have an equivalence test.
 FORK_RANKS = "launcher.start_method=fork"
 
 

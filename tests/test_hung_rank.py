@@ -46,7 +46,7 @@ def ended(tmp_path_factory) -> dict[str, Ended]:
         return {hang: _end(run, started[hang]) for hang, run in runs.items()}
     finally:
         # Whatever went wrong above, a stopped rank must not stay behind for good.
-        for pid in (pid for run in runs.values() for pid in run._tagged()):
+        for pid in (pid for run in runs.values() for pid in run._processes()):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -27,26 +27,24 @@ class Run:
     """`python train.py` in the background, leading a session of its own: every process it starts
     (ranks, a forkserver, the resource tracker) is in it, orphans included, and can be found."""
 
-    def __init__(self, run_dir: Path, *overrides: str, cold: bool = False, background: bool = False) -> None:
-        """Forked from the train server (tests/train_server.py), or with `cold`, a fresh interpreter.
-        `background`: a fresh interpreter started as a shell starts `python train.py ... &`, with
-        SIGINT ignored."""
+    def __init__(self, run_dir: Path, *overrides: str, background: bool = False) -> None:
+        """Forked from the train server (tests/train_server.py), or with `background`, a fresh
+        interpreter started as a shell starts `python train.py ... &`, with SIGINT ignored."""
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.out = open(run_dir.parent / f"{run_dir.name}-{uuid.uuid4().hex}.out", "w+")
         args = [f"hydra.run.dir={run_dir}", "trainer.progress_bar=false", *overrides]
-        if not (cold or background):
+        if not background:
             self.proc = train_server.start(args, Path(self.out.name))
             return
-        sigint = signal.SIG_IGN if background else signal.SIG_DFL
         self.proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, stdout=self.out,
                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
 
     def kill(self) -> None:
         """kill -9 the whole job at once, as a node failure or SLURM's step kill does: train.py and
         every rank it started, so no rank lives on to finish a write after the moment."""
-        for pid in [self.proc.pid, *self._tagged()]:
+        for pid in [self.proc.pid, *self._processes()]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:  # gone since
@@ -78,15 +76,15 @@ class Run:
         return Path(self.out.name).read_text()
 
     def leftovers(self, settle_s: float = 10.0) -> list[str]:
-        """Command lines of processes this run started (spawned ranks inherit the tag) still alive
+        """Command lines of processes this run started (in its session) still alive
         `settle_s` after it ended: helpers such as multiprocessing's resource tracker leave only
         once they notice their parent is gone."""
         deadline = time.monotonic() + settle_s
-        while (found := self._tagged()) and time.monotonic() < deadline:
+        while (found := self._processes()) and time.monotonic() < deadline:
             time.sleep(0.2)
         return [_cmdline(pid) for pid in found]
 
-    def _tagged(self) -> list[int]:
+    def _processes(self) -> list[int]:
         """The processes of this run's session (train.py's pid is its id)."""
         found = []
         for entry in Path("/proc").iterdir():

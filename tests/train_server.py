@@ -9,7 +9,8 @@ imports (one thread, no OpenMP pool, no CUDA), so forking it is safe; random res
 each child (os.register_at_fork).
 
 What this cannot show, a cold interpreter's imports, the tests that start `sys.executable
-train.py` themselves still do: the default job, the kill -9 and preemption runs, torchrun, SLURM.
+train.py` themselves still do: the default job, the background launch, torchrun, SLURM and the
+benchmarks.
 """
 from __future__ import annotations
 
