@@ -18,7 +18,7 @@ import argparse
 import gc
 import os
 
-from bench.common import median, table, train, verdict
+from bench.common import FORKSERVER_RANKS, median, table, train, verdict
 
 TARGET = 0.95
 
@@ -37,8 +37,7 @@ def main() -> None:
         f"dataset.train_size={train_size}", "dataset.val_size=256", f"trainer.batch_size={args.batch_size}",
         f"trainer.epochs={epochs}", "trainer.accelerator=cpu", "scheduler=none",
     ]
-    # The figures are taken after start-up; ranks forked from one server start with less to import.
-    ddp = ["strategy=ddp", "trainer.devices=2", "launcher.start_method=forkserver"]
+    ddp = ["strategy=ddp", "trainer.devices=2", FORKSERVER_RANKS]
     runs = {"single": [*common, "strategy=single"], "ddp": [*common, *ddp]}
     speeds = {name: [] for name in runs}
     for r in range(repeats):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.common import median, table, train
+from bench.common import FORKSERVER_RANKS, median, table, train
 
 SYSTEMS = {  # name: overrides
     "ddp(2)": ("strategy=ddp",),
@@ -34,8 +34,7 @@ def main() -> None:
         f"model={model}", "dataset=synthetic", f"dataset.train_size={train_size}", "dataset.val_size=128",
         f"trainer.batch_size={args.batch_size}", f"trainer.epochs={epochs}", "trainer.accelerator=cpu",
         "trainer.devices=2", "scheduler=none", "logger=none",
-        # The figures are taken after start-up; ranks forked from one server start with less to import.
-        "launcher.start_method=forkserver",
+        FORKSERVER_RANKS,
         *(["dataset.channels=1", "dataset.image_size=28"] if model == "mnist_net" else []),
     ]
     speeds: dict[str, list[float]] = {name: [] for name in SYSTEMS}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.common import table, train, verdict
+from bench.common import FORKSERVER_RANKS, table, train, verdict
 
 TARGET = 1.05
 RUNS = [("ddp", 2), ("fsdp", 2), ("fsdp", 4)]
@@ -34,7 +34,7 @@ def main() -> None:
             "dataset.val_size=16", "trainer.batch_size=16", "trainer.epochs=1", "trainer.max_steps=2",
             "trainer.accelerator=cpu", f"trainer.devices={ranks}", f"strategy={strategy}", "optimizer=sgd",
             "scheduler=none", "logger=none",
-            "launcher.start_method=forkserver",  # bytes held after start-up; ranks start with less to import
+            FORKSERVER_RANKS,
             *(["dataset.channels=1", "dataset.image_size=28"] if model == "mnist_net" else []),
         )
         sizes = [max(metrics[f"{kind}_bytes_per_rank"]) / 1e6 for kind in ("param", "grad", "optimizer")]
