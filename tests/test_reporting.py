@@ -11,7 +11,7 @@ from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 from config.check import swept_overrides
 from config.schema import LoggerConfig
 from distributed.context import DistContext
-from training.reporting import HPARAM_METRICS, Reporter, image_summary, sample_grid
+from training.reporting import HPARAM_METRICS, Reporter, SampleGrid, image_summary
 
 
 def _caption_hues(grid: np.ndarray, index: int, tile: int = 96) -> set[str]:
@@ -24,17 +24,30 @@ def _caption_hues(grid: np.ndarray, index: int, tile: int = 96) -> set[str]:
 
 def test_grid_has_a_tile_per_sample_and_colours_right_and_wrong():
     images = torch.randn(5, 1, 8, 8) * 3 + 7  # normalised or not: each tile is scaled to its own range
-    grid = sample_grid(images, torch.tensor([1, 2, 3, 4, 5]), torch.tensor([1, 0, 3, 0, 5]))
+    grid = SampleGrid(images, torch.tensor([1, 0, 3, 0, 5])).draw(torch.tensor([1, 2, 3, 4, 5]))
     assert grid.dtype == np.uint8 and grid.shape == (2 * (96 + 14), 4 * 98 - 2, 3)
     assert [_caption_hues(grid, i) for i in range(5)] == [{"green"}, {"red"}, {"green"}, {"red"}, {"green"}]
     first_tile = grid[:96, :96]
     assert first_tile.min() == 0 and first_tile.max() == 255
 
 
+def test_each_epoch_draws_the_grid_a_fresh_one_would_draw():
+    torch.manual_seed(0)
+    images, targets = torch.randn(6, 1, 8, 8), torch.tensor([0, 1, 2, 3, 4, 5])
+    grid = SampleGrid(images, targets)
+    drawn = []
+    for predicted in ([0, 1, 2, 3, 4, 5], [9, 1, 7, 3, 4, 5], [9, 1, 7, 3, 4, 5], [0, 8, 2, 3, 4, 5]):
+        drawn.append((predicted, grid.draw(torch.tensor(predicted))))
+    assert [_caption_hues(drawn[-1][1], i) for i in range(3)] == [{"green"}, {"red"}, {"green"}]
+    # Captions are redrawn only where the prediction changed, and no epoch's grid changes afterwards.
+    for predicted, pixels in drawn:
+        assert np.array_equal(pixels, SampleGrid(images, targets).draw(torch.tensor(predicted)))
+
+
 def test_colour_images_keep_their_colours():
     image = torch.zeros(1, 3, 4, 4)
     image[0, 0] = 1.0  # pure red
-    grid = sample_grid(image, torch.tensor([0]), torch.tensor([0]))
+    grid = SampleGrid(image, torch.tensor([0])).draw(torch.tensor([0]))
     assert tuple(grid[10, 10]) == (255, 0, 0)
 
 
@@ -80,7 +93,7 @@ def test_hparams_write_nothing_on_other_ranks(tmp_path):
 def test_the_image_summary_holds_the_grid_losslessly():
     from PIL import Image
 
-    grid = sample_grid(torch.randn(6, 3, 5, 5), torch.arange(6), torch.arange(6))
+    grid = SampleGrid(torch.randn(6, 3, 5, 5), torch.arange(6)).draw(torch.arange(6))
     (value,) = image_summary("val/samples", grid).value
     assert (value.tag, value.image.height, value.image.width, value.image.colorspace) == ("val/samples", *grid.shape)
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(value.image.encoded_image_string))), grid)
