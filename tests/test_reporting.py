@@ -11,7 +11,7 @@ from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 from config.check import swept_overrides
 from config.schema import LoggerConfig
 from distributed.context import DistContext
-from training.reporting import HPARAM_METRICS, Reporter, SampleGrid, image_summary
+from training.reporting import HPARAM_METRICS, Reporter, SampleGrid, image_summary, masked_crc32c
 
 
 def _caption_hues(grid: np.ndarray, index: int, tile: int = 96) -> set[str]:
@@ -97,3 +97,22 @@ def test_the_image_summary_holds_the_grid_losslessly():
     (value,) = image_summary("val/samples", grid).value
     assert (value.tag, value.image.height, value.image.width, value.image.colorspace) == ("val/samples", *grid.shape)
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(value.image.encoded_image_string))), grid)
+
+
+def test_tensorboard_checksums_records_in_c_with_its_own_values(tmp_path):
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as tensorboards
+    from tensorboard.summary.writer import record_writer
+
+    rng = np.random.default_rng(0)
+    for size in (0, 1, 12, 1000, 50_000):
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        assert masked_crc32c(data) == tensorboards(data)
+    reporter = Reporter(DistContext(0, 0, 1, 1, torch.device("cpu"), None), tmp_path, LoggerConfig())
+    reporter.scalars(1, {"x": 1.0})
+    reporter.close()
+    # The writer's records carry the C checksum, and TensorBoard's reader, which drops any record
+    # whose checksum its own code does not match, reads them back.
+    assert record_writer.masked_crc32c is masked_crc32c
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [s.value for s in events.Scalars("x")] == [1.0]

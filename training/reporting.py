@@ -82,6 +82,7 @@ class Reporter:
     def _make_writer(self) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        checksum_records_in_c()
         self._made = SummaryWriter(log_dir=str(self.run_dir / "tb"))
 
     @property
@@ -145,6 +146,25 @@ class Reporter:
     def close(self) -> None:
         if self.enabled:
             self._writer.close()
+
+
+def checksum_records_in_c() -> None:
+    """TensorBoard's writer checksums every record with a pure-Python CRC-32C: ~0.1 ms a KB, on its
+    writer thread, holding the GIL against the training steps (a 74 KB sample grid each epoch cost
+    a 1,040-step simple_cnn run ~1 s of 12; BENCHMARKS.md). google-crc32c computes it in C."""
+    import google_crc32c
+    from tensorboard.summary.writer import record_writer
+
+    if google_crc32c.implementation == "c":  # its fallback is pure Python too
+        record_writer.masked_crc32c = masked_crc32c
+
+
+def masked_crc32c(data: bytes) -> int:
+    """A TFRecord's masked CRC-32C of `data`, as tensorboard.compat.tensorflow_stub computes it."""
+    import google_crc32c
+
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def _first_samples(loader: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
