@@ -17,17 +17,6 @@ from tests.conftest import FORK_RANKS, ROOT
 
 TINY = ("trainer.accelerator=cpu", "trainer.epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
         "trainer.progress_bar=false")
-# The job dirs proposed for conf/config.yaml's hydra.sweep: <job number>_<the job's overrides>, which
-# TensorBoard shows as the run's name. "-" and "+" because a path holding "=" or "," cannot be given
-# back as an override (trainer.resume=...) unquoted.
-SUBDIR = (
-    "hydra.sweep.subdir=${hydra.job.num}_${hydra.job.override_dirname}",
-    "hydra.job.config.override_dirname.kv_sep=-",
-    "hydra.job.config.override_dirname.item_sep=+",
-    "hydra.job.config.override_dirname.exclude_keys=[hparams_search,sweep,optimized_metric,trainer.accelerator,"
-    "trainer.progress_bar,trainer.limit_train_batches,trainer.limit_val_batches,trainer.resume,dataset.root,"
-    "dataset.download,model.weights,launcher.start_method]",
-)
 
 
 def _write(root, name, overrides=None, **metrics):
@@ -164,8 +153,8 @@ def test_main_without_runs_says_what_to_do(tmp_path, capsys):
 
 
 def _sweep_and_report(sweep: Path, *overrides: str) -> list[str]:
-    """Run `python train.py -m` with the proposed job dirs, then bench.report on it: the table's lines."""
-    result = train_server.run(["-m", FORK_RANKS, f"hydra.sweep.dir={sweep}", *TINY, *SUBDIR, *overrides])
+    """Run `python train.py -m` (job dirs as conf/config.yaml names them), then bench.report on it: the table's lines."""
+    result = train_server.run(["-m", FORK_RANKS, f"hydra.sweep.dir={sweep}", *TINY, *overrides])
     assert result.returncode == 0, result.stderr[-3000:]
     result = subprocess.run([sys.executable, "-m", "bench.report", str(sweep)], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
