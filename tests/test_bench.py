@@ -98,7 +98,8 @@ def test_peers_without_lightning_says_how_to_get_it_and_exits_2():
 
 @pytest.mark.slow
 def test_time_to_accuracy_trains_ours_and_the_baseline():
-    ours, plain, ratio = bench("time_to_accuracy", "--quick")
+    ours, plain, ratio = bench("time_to_accuracy", "--quick", "logger=none")
+    assert [ours["job"], plain["job"]] == ["python train.py logger=none", "bench/plain_digits.py (baseline)"]
     for row in (ours, plain):
         assert 0.1 < number(row["final val acc (median of seeds)"]) <= 1.0  # one epoch: well above chance (0.1)
     # One round: the median of the per-round ratios is that round's ratio.
