@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+import google_crc32c
 import numpy as np
 import torch
 from torch import nn
@@ -152,7 +153,6 @@ def checksum_records_in_c() -> None:
     """TensorBoard's writer checksums every record with a pure-Python CRC-32C: ~0.1 ms a KB, on its
     writer thread, holding the GIL against the training steps (a 74 KB sample grid each epoch cost
     a 1,040-step simple_cnn run ~1 s of 12; BENCHMARKS.md). google-crc32c computes it in C."""
-    import google_crc32c
     from tensorboard.summary.writer import record_writer
 
     if google_crc32c.implementation == "c":  # its fallback is pure Python too
@@ -161,8 +161,6 @@ def checksum_records_in_c() -> None:
 
 def masked_crc32c(data: bytes) -> int:
     """A TFRecord's masked CRC-32C of `data`, as tensorboard.compat.tensorflow_stub computes it."""
-    import google_crc32c
-
     crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
