@@ -183,7 +183,7 @@ class SampleGrid:
     predicted / true label, green when right, red when wrong.
 
     The tiles are drawn once and a caption only when its prediction changes: redrawing the whole
-    grid took ~2 ms an epoch, the PNG encoding after it ~2 ms."""
+    grid took ~2 ms an epoch, the PNG encoding after it ~2 ms. A caption is cut at its tile's width."""
 
     CAPTION, GAP = 14, 2
 
