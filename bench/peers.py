@@ -16,7 +16,7 @@ Throughput is measured from outside: each program runs for 40 optimizer steps an
 long count (1,040 or 240), and samples/s = (long − 40) × batch / (wall(long) − wall(40)), so
 start-up and shutdown cancel and every per-step and per-epoch cost counts. The 40-step run's wall
 is the "start-up + 40 steps" column. Each round runs every program once per size, in an order
-rotated per round; ratios are medians of per-round ratios.
+rotated per round; ratios are medians of per-round ratios, printed with their range.
 """
 from __future__ import annotations
 
@@ -133,16 +133,28 @@ def main() -> None:
         }
         startup = {name: [brief for brief, _ in pairs] for name, pairs in walls[case].items()}
         for name in programs:
-            vs_plain = median([a / b for a, b in zip(speed[name], speed[PLAIN])])
-            rows.append([case.name, name, median(speed[name]), vs_plain, median(startup[name])])
+            vs_plain = ratios(speed[name], speed[PLAIN])
+            rows.append([case.name, name, median(speed[name]), median(vs_plain), spread(vs_plain), median(startup[name])])
         if "Lightning" in programs:
-            ratio = lambda figures: median([a / b for a, b in zip(figures["train.py"], figures["Lightning"])])  # noqa: E731
-            rows.append([case.name, "train.py / Lightning", ratio(speed), "", ratio(startup)])
+            vs_lightning = ratios(speed["train.py"], speed["Lightning"])
+            rows.append([case.name, "train.py / Lightning", median(vs_lightning), "", spread(vs_lightning),
+                         median(ratios(startup["train.py"], startup["Lightning"]))])
     print(table(
-        ["case", "program", "samples/s (median)", f"/ {PLAIN} (median of rounds)", f"start-up + {short} steps (s)"], rows
+        ["case", "program", "samples/s (median)", f"/ {PLAIN} (median of rounds)", "range of the rounds' throughput ratios",
+         f"start-up + {short} steps (s)"], rows
     ))
     print(f"\n{rounds} round(s); samples/s from {short} vs {', '.join(str(c.long_steps) for c in cases)} steps; "
           "ratio rows are medians of per-round ratios")
+
+
+def ratios(figures: list[float], baseline: list[float]) -> list[float]:
+    """Round by round: programs that ran in the same round saw the same machine."""
+    return [a / b for a, b in zip(figures, baseline)]
+
+
+def spread(values: list[float]) -> str:
+    """One long run moves by ±15 % from round to round here: the range says how far a median can be trusted."""
+    return f"{min(values):.3f}–{max(values):.3f}"
 
 
 if __name__ == "__main__":
