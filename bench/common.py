@@ -45,6 +45,16 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
+def per_round(figures: Sequence[float], baseline: Sequence[float]) -> list[float]:
+    """Each round's ratio: systems that ran in the same round saw the same machine."""
+    return [a / b for a, b in zip(figures, baseline)]
+
+
+def spread(values: Sequence[float]) -> str:
+    """min–max of the rounds: one run here moves by up to ±15 %, so this says how far their median holds."""
+    return f"{min(values):.3f}–{max(values):.3f}"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A markdown table, ready to paste into BENCHMARKS.md."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]

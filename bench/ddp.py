@@ -18,7 +18,7 @@ import argparse
 import gc
 import os
 
-from bench.common import FORKSERVER_RANKS, median, table, train, verdict
+from bench.common import FORKSERVER_RANKS, median, per_round, table, train, verdict
 
 TARGET = 0.95
 
@@ -44,7 +44,7 @@ def main() -> None:
         for name in ("single", "ddp") if r % 2 == 0 else ("ddp", "single"):
             gc.collect()
             speeds[name].append(train(*runs[name])["train_samples_per_s"])
-    ratio = median([d / s for d, s in zip(speeds["ddp"], speeds["single"])])
+    ratio = median(per_round(speeds["ddp"], speeds["single"]))
     cores = len(os.sched_getaffinity(0))
     omp = os.environ.get("OMP_NUM_THREADS")  # train.py's thread policy gives way to it
     single_threads, rank_threads = (int(omp), int(omp)) if omp else (cores, max(cores // 2, 1))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.common import FORKSERVER_RANKS, median, table, train
+from bench.common import FORKSERVER_RANKS, median, per_round, spread, table, train
 
 SYSTEMS = {  # name: overrides
     "ddp(2)": ("strategy=ddp",),
@@ -43,8 +43,8 @@ def main() -> None:
             speeds[name].append(train(*common, *overrides)["train_samples_per_s"])
     rows = []
     for name in SYSTEMS:
-        ratios = [s / d for s, d in zip(speeds[name], speeds["ddp(2)"])]
-        rows.append([name, median(speeds[name]), median(ratios), f"{min(ratios):.3f}–{max(ratios):.3f}"])
+        ratios = per_round(speeds[name], speeds["ddp(2)"])
+        rows.append([name, median(speeds[name]), median(ratios), spread(ratios)])
     shape = "1x28x28" if model == "mnist_net" else "3x32x32"
     print(f"{model} {shape} (synthetic), global batch {args.batch_size}, 2 gloo ranks, {repeats} interleaved repeats:")
     print(table(["system", "samples/s (median)", "ratio to ddp(2) (median of pairs)", "range of ratios"], rows))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 
-from bench.common import median, python_json, table, train, verdict
+from bench.common import median, per_round, python_json, table, train, verdict
 
 TARGET = 0.98
 # (model, channels, image size): seed 001's CNN on CIFAR-shaped data, seed 002's Net on MNIST-shaped.
@@ -50,7 +50,7 @@ def main() -> None:
             for run in (ours, plain) if r % 2 == 0 else (plain, ours):
                 gc.collect()
                 speeds[run].append(run(model, channels, size, train_size, batch, epochs))
-        ratio = median([a / b for a, b in zip(speeds[ours], speeds[plain])])
+        ratio = median(per_round(speeds[ours], speeds[plain]))
         rows.append([f"{model} {channels}x{size}x{size}", batch, median(speeds[ours]), median(speeds[plain]), ratio,
                      verdict(ratio, TARGET)])
     print(table(["case", "batch", "train.py samples/s (median)", "plain loop samples/s (median)",

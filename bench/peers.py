@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import ROOT, median, table
+from bench.common import ROOT, median, per_round, spread, table
 
 TRAIN_SIZE, VAL_SIZE = 2048, 512
 LIGHTNING_HINT = "bench.peers needs Lightning: make bench-deps (pip install -r requirements-bench.txt into .venv)"
@@ -133,28 +133,18 @@ def main() -> None:
         }
         startup = {name: [brief for brief, _ in pairs] for name, pairs in walls[case].items()}
         for name in programs:
-            vs_plain = ratios(speed[name], speed[PLAIN])
+            vs_plain = per_round(speed[name], speed[PLAIN])
             rows.append([case.name, name, median(speed[name]), median(vs_plain), spread(vs_plain), median(startup[name])])
         if "Lightning" in programs:
-            vs_lightning = ratios(speed["train.py"], speed["Lightning"])
+            vs_lightning = per_round(speed["train.py"], speed["Lightning"])
             rows.append([case.name, "train.py / Lightning", median(vs_lightning), "", spread(vs_lightning),
-                         median(ratios(startup["train.py"], startup["Lightning"]))])
+                         median(per_round(startup["train.py"], startup["Lightning"]))])
     print(table(
         ["case", "program", "samples/s (median)", f"/ {PLAIN} (median of rounds)", "range of the rounds' throughput ratios",
          f"start-up + {short} steps (s)"], rows
     ))
     print(f"\n{rounds} round(s); samples/s from {short} vs {', '.join(str(c.long_steps) for c in cases)} steps; "
           "ratio rows are medians of per-round ratios")
-
-
-def ratios(figures: list[float], baseline: list[float]) -> list[float]:
-    """Round by round: programs that ran in the same round saw the same machine."""
-    return [a / b for a, b in zip(figures, baseline)]
-
-
-def spread(values: list[float]) -> str:
-    """One long run moves by ±15 % from round to round here: the range says how far a median can be trusted."""
-    return f"{min(values):.3f}–{max(values):.3f}"
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from bench.common import ROOT, median, table, verdict
+from bench.common import ROOT, median, per_round, table, verdict
 
 TARGET_S = 2.0
 FIRST_STEP = "first optimizer step done"
@@ -89,7 +89,7 @@ def main() -> None:
         rows.append([name, median(seconds[name]), above, target])
     print(table(["command", "seconds (median)", "above bare import (s)", f"target ≤ {TARGET_S} s above"], rows))
     if len(names) == 5:
-        ratio = median([a / b for a, b in zip(seconds[names[3]], seconds[names[4]])])
+        ratio = median(per_round(seconds[names[3]], seconds[names[4]]))
         print(f"\ntrain.py / Lightning to the first optimizer step, peers job: {ratio:.3f} (median of per-round ratios)")
     else:
         print("\nLightning is not installed (make bench-deps): its row is left out")

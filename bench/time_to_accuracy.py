@@ -15,7 +15,7 @@ import argparse
 import time
 from typing import Callable
 
-from bench.common import median, python_json, table, train, verdict
+from bench.common import median, python_json, spread, table, train, verdict
 
 TARGET_ACC, TARGET_S, TARGET_RATIO = 0.98, 10.0, 1.0
 
@@ -41,7 +41,7 @@ def main() -> None:
     rows = [
         ours.row(" ".join(["python train.py", *args.overrides]), met=ours.acc >= TARGET_ACC and ours.wall <= TARGET_S),
         plain.row("bench/plain_digits.py (baseline)", met=None),
-        ["ratio ours / baseline (wall, median of rounds)", ratio, "", f"{min(ratios):.3f}–{max(ratios):.3f}",
+        ["ratio ours / baseline (wall, median of rounds)", ratio, "", spread(ratios),
          verdict(ratio, TARGET_RATIO, higher_is_better=False)],
     ]
     target = f"target ≥ {TARGET_ACC:.0%} in ≤ {TARGET_S:.0f} s; ratio ≤ {TARGET_RATIO:.2f}"
