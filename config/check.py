@@ -38,9 +38,17 @@ def check(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> L
     trainer = cfg.trainer
     strategy = strategies.get(cfg.strategy)
     plan = plan_launch(trainer, strategy, cfg.launcher, multirun=multirun)
+    resolve_num_classes(cfg)  # before anything builds the model
+    _check_model(cfg.model)
     strategy.check_model(factory(cfg.model))
+    _check_forward(cfg)
     if trainer.epochs < 1:
         raise ConfigError(f"trainer.epochs={trainer.epochs}: train for at least 1 epoch")
+    if trainer.batch_size < plan.world_size:
+        raise ConfigError(
+            f"trainer.batch_size={trainer.batch_size} is the global batch, at least one sample for each of "
+            f"{plan.world_size} process(es); use {plan.world_size} or more"
+        )
     if trainer.batch_size % plan.world_size:
         raise ConfigError(
             f"trainer.batch_size={trainer.batch_size} is the global batch and must split evenly over "
@@ -59,15 +67,14 @@ def check(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> L
         )
     if trainer.grad_clip is not None and trainer.grad_clip <= 0:
         raise ConfigError(f"trainer.grad_clip={trainer.grad_clip}: give a positive max norm, or null for none")
-    for key in ("checkpoint_every_n_steps", "preempt_check_every_n_steps", "overfit_batches"):
+    for key in ("limit_train_batches", "limit_val_batches", "checkpoint_every_n_steps", "preempt_check_every_n_steps",
+                "overfit_batches"):
         value = getattr(trainer, key)
         if value is not None and value < 1:
             raise ConfigError(f"trainer.{key}={value}: use a positive number, or null")
     signals = parse_signals(trainer.preempt_signals, "trainer.preempt_signals")
     parse_signals(trainer.requeue_signals, "trainer.requeue_signals")
     _check_recipe(cfg)
-    resolve_num_classes(cfg)  # before anything builds the model
-    _check_model(cfg.model)
     _check_resume(cfg, run_dir)
     data.check(cfg.dataset, cfg.data)
     return replace(plan, forward_signals=tuple(signals))
@@ -117,6 +124,45 @@ def _check_model(node: Mapping[str, Any]) -> None:
     module = importlib.import_module(node["_target_"].rsplit(".", 1)[0])
     if hasattr(module, "check"):
         module.check(**{k: v for k, v in node.items() if not k.startswith("_")})
+
+
+def _check_forward(cfg: Config) -> None:
+    """One forward pass on the meta device (shapes only: no memory, no arithmetic) at the sizes
+    training and validation feed: a model built for other images (a Linear sized for image_size
+    after the convolutions, ViT's 224 px) fails here in one line instead of in the first step."""
+    dataset = cfg.dataset
+    node = {**cfg.model, "weights": None} if "weights" in cfg.model else cfg.model  # shapes only
+    try:
+        with torch.device("meta"):
+            model = factory(node)()
+    except Exception as e:
+        if _needs_values(e):  # RegNet's builder reads a tensor's value: the first step will tell
+            return
+        raise
+    sizes = {"train": dataset.train_crop or dataset.image_size, "val": dataset.val_crop or dataset.image_size}
+    for split, size in sizes.items():
+        model.train(split == "train")
+        shape = (2, dataset.channels, size, size)  # 2: BatchNorm trains on more than one value
+        where = f"the model cannot take dataset={dataset.name}'s {split} images ({shape[1]}x{size}x{size})"
+        fix = "set dataset.image_size (or train_crop / val_crop) to the size the model takes"
+        try:
+            with torch.no_grad():
+                out = model(torch.empty(shape, device="meta"))
+        except Exception as e:
+            if _needs_values(e):
+                return
+            raise ConfigError(f"{where}: {str(e).strip().splitlines()[0]}; {fix}") from None
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, dataset.num_classes):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ConfigError(
+                f"the model returns {got} for a batch of 2, not logits (2, {dataset.num_classes}); "
+                "build it to return one row of class scores per image"
+            )
+
+
+def _needs_values(error: Exception) -> bool:
+    """The meta device's own limit (.item(), a copy to the host, a data-dependent op), not the model's."""
+    return isinstance(error, NotImplementedError) or "meta" in str(error)
 
 
 def _check_resume(cfg: Config, run_dir: Path | None) -> None:

@@ -17,6 +17,7 @@ from distributed.context import make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
 from tests.conftest import run_train, typed_config
+from tests.dataset_files import write_image_folder
 from training.checkpoint import save_checkpoint
 
 DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
@@ -46,6 +47,7 @@ def files(tmp_path_factory):
     _sharded(MnistNet(1, 10, 8), root / "sharded_foreign")
     with open(root / "sharded_foreign" / sharded_state.METADATA, "wb") as f:
         pickle.dump(_Touch(root / "touched"), f)
+    write_image_folder(root / "folders")
     fsdp_run = root / "fsdp_run" / "checkpoints"  # strategy=fsdp's: last.pt sharded, best.pt one file
     fsdp_run.mkdir(parents=True)
     _sharded(MnistNet(1, 10, 8), fsdp_run / "last.pt")
@@ -118,6 +120,17 @@ CHECKS = {  # config.check.check's ConfigErrors: the one line train.py prints af
     "fsdp sharding a class the model lacks": (
         ["strategy=fsdp", "strategy.shard_modules=[Bottleneck]"], ["strategy.shard_modules", "Bottleneck", "Conv2d"]),
     "fsdp with an EMA": ([*DDP[1:], "strategy=fsdp", "trainer.ema_decay=0.99"], ["trainer.ema_decay=0.99", "strategy=ddp"]),
+    "fsdp sharding blocks of a model sized by its folders": (  # the classes are counted before the model is built
+        ["dataset=imagefolder", "dataset.root={root}/folders", "model=resnet18", "strategy=fsdp",
+         "strategy.shard_modules=[Bottleneck]"], ["strategy.shard_modules", "Bottleneck", "BasicBlock"]),
+    "no batch": (["trainer.batch_size=0"], ["trainer.batch_size=0", "use 1 or more"]),
+    "fewer samples than ranks": ([*DDP, "trainer.batch_size=1"], ["trainer.batch_size=1", "use 2 or more"]),
+    "no training batches": (["trainer.limit_train_batches=0"], ["trainer.limit_train_batches=0", "positive"]),
+    "model built for other images": (
+        ["dataset=synthetic", "model=simple_cnn", "model.image_size=28"], ["train images (3x32x32)", "dataset.image_size"]),
+    "model that returns no logits": (
+        ["dataset=synthetic", "model._target_=torch.nn.Identity"], ["returns (2, 3, 32, 32)", "not logits (2, 10)"]),
+    "fine-tuning without the weights": (["experiment=seed001"], ["model.weights=", "resnet18-f37072fd.pth", "no such file"]),
 }
 
 
