@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from config.check import check
-from config.schema import LrScaling, OptimConfig, TrainerConfig
+from config.check import check, factory, target_arguments
+from config.schema import LrScaling, OptimConfig, ScheduleConfig, TrainerConfig
 from data.sampler import RepeatedAugmentationSampler
 from data.transforms import sample_transform
 from errors import ConfigError
@@ -18,7 +18,7 @@ from models.zoo import check as check_torchvision, torchvision_classifier
 from training.ema import EMA, adjusted_decay
 from training.metrics import Accumulator
 from training.mixing import Mixing
-from training.optim import parameter_groups, scaled_lr
+from training.optim import check_arguments, parameter_groups, scaled_lr
 from training.schedule import Warmup
 from tests.conftest import typed_config
 from tests.dataset_files import write_image_folder
@@ -88,6 +88,27 @@ def test_linear_lr_scaling_multiplies_by_the_samples_per_step_over_the_reference
     trainer = TrainerConfig(batch_size=256, accumulate_grad_batches=2)
     assert scaled_lr(0.5, OptimConfig(LrScaling.linear, reference_batch=1024), trainer) == pytest.approx(0.25)
     assert scaled_lr(0.5, OptimConfig(LrScaling.none, reference_batch=1024), trainer) == 0.5
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ([], []),  # the defaults pass
+    (["optimizer.momentum=0"], ["optimizer: torch.optim.sgd.SGD", "Nesterov momentum requires a momentum", "optimizer.*"]),
+    (["optimizer=adamw", "+optimizer.lrr=0.1"], ["optimizer: torch.optim.adamw.AdamW", "'lrr'"]),
+    (["scheduler=step", "+scheduler.T_max=3"], ["scheduler: torch.optim.lr_scheduler.StepLR", "'T_max'", "scheduler.*"]),
+    (["scheduler=step", "scheduler.step_size=0"], ["scheduler: torch.optim.lr_scheduler.StepLR", "by zero"]),
+])
+def test_the_optimizers_and_schedulers_own_checks_are_one_line_naming_the_keys(overrides, words):
+    cfg = typed_config(*overrides)
+    optimizer = factory(target_arguments(cfg.optimizer, OptimConfig))
+    scheduler = factory(target_arguments(cfg.scheduler, ScheduleConfig))
+    if not words:
+        check_arguments(optimizer, scheduler)
+        return
+    with pytest.raises(ConfigError) as error:
+        check_arguments(optimizer, scheduler)
+    assert "\n" not in str(error.value)
+    for word in words:
+        assert word in str(error.value), error.value
 
 
 def test_norm_weight_decay_takes_normalisation_layers_and_biases_out_of_the_decayed_group():

@@ -1,11 +1,13 @@
 """The optimizer's side of a recipe: the lr scaled to the batch, and weight-decay groups."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
+import torch
 from torch import nn
 
 from config.schema import LrScaling, OptimConfig, TrainerConfig
+from errors import ConfigError
 
 # torchvision's set_weight_decay: the layers whose parameters take optimizer.norm_weight_decay
 NORM_LAYERS = (
@@ -40,3 +42,27 @@ def parameter_groups(model: nn.Module, norm_weight_decay: float | None) -> Itera
             (exempt if isinstance(module, NORM_LAYERS) or name == "bias" else decayed).append(parameter)
     groups = [{"params": decayed}, {"params": exempt, "weight_decay": norm_weight_decay}]
     return [group for group in groups if group["params"]]
+
+
+def check_arguments(optimizer: Callable[..., Any], scheduler: Callable[..., Any] | None) -> None:
+    """The optimizer's and scheduler's own argument checks (a key the class does not take, a
+    Nesterov SGD without momentum, StepLR's step_size=0 at its first step) on a throwaway
+    parameter, as one-line ConfigErrors before training. In the rank, not in config.check:
+    building an optimizer imports torch._dynamo (~0.9 s), which the launching process never needs."""
+    try:
+        probe = optimizer([nn.Parameter(torch.zeros(1))])
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"optimizer: {_name(optimizer)} refuses these options ({e}); fix the optimizer.* keys") from None
+    if scheduler is None:
+        return
+    try:
+        schedule = scheduler(probe)
+        probe.step()
+        schedule.step()
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        raise ConfigError(f"scheduler: {_name(scheduler)} refuses these options ({e}); fix the scheduler.* keys") from None
+
+
+def _name(factory: Callable[..., Any]) -> str:
+    target = getattr(factory, "func", factory)  # Hydra's _partial_: functools.partial(class, **options)
+    return f"{target.__module__}.{target.__qualname__}"

@@ -19,7 +19,7 @@ from training.evaluation import test
 from training.memory import MemoryProbe
 from training.metrics import reset_peak_memory
 from training.mixing import Mixing
-from training.optim import parameter_groups
+from training.optim import check_arguments, parameter_groups
 from training.precision import Precision
 from training.preemption import PreemptionWatch, parse_signals
 from training.reporting import Reporter, configure_logging
@@ -69,6 +69,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     strategy = strategies.get(job.strategy)
     precision = Precision.of(settings.precision, ctx.device)
     model = strategy.wrap(net, ctx, settings.compile, precision.dtype)
+    check_arguments(job.optimizer, job.scheduler)
     optimizer = job.optimizer(parameter_groups(model, job.optim.norm_weight_decay))
     scheduler = job.scheduler(optimizer) if job.scheduler is not None else None
     scheduler = with_warmup(optimizer, scheduler, job.schedule, settings, len(loaders.train))
