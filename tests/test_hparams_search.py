@@ -194,12 +194,14 @@ def test_results_name_the_best_trial_and_list_every_trial(tmp_path):
 
 
 @pytest.mark.parametrize("search", ["digits", "cifar10_resnet18"])
-def test_search_configs_compose(search):
+def test_search_configs_compose(search, monkeypatch):
     cfg = compose(f"hparams_search={search}", hydra=True)
     sweeper = cfg.hydra.sweeper
     assert sweeper._target_.endswith("OptunaStudySweeper") and sweeper.sampler._target_ == "optuna.samplers.TPESampler"
     assert (sweeper.metric, sweeper.direction) == ("best_val_acc", "maximize")
     assert cfg.hydra.sweep.dir == f"multirun/search/{search}"  # stable: the same command finds its study
+    monkeypatch.setenv("SWEEP_DIR", "/scratch/sweeps")  # paths.sweep_dir moves searches as it moves sweeps
+    assert compose(f"hparams_search={search}", hydra=True).hydra.sweep.dir == f"/scratch/sweeps/search/{search}"
     space, _ = _study.search_space([f"{k}={v}" for k, v in sweeper.params.items()])
     assert set(space) == {"optimizer.lr", "optimizer.weight_decay", "trainer.batch_size"}
     assert space["optimizer.lr"].log
