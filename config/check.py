@@ -41,7 +41,6 @@ def check(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> L
     resolve_num_classes(cfg)  # before anything builds the model
     _check_model(cfg.model)
     strategy.check_model(factory(cfg.model))
-    _check_forward(cfg)
     if trainer.epochs < 1:
         raise ConfigError(f"trainer.epochs={trainer.epochs}: train for at least 1 epoch")
     if trainer.batch_size < plan.world_size:
@@ -75,8 +74,9 @@ def check(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> L
     signals = parse_signals(trainer.preempt_signals, "trainer.preempt_signals")
     parse_signals(trainer.requeue_signals, "trainer.requeue_signals")
     _check_recipe(cfg)
-    _check_resume(cfg, run_dir)
     data.check(cfg.dataset, cfg.data)
+    _check_forward(cfg)  # after the data's own keys, which name the fix more closely
+    _check_resume(cfg, run_dir)
     return replace(plan, forward_signals=tuple(signals))
 
 
