@@ -2,16 +2,17 @@
 and, optionally, weights from a local state_dict file (compute nodes have no internet)."""
 from __future__ import annotations
 
-import difflib
-import logging
-from pathlib import Path
-
-import torch
 from torch import nn
 
 from errors import ConfigError
+from models.arch import unknown_arch
+from models.weights import load_matching
 
-log = logging.getLogger("train")
+# googlenet and inception_v3 return (logits, auxiliary logits) in train mode unless built without
+# their auxiliary heads, and the loss takes logits alone. torchvision's own files carry the heads
+# (googlenet's untrained), so their keys are dropped when loading. init_weights=True is the default
+# torchvision warns it will change; saying it keeps these models as they were and the log quiet.
+_AUX_HEADS = {"googlenet": ("aux1.", "aux2."), "inception_v3": ("AuxLogits.",)}
 
 
 def torchvision_classifier(arch: str, num_classes: int, in_channels: int = 3, weights: str | None = None) -> nn.Module:
@@ -19,9 +20,10 @@ def torchvision_classifier(arch: str, num_classes: int, in_channels: int = 3, we
     shape; the classifier's, sized for other classes, keep their fresh initialisation."""
     import torchvision  # lazy: ~1 s of start-up, and only this model needs it
 
-    model = torchvision.models.get_model(arch, num_classes=num_classes)
+    without_aux = {"aux_logits": False, "init_weights": True} if arch in _AUX_HEADS else {}
+    model = torchvision.models.get_model(arch, num_classes=num_classes, **without_aux)
     if weights is not None:
-        _load_matching(model, weights)
+        load_matching(model, weights, unused=_AUX_HEADS.get(arch, ()))
     return model
 
 
@@ -31,9 +33,7 @@ def check(arch: str, in_channels: int, num_classes: int, weights: str | None = N
 
     names = torchvision.models.list_models(module=torchvision.models)  # classifiers, not detection/video
     if arch not in names:
-        closest = difflib.get_close_matches(arch, names, n=3, cutoff=0.5)
-        hint = f"closest: {', '.join(closest)}" if closest else "see torchvision.models.list_models()"
-        raise ConfigError(f"model.arch={arch}: torchvision has no such classifier; {hint}")
+        raise unknown_arch(arch, names, "classifier", "see torchvision.models.list_models()")
     if in_channels != 3:
         raise ConfigError(
             f"model=torchvision takes 3-channel images but the dataset has {in_channels}; "
@@ -41,19 +41,3 @@ def check(arch: str, in_channels: int, num_classes: int, weights: str | None = N
         )
     if weights is not None:
         torchvision_classifier(arch, num_classes, in_channels, weights)
-
-
-def _load_matching(model: nn.Module, path: str) -> None:
-    saved = torch.load(Path(path), map_location="cpu", weights_only=True)
-    own = model.state_dict()
-    if set(saved) != set(own):
-        missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
-        raise ConfigError(
-            f"model.weights={path} is not a state_dict of this architecture ("
-            + (f"lacks {missing[0]}" if missing else f"has {extra[0]}, which it lacks")
-            + "); give the file of the model.arch it was saved from"
-        )
-    fresh = [key for key, tensor in saved.items() if tensor.shape != own[key].shape]
-    if fresh:
-        log.warning("model.weights: %s kept fresh (their shape is for another number of classes)", ", ".join(fresh))
-    model.load_state_dict({key: tensor for key, tensor in saved.items() if key not in fresh}, strict=False)

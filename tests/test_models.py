@@ -2,14 +2,22 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import warnings
 
 import pytest
 import torch
+import torchvision
 
+import models.resnet
+from config.check import check
 from distributed.context import make_context
+from errors import ConfigError
+from models.resnet import resnet
+from models.zoo import torchvision_classifier
 from training import run as run_job
-from tests.conftest import job_config
+from tests.conftest import job_config, typed_config
 
 # The ResNets take tens of seconds each on 2 cores (45 s for resnet50 in a loaded suite run): slow.
 MODELS = ["simple_cnn", "mnist_net", *(pytest.param(m, marks=pytest.mark.slow) for m in ("resnet18", "resnet50"))]
@@ -36,3 +44,67 @@ def test_every_model_trains_on_every_dataset(model, dataset, tmp_path):
     assert changed, "three optimizer steps changed no parameter"
     x = torch.zeros(3, job.dataset.channels, job.dataset.image_size, job.dataset.image_size)
     assert trained.eval()(x).shape == (3, job.dataset.num_classes)
+
+
+def _one_line_error(match: str, build, *args) -> None:
+    with pytest.raises(ConfigError, match=match) as raised:
+        build(*args)
+    assert "\n" not in str(raised.value)
+
+
+def test_resnet_arch_and_stem_are_checked_before_launch():
+    _one_line_error(r"model.arch=resnet81: .*closest: resnet18", models.resnet.check, "resnet81", 3, 10)
+    _one_line_error(r"model.arch=vit_b_16: .*model=torchvision", models.resnet.check, "vit_b_16", 3, 10)
+    _one_line_error(r"model.stem=cifr: .*give imagenet .* or cifar", models.resnet.check, "resnet18", 3, 10, "cifr")
+    # config.check hands the check every key of conf/model/resnet18.yaml
+    with pytest.raises(ConfigError, match="model.stem=cifr"):
+        check(typed_config("model=resnet18", "dataset=synthetic", "model.stem=cifr"))
+
+
+def test_resnet_weights_trained_for_the_dataset_load_whole(tmp_path):
+    # trainer.test_only=true model.weights=<a trained 10-class, 1-channel cifar-stem state_dict>
+    trained = resnet("resnet18", 1, 10, "cifar")
+    torch.save(trained.state_dict(), tmp_path / "trained.pth")
+    loaded = resnet("resnet18", 1, 10, "cifar", weights=str(tmp_path / "trained.pth")).state_dict()
+    assert all(torch.equal(tensor, loaded[key]) for key, tensor in trained.state_dict().items())
+
+
+def test_resnet_fine_tunes_from_torchvisions_file_with_a_fresh_head_and_says_so(tmp_path, caplog):
+    imagenet = torchvision.models.resnet18()  # the format of torchvision's resnet18-f37072fd.pth
+    torch.save(imagenet.state_dict(), tmp_path / "resnet18.pth")
+    with caplog.at_level(logging.WARNING, logger="train"):
+        model = resnet("resnet18", 3, 10, weights=str(tmp_path / "resnet18.pth"))
+    tuned, source = model.state_dict(), imagenet.state_dict()
+    assert [key for key in source if not torch.equal(source[key], tuned[key])] == ["fc.weight", "fc.bias"]
+    assert tuned["fc.weight"].shape == (10, 512)
+    assert "fc.weight, fc.bias kept fresh" in caplog.text
+
+
+@pytest.mark.parametrize("saved, match", [  # another arch, a train.py checkpoint, a pickled module
+    (lambda: torchvision.models.resnet34().state_dict(), "not a state_dict of this architecture .*has layer1.2"),
+    (lambda: {"model": resnet("resnet18", 3, 10).state_dict(), "epoch": 1}, r"train.py checkpoint.*trainer.resume="),
+    (lambda: torch.nn.Linear(2, 2), r"cannot read it \(UnpicklingError\); give a state_dict"),
+], ids=["resnet34", "checkpoint", "pickled_module"])
+def test_resnet_weights_that_do_not_fit_are_one_line_config_errors(saved, match, tmp_path):
+    torch.save(saved(), tmp_path / "weights.pth")
+    _one_line_error(match, models.resnet.check, "resnet18", 3, 10, "imagenet", str(tmp_path / "weights.pth"))
+
+
+@pytest.mark.parametrize("arch, size", [("googlenet", 32), ("inception_v3", 75)])  # inception_v3's smallest
+def test_googlenet_and_inception_train_on_their_logits_alone(arch, size):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # torchvision's warning about init_weights' default
+        model = torchvision_classifier(arch, num_classes=10).train()
+    logits = model(torch.zeros(2, 3, size, size))
+    assert isinstance(logits, torch.Tensor) and logits.shape == (2, 10)
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1])).backward()
+
+
+def test_googlenet_loads_torchvisions_file_with_its_auxiliary_heads_and_its_own(tmp_path):
+    published = torchvision.models.googlenet(aux_logits=True, init_weights=True)  # as googlenet-1378be20.pth
+    torch.save(published.state_dict(), tmp_path / "googlenet.pth")
+    model = torchvision_classifier("googlenet", num_classes=10, weights=str(tmp_path / "googlenet.pth"))
+    assert torch.equal(model.conv1.conv.weight, published.conv1.conv.weight)
+    torch.save(model.state_dict(), tmp_path / "trained.pth")  # no auxiliary heads: loads whole
+    again = torchvision_classifier("googlenet", num_classes=10, weights=str(tmp_path / "trained.pth"))
+    assert torch.equal(again.fc.weight, model.fc.weight)
