@@ -14,7 +14,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ValidationError
+from omegaconf.errors import InterpolationResolutionError, ValidationError
 
 import data
 from config.schema import PRECISIONS, Accelerator, Config, LrScaling, OptimConfig, RunConfig, ScheduleConfig
@@ -306,10 +306,25 @@ class OutputDirCheck(Callback):
     """Hydra makes the run dir before main() runs; one it cannot make would end in a traceback."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _exit_unless_writable("hydra.run.dir", config.hydra.run.dir)
+        try:
+            directory = config.hydra.run.dir
+        except InterpolationResolutionError as e:  # run_name refuses a world whose ranks cannot share a dir
+            cause = _config_error_within(e)
+            if cause is None:
+                raise
+            print(f"error: {cause}", file=sys.stderr)
+            sys.exit(2)
+        _exit_unless_writable("hydra.run.dir", directory)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _exit_unless_writable("hydra.sweep.dir", config.hydra.sweep.dir)
+
+
+def _config_error_within(error: BaseException) -> ConfigError | None:
+    """OmegaConf wraps a resolver's exception and keeps it only as the context of its own."""
+    while error is not None and not isinstance(error, ConfigError):
+        error = error.__context__
+    return error
 
 
 def _exit_unless_writable(key: str, directory: str) -> None:

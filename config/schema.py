@@ -133,7 +133,7 @@ class StrategyConfig:
 class LauncherConfig:
     name: LauncherName = LauncherName.auto
     master_addr: Optional[str] = None  # None: 127.0.0.1 (spawn), torchrun's, the job's first node (SLURM)
-    master_port: Optional[int] = None  # None: a free port (spawn), torchrun's, from the SLURM job id
+    master_port: Optional[int] = None  # None: a free port (spawn), torchrun's, from the SLURM job and step ids
     # Every collective's limit; NCCL aborts a rank that waits longer. A first torch.compile step,
     # 8 ranks scanning an ImageNet folder or a checkpoint fsync on a network disk take minutes.
     timeout_s: float = 600.0

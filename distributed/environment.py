@@ -46,12 +46,37 @@ def run_name(launcher: str, env: Mapping[str, str], default: str) -> str:
     """The run dir's name. torchrun/srun start train.py once per rank and Hydra names the dir in
     each process, so under them it comes from the job, not from each process's clock."""
     found = detect(env) if launcher == "auto" else launcher
-    if found == "torchrun" and "TORCHELASTIC_RUN_ID" in env:
-        # Every agent of one run has the same id: a uuid, unless --rdzv-id names it.
-        return f"torchrun-{env['TORCHELASTIC_RUN_ID']}"
+    if found == "torchrun":
+        return _torchrun_run_name(env, default)
     if found == "slurm" and "SLURM_JOB_ID" in env:
-        return f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
+        return _slurm_run_name(env)
     return default
+
+
+def _torchrun_run_name(env: Mapping[str, str], default: str) -> str:
+    run_id = env.get("TORCHELASTIC_RUN_ID")
+    # torchrun's --rdzv-id defaults to "none" and is made a uuid only by --standalone (or on one
+    # node given neither an endpoint nor --master-port): torch/distributed/run.py, run().
+    if run_id is not None and run_id != "none":
+        return f"torchrun-{run_id}"
+    if "SLURM_STEP_ID" in env and "SLURM_JOB_ID" in env:
+        return _slurm_run_name(env)  # srun torchrun, or ranks srun started: one step, one run
+    if run_id == "none":
+        raise ConfigError(
+            "TORCHELASTIC_RUN_ID=none: torchrun got no --rdzv-id, so every such run would share one run dir; "
+            "start torchrun with --standalone (one node) or --rdzv-id=<a name for this run>, "
+            "or set hydra.run.dir=<a dir for this run>"
+        )
+    if int(env.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(
+            f"WORLD_SIZE={env['WORLD_SIZE']} set by hand (not by torchrun): each process would name its run dir "
+            "by its own clock and the ranks could split over two dirs; set hydra.run.dir=<one dir for all ranks>"
+        )
+    return default
+
+
+def _slurm_run_name(env: Mapping[str, str]) -> str:
+    return f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
 
 
 def is_rank_zero(launcher: str, env: Mapping[str, str]) -> bool:
@@ -82,7 +107,7 @@ def from_torchrun(env: Mapping[str, str]) -> EnvRank:
 
 
 def from_slurm(env: Mapping[str, str], hostnames: Callable[[str], list[str]] | None = None) -> EnvRank:
-    """rank/world/local rank from srun's task variables; master = first host, port from the job id."""
+    """rank/world/local rank from srun's task variables; master = first host, port from the job and step."""
     if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
         raise ConfigError(
             "launcher=slurm but SLURM_PROCID/SLURM_NTASKS are not set; run train.py under srun "
@@ -105,13 +130,16 @@ def from_slurm(env: Mapping[str, str], hostnames: Callable[[str], list[str]] | N
         local_world_size=local_world,
         num_nodes=int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or len(per_node)),
         master_addr=(hostnames or scontrol_hostnames)(nodelist)[0],
-        master_port=master_port(env["SLURM_JOB_ID"], env.get("SLURM_ARRAY_TASK_ID")),
+        master_port=master_port(env["SLURM_JOB_ID"], env.get("SLURM_STEP_ID")),
     )
 
 
-def master_port(job_id: str, array_task_id: str | None) -> int:
-    """Seed 002's formula: 10000 + the job id's last 4 digits (+ the array task: one job id, many tasks)."""
-    return 10000 + int(job_id[-4:]) + int(array_task_id or 0)
+def master_port(job_id: str, step_id: str | None) -> int:
+    """Rank 0's port from the job and its srun step: every array task has a job id of its own
+    (SLURM_ARRAY_JOB_ID is the one they share), and two steps of one job may run at once. Jobs
+    2000 apart or steps 10 apart meet; 10000-29999 stays below Linux's ephemeral ports (32768+),
+    which outgoing connections take."""
+    return 10000 + int(job_id) % 2000 * 10 + int(step_id or 0) % 10
 
 
 def tasks_per_node(spec: str) -> list[int]:

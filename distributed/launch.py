@@ -48,7 +48,9 @@ class LaunchPlan:
 
     @property
     def world_size(self) -> int:
-        return self.processes_per_node * self.num_nodes
+        # Under torchrun/SLURM the environment's: ranks that counted another would wait forever for
+        # peers in init_process_group (plan_launch refuses a config that disagrees with it).
+        return self.env_rank.world_size if self.env_rank else self.processes_per_node * self.num_nodes
 
     @property
     def devices_per_process(self) -> int:
@@ -88,14 +90,14 @@ def plan_launch(
         raise ConfigError(f"trainer.devices={devices} trainer.num_nodes={num_nodes}: need at least 1 of each")
     processes = strategy.processes_per_node(devices)
     if env_rank is not None:
-        _check_world(env_rank, processes, num_nodes, accelerator, env)
+        _check_world(env_rank, strategy, devices, num_nodes, accelerator, env)
     elif num_nodes > 1:
         raise ConfigError(
             f"trainer.num_nodes={num_nodes} with launcher={name}, which starts processes on this machine only; "
             "start each node with torchrun (--nnodes) or srun (sbatch slurm/train.sbatch)"
         )
     if accelerator == Accelerator.gpu:
-        _check_gpus(devices, visible, env_rank is not None and processes == devices)
+        _check_gpus(devices, visible, env_rank is not None and processes == devices and _bound_to_one_gpu(env_rank))
     strategy.check(trainer, accelerator, devices, num_nodes)
     if launcher.start_method == StartMethod.fork and accelerator == Accelerator.gpu:
         raise ConfigError(
@@ -120,8 +122,8 @@ def plan_launch(
 
 
 def _check_gpus(devices: int, visible: int, one_process_per_gpu_started: bool) -> None:
-    """Enough GPUs for the processes here. Under torchrun/SLURM a node's tasks may each see just
-    their own GPU (srun --gpus-per-task=1, --gpu-bind): then cuda:0 is every rank's."""
+    """Enough GPUs for the processes here, unless each was started bound to its own GPU: then
+    this process sees one, cuda:0, and so does every other rank on the node."""
     if one_process_per_gpu_started and visible == 1:
         return
     if devices > visible:
@@ -131,22 +133,50 @@ def _check_gpus(devices: int, visible: int, one_process_per_gpu_started: bool) -
         )
 
 
+def _bound_to_one_gpu(env_rank: EnvRank) -> bool:
+    """Whether the launcher may have shown this process its own GPU only. srun can
+    (--gpus-per-task=1, --gpu-bind sets CUDA_VISIBLE_DEVICES per task). torchrun does only under
+    --virtual-local-rank, which gives every worker LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES=its GPU
+    (torch/distributed/elastic/agent/server/local_elastic_agent.py, _set_local_rank_env); without it
+    all workers share the node's GPUs, and two on one GPU fail in NCCL ("Duplicate GPU detected").
+    Worker 0 cannot tell the two modes apart, but its peers (LOCAL_RANK 1, ...) refuse, and torchrun
+    then stops it."""
+    return env_rank.launcher == "slurm" or env_rank.local_rank == 0
+
+
+_PER_NODE_FLAG = {"torchrun": "--nproc-per-node", "slurm": "--ntasks-per-node"}
+
+
 def _check_world(
-    env_rank: EnvRank, devices: int, num_nodes: int, accelerator: Accelerator, env: Mapping[str, str]
+    env_rank: EnvRank, strategy: Strategy, devices: int, num_nodes: int, accelerator: Accelerator,
+    env: Mapping[str, str],
 ) -> None:
     """Under torchrun/SLURM the environment decides the world; the config must say the same."""
-    found = env_rank.launcher
-    if (devices, num_nodes) != (env_rank.local_world_size, env_rank.num_nodes):
+    found, local, nodes = env_rank.launcher, env_rank.local_world_size, env_rank.num_nodes
+    if env_rank.world_size != local * nodes:
+        # Ranks on the fuller nodes would pass the checks below, count a world that never comes
+        # and wait in init_process_group.
         raise ConfigError(
-            f"{found} started {env_rank.local_world_size} process(es) per node on {env_rank.num_nodes} node(s) "
+            f"uneven tasks per node: {found} started {env_rank.world_size} process(es) on {nodes} node(s), {local} "
+            f"on this one; start the same number on every node ({_PER_NODE_FLAG[found]}=N)"
+        )
+    if strategy.processes_per_node(local) != local:
+        raise ConfigError(
+            f"strategy={strategy.name} runs one process per node but {found} started {local} per node; "
+            f"start {found} with {_PER_NODE_FLAG[found]}=1, or use strategy=ddp for one process per device"
+        )
+    processes = strategy.processes_per_node(devices)
+    if (processes, num_nodes) != (local, nodes):
+        raise ConfigError(
+            f"{found} started {local} process(es) per node on {nodes} node(s) "
             f"but trainer.devices={devices} trainer.num_nodes={num_nodes}; set "
-            f"trainer.devices={env_rank.local_world_size} trainer.num_nodes={env_rank.num_nodes}"
+            f"trainer.devices={devices if processes == local else local} trainer.num_nodes={nodes}"
         )
     gpus_on_node = env.get("SLURM_GPUS_ON_NODE")
     if found == "slurm" and accelerator == Accelerator.gpu and gpus_on_node and int(gpus_on_node) != devices:
         raise ConfigError(
-            f"SLURM runs {devices} task(s) per node but gave {gpus_on_node} GPU(s) per node; DDP wants one task "
-            f"per GPU: ask for --ntasks-per-node=N with --gpus-per-node=N (or --gres=gpu:N)"
+            f"SLURM gave {gpus_on_node} GPU(s) per node but trainer.devices={devices} and {local} task(s) per node; "
+            f"ask for --gpus-per-node={devices} (or --gres=gpu:{devices}), with one task per GPU for strategy=ddp"
         )
 
 

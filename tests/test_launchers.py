@@ -71,16 +71,60 @@ def test_rank_without_world_size_is_a_one_line_error():
 def test_slurm_env_gives_ranks_master_and_port():
     r = environment.from_slurm(SLURM_ENV, _hosts)
     assert (r.rank, r.local_rank, r.world_size, r.local_world_size, r.num_nodes) == (3, 1, 4, 2, 2)
-    assert (r.master_addr, r.master_port) == ("gpu07", 10000 + 7123)
+    assert (r.master_addr, r.master_port) == ("gpu07", 21230)  # 10000 + 4567123 % 2000 * 10 + step 0
     assert environment.run_name("auto", SLURM_ENV, "clock") == "slurm-4567123.0"
     assert environment.run_name("spawn", SLURM_ENV, "clock") == "clock"
 
 
-def test_slurm_port_counts_the_array_task_and_local_rank_falls_back_to_seed_002():
-    env = {k: v for k, v in SLURM_ENV.items() if k != "SLURM_LOCALID"} | {"SLURM_ARRAY_TASK_ID": "5"}
-    r = environment.from_slurm(env, _hosts)
-    assert r.local_rank == 3 - 2 * (3 // 2)
-    assert r.master_port == 10000 + 7123 + 5
+def test_slurm_local_rank_falls_back_to_seed_002():
+    env = {k: v for k, v in SLURM_ENV.items() if k != "SLURM_LOCALID"}
+    assert environment.from_slurm(env, _hosts).local_rank == 3 - 2 * (3 // 2)
+
+
+def test_slurm_port_is_a_valid_one_apart_for_each_step_and_the_config_wins():
+    """Seed 002's 10000 + last 4 digits + SLURM_ARRAY_TASK_ID passed 65535 for array tasks past
+    ~45,000 and gave two concurrent steps of one job the same port."""
+    ports = {}
+    for job in ("4567123", "99999999", "1"):
+        for step in ("0", "1", "2"):
+            env = SLURM_ENV | {"SLURM_JOB_ID": job, "SLURM_STEP_ID": step, "SLURM_ARRAY_TASK_ID": "59999"}
+            ports[job, step] = environment.from_slurm(env, _hosts).master_port
+    assert all(10000 <= port < 32768 for port in ports.values()), ports  # below Linux's ephemeral ports
+    assert len({ports["4567123", step] for step in ("0", "1", "2")}) == 3
+    plan = _plan(SLURM_ENV, "strategy=ddp", "trainer.devices=2", "trainer.num_nodes=2", "launcher.master_addr=gpu07",
+                 "launcher.master_port=12345")
+    assert plan.master_port == 12345
+
+
+@pytest.mark.parametrize(
+    "env, name",
+    [
+        (TORCHRUN_ENV | {"TORCHELASTIC_RUN_ID": "7c1f0e2a"}, "torchrun-7c1f0e2a"),  # --standalone's uuid
+        # srun torchrun with no --rdzv-id: the SLURM step is the one thing every node's agent shares
+        (TORCHRUN_ENV | {"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3"}, "slurm-77.3"),
+        ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}, "clock"),  # one process
+    ],
+)
+def test_torchrun_ranks_name_their_run_dir_by_the_job(env, name):
+    assert environment.run_name("auto", env, "clock") == name
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        # torchrun --nproc-per-node=2 --master-port=29500: --rdzv-id stays "none", every such run would
+        # share outputs/torchrun-none (refused, or silently continued with trainer.resume=auto)
+        (TORCHRUN_ENV | {"TORCHELASTIC_RUN_ID": "none"},
+         ["TORCHELASTIC_RUN_ID=none", "--standalone", "--rdzv-id=", "hydra.run.dir="]),
+        # RANK/WORLD_SIZE exported by hand: nothing shared names the run, each rank would take its clock
+        ({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"},
+         ["WORLD_SIZE=2", "hydra.run.dir="]),
+    ],
+)
+def test_ranks_without_a_shared_run_name_stop_in_one_line(env, expected):
+    with pytest.raises(ConfigError) as e:
+        environment.run_name("auto", env, "clock")
+    assert all(part in str(e.value) for part in expected) and "\n" not in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("spec, counts", [("4", [4]), ("2(x3)", [2, 2, 2]), ("2(x2),1", [2, 2, 1])])
@@ -107,7 +151,7 @@ def test_plan_takes_the_world_from_torchrun():
         (SLURM_ENV, ["trainer.devices=2", "launcher.master_addr=gpu07"], "slurm started 2 process(es) per node on 2 node(s) but trainer.devices=2 trainer.num_nodes=1"),
         (SLURM_ENV | {"SLURM_GPUS_ON_NODE": "4"},
          ["trainer.accelerator=gpu", "trainer.devices=2", "trainer.num_nodes=2", "launcher.master_addr=gpu07"],
-         "SLURM runs 2 task(s) per node but gave 4 GPU(s) per node"),
+         "SLURM gave 4 GPU(s) per node but trainer.devices=2 and 2 task(s) per node"),
         ({}, ["trainer.num_nodes=2", "trainer.accelerator=cpu"], "trainer.num_nodes=2 with launcher=spawn"),
         ({}, ["launcher=slurm"], "launcher=slurm but SLURM_PROCID/SLURM_NTASKS are not set"),
     ],
@@ -116,6 +160,75 @@ def test_environment_that_disagrees_with_the_config_is_a_one_line_error(env, ove
     with pytest.raises(ConfigError) as e:
         _plan(env, "strategy=ddp", *overrides)
     assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+# srun -n3 over two nodes: 2 tasks on the first, 1 on the second
+UNEVEN_SLURM = {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "4242", "SLURM_STEP_NUM_NODES": "2",
+                "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_STEP_NODELIST": "n[1-2]"}
+
+
+@pytest.mark.parametrize(
+    "env",
+    [UNEVEN_SLURM | {"SLURM_PROCID": str(rank), "SLURM_NODEID": str(node), "SLURM_LOCALID": str(local)}
+     for rank, node, local in [(0, 0, 0), (1, 0, 1), (2, 1, 0)]]
+    + [{"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "2",
+        "GROUP_WORLD_SIZE": "2"}],  # two agents, --nproc-per-node=2 and =1
+    ids=["slurm-node0-rank0", "slurm-node0-rank1", "slurm-node1", "torchrun"],
+)
+def test_uneven_tasks_per_node_stop_every_rank_in_one_line(env):
+    """The first node's ranks matched trainer.devices=2 num_nodes=2, counted a world of 4 and
+    waited in init_process_group for a fourth rank that never came."""
+    with pytest.raises(ConfigError, match=r"^uneven tasks per node: \w+ started 3 process\(es\) on 2 node\(s\)") as e:
+        _plan(env, "strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.num_nodes=2",
+              "launcher.master_addr=n1")
+    assert "\n" not in str(e.value)
+
+
+def test_torchrun_workers_on_one_gpu_are_refused_unless_torchrun_bound_them(monkeypatch):
+    """Plain torchrun shows every worker all the node's GPUs: two workers and one GPU put both on
+    cuda:0, which NCCL refuses only at init ("Duplicate GPU detected"). Under --virtual-local-rank
+    each worker sees its own GPU and has LOCAL_RANK=0; srun --gpus-per-task=1 keeps SLURM_LOCALID."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    gpus = ("strategy=ddp", "trainer.gpus=2")
+    worker = {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "1"}
+    with pytest.raises(ConfigError, match="^trainer.devices=2 asks for 2 GPU"):
+        _plan(worker | {"RANK": "1", "LOCAL_RANK": "1"}, *gpus)
+    bound = _plan(worker | {"RANK": "1", "LOCAL_RANK": "0"}, *gpus)  # torchrun --virtual-local-rank
+    assert bound.context(bound.env_rank.rank, bound.env_rank.local_rank).device == torch.device("cuda", 0)
+    slurm = _plan(SLURM_ENV, *gpus, "trainer.num_nodes=2", "launcher.master_addr=gpu07")  # SLURM_LOCALID=1
+    assert slurm.context(slurm.env_rank.rank, slurm.env_rank.local_rank).device == torch.device("cuda", 0)
+
+
+ONE_TASK_SLURM = SLURM_ENV | {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1", "SLURM_NODEID": "0",
+                              "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": "1"}
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4",
+          "GROUP_WORLD_SIZE": "1"},
+         "strategy=dp runs one process per node but torchrun started 4 per node; "
+         "start torchrun with --nproc-per-node=1"),
+        ({**SLURM_ENV, "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": "4", "SLURM_NODEID": "0"},
+         "strategy=dp runs one process per node but slurm started 4 per node; start slurm with --ntasks-per-node=1"),
+        (ONE_TASK_SLURM | {"SLURM_GPUS_ON_NODE": "2"}, "SLURM gave 2 GPU(s) per node but trainer.devices=4"),
+        (ONE_TASK_SLURM | {"SLURM_GPUS_ON_NODE": "4"}, None),  # one task drives the node's 4 GPUs
+    ],
+)
+def test_dp_under_torchrun_or_srun_asks_for_one_process_per_node(monkeypatch, env, expected):
+    """The message said "set trainer.devices=4" to a user who had set 4: dp's one process was
+    compared as if it were the devices; and srun's one dp task on 4 GPUs was refused as a DDP
+    layout."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    overrides = ("strategy=dp", "trainer.gpus=4", "launcher=slurm" if "SLURM_PROCID" in env else "launcher=torchrun",
+                 "launcher.master_addr=gpu07")
+    if expected is None:
+        assert _plan(env, *overrides).devices_per_process == 4
+        return
+    with pytest.raises(ConfigError) as e:
+        _plan(env, *overrides)
+    assert str(e.value).startswith(expected) and "trainer.devices=4 trainer" not in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("strategy", ["single", "dp", "ddp"])
@@ -203,28 +316,17 @@ def test_two_torchrun_agents_rendezvous_as_two_nodes(tmp_path, spawn_reference):
     assert same_weights(run_dir, spawn_reference)
 
 
-# Each run stops at check() (epochs=0), after Hydra made the run dir in every rank: the naming is
-# what is under test, and a run costs ~12 s here. Measured on this 2-core machine under load: with
-# the per-process clock (outputs/<date>/<time>) 5 of 10 torchrun runs split in two dirs; named by
-# TORCHELASTIC_RUN_ID, 0 of 10.
-REPEATS = 3  # the 10-run figures above were taken by hand; 3 keep the suite short
-
-
 @pytest.mark.slow
-def test_torchrun_ranks_never_split_the_run_dir(tmp_path):
-    # torchrun stops the other workers when one fails, at its next poll: every 10 s gives the slower
-    # rank time to reach check() too (at 4 s one rank was stopped first in 1 of 2 full-suite runs).
-    # The runs go at once (a port each), so the 10 s are waited once, and the ranks start under load.
-    runs = []
-    for i in range(REPEATS):
-        (tmp_path / str(i)).mkdir()
-        torchrun = ["--nproc_per_node=2", "--monitor-interval=10", f"--master_port={free_port()}"]
-        runs.append(_torchrun(tmp_path / str(i), torchrun, "trainer.devices=2", "trainer.epochs=0"))
-    for i, run in enumerate(runs):
-        code, stderr = _finish(run)
-        assert code != 0 and stderr.count("error: trainer.epochs=0") == 2, stderr  # both ranks made a dir
-        run_dir = _one_run_dir(tmp_path / str(i))
-        assert (run_dir / ".hydra" / "config.yaml").is_file()
+def test_torchrun_without_a_run_id_stops_before_any_run_dir(tmp_path):
+    """`torchrun --master-port=...` leaves --rdzv-id "none": named by it, every such run would land
+    in outputs/torchrun-none. Hydra names the dir before main() runs, so the refusal comes from
+    the run_name resolver, in every rank, and no rank makes a dir."""
+    # torchrun stops the other workers when one fails, at its next poll: 10 s lets both ranks get
+    # as far as naming the dir (at 4 s one rank was stopped first in 1 of 2 full-suite runs).
+    torchrun = ["--nproc_per_node=2", "--monitor-interval=10", f"--master_port={free_port()}"]
+    code, stderr = _finish(_torchrun(tmp_path, torchrun, "trainer.devices=2", "trainer.epochs=0"))
+    assert code != 0 and stderr.count("error: TORCHELASTIC_RUN_ID=none: torchrun got no --rdzv-id") == 2, stderr
+    assert not (tmp_path / "outputs").exists()
 
 
 @pytest.mark.slow
