@@ -194,6 +194,9 @@ def launch(plan: LaunchPlan, worker: Callable[..., Any], *args: Any) -> None:
         _spawn(plan, worker, args)
 
 
+_CONFIG_ERROR = f"{ConfigError.__module__}.{ConfigError.__qualname__}: "  # how a traceback's last line names it
+
+
 def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
     """mp.spawn that passes preemption signals on and reports a failed rank in one line.
 
@@ -223,6 +226,8 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
         raise RankFailed(e.error_index, reason) from None
     except ProcessRaisedException:
         rank, reason = _first_error(ranks.error_files)
+        if reason.startswith(_CONFIG_ERROR):  # a rank's own check (the optimizer's options): the user's to fix
+            raise ConfigError(reason.removeprefix(_CONFIG_ERROR)) from None
         hung = _hung_rank(ranks, reason)
         if hung is not None:
             raise RankFailed(hung, f"hung: rank {rank} waited launcher.timeout_s for it ({reason})") from None

@@ -86,6 +86,8 @@ EXIT_PATHS = {
     "unknown model": (["model=nope"], HYDRA, ["model/nope", "mnist_net"]),
     "batch not divisible": ([*DDP[:2], "trainer.devices=3"], OURS, ["trainer.batch_size=64", "multiple of 3"]),
     "truncated checkpoint": (["trainer.resume={root}/truncated.pt"], OURS, ["truncated.pt", "not a loadable checkpoint"]),
+    "a spawned rank's own check": (  # the optimizer's, in each rank; resuming the run, which stays as it was
+        [*DDP, "trainer.resume=auto", "optimizer.momentum=0"], OURS, ["optimizer: torch.optim.sgd.SGD", "Nesterov"]),
     "output dir not writable": (
         ["hydra.run.dir={root}/a_file/run"], OURS, ["hydra.run.dir=", "a_file/run", "cannot write"]),
 }
