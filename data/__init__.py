@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, S
 
 from config.schema import DataConfig, DatasetConfig, Loader
 from data.sampler import train_sampler
+from data.worker_errors import OneLineErrorsLoader
 from distributed.context import DistContext, epoch_seed
 from errors import ConfigError
 
@@ -51,6 +52,11 @@ def check(dataset: DatasetConfig, data: DataConfig) -> None:
     from data.transforms import per_image_options, resize_options
 
     module = dataset_module(dataset.name)
+    if data.num_workers is not None and data.num_workers < 0:
+        raise ConfigError(
+            f"data.num_workers={data.num_workers}: use 0 (load in the training process), a number of worker "
+            "processes, or null (this task's CPUs shared among its ranks)"
+        )
     if data.loader == Loader.device and not hasattr(module, "arrays"):
         raise ConfigError(
             f"data.loader=device holds the dataset in device memory, which dataset={dataset.name} does not "
@@ -122,13 +128,13 @@ def build_loaders(
         multiprocessing_context=_fork_if_possible() if workers > 0 else None,
     )
     sampler = train_sampler(train_set, ctx.world_size, ctx.rank, data.repeated_augmentations, shuffle, seed)
-    train = DataLoader(
+    train = OneLineErrorsLoader(
         EpochSeeded(train_set, seed, ctx.rank), batch_size=batch, sampler=EpochIndices(sampler), drop_last=drop_last,
         **options,
     )
     # A strided shard without padding: every validation sample is counted exactly once globally.
     val_shard = Subset(val_set, range(ctx.rank, len(val_set), ctx.world_size))
-    val = DataLoader(val_shard, batch_size=batch, shuffle=False, **options)
+    val = OneLineErrorsLoader(val_shard, batch_size=batch, shuffle=False, **options)
     return Loaders(train, val, sampler)
 
 

@@ -14,6 +14,9 @@ import torch
 
 from config.schema import DatasetConfig
 from data.arrays import ImageArrays
+from errors import ConfigError
+
+SIZE = 1797  # the rows of digits.csv.gz: known without reading it, so checking a split costs nothing
 
 
 def images_and_labels() -> tuple[np.ndarray, np.ndarray]:
@@ -33,6 +36,15 @@ def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0) -> 
     rng = np.random.default_rng(seed)
     val = np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in zip(classes, per_class)])
     return np.setdiff1d(np.arange(len(labels)), val), np.sort(val)
+
+
+def check(cfg: DatasetConfig) -> None:
+    """A split that leaves images on both sides, as stratified_split rounds (val takes the ceiling)."""
+    if not (0 < cfg.val_fraction < 1 and math.ceil(cfg.val_fraction * SIZE) < SIZE):
+        raise ConfigError(
+            f"dataset.val_fraction={cfg.val_fraction}: the share of the {SIZE:,} digits held out for validation "
+            "must leave some to train on and some to validate; use a fraction between 0 and 1 (the default is 0.2)"
+        )
 
 
 def arrays(cfg: DatasetConfig) -> tuple[ImageArrays, ImageArrays]:

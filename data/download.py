@@ -81,16 +81,21 @@ def prepare(module: ModuleType, cfg: DatasetConfig, ctx: DistContext) -> None:
         )
 
 
+USAGE = """usage: python -m data.download dataset=mnist|cifar10 [dataset.root=DIR | paths.data_dir=DIR] [...]
+
+Fetches the dataset's files into torchvision's layout under dataset.root (paths.data_dir unless
+set) and reads them back whole, so that a run where there is no internet finds them. Takes the
+overrides train.py takes."""
+
+
 def main(argv: list[str]) -> int:
     """Compose the config as train.py would, fetch the dataset, read it back to prove it whole."""
-    from config.setup import load
-    from data import dataset_module
-
-    cfg = load(*argv).dataset
-    module = dataset_module(cfg.name)
+    if "-h" in argv or "--help" in argv:
+        print(USAGE)
+        return 0
     try:
-        if not hasattr(module, "files"):
-            raise ConfigError(f"dataset={cfg.name} has nothing to download; choose mnist or cifar10")
+        cfg = _compose(argv)
+        module = _module(cfg.name)
         fetch(module, cfg)
         train_split, val_split = module.read(dataset_root(cfg))
     except ConfigError as e:
@@ -98,6 +103,39 @@ def main(argv: list[str]) -> int:
         return 2
     print(f"{cfg.name}: {len(train_split)} training and {len(val_split)} validation images in {dataset_root(cfg)}")
     return 0
+
+
+def _compose(argv: list[str]) -> DatasetConfig:
+    """train.py's config, with Hydra's errors (a screenful each) as one line."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from config.setup import load
+
+    for arg in argv:
+        if arg.startswith("-"):
+            raise ConfigError(f"{arg}: not an option; give overrides (key=value) only, see python -m data.download --help")
+        if arg.startswith("dataset="):  # before Hydra, whose error would list every dataset, not those with files
+            _module(arg.removeprefix("dataset="))
+    try:
+        return load(*argv).dataset
+    except (HydraException, OmegaConfBaseException) as e:
+        cause = str(e.__cause__ or "").partition("\n")[0]  # omegaconf's reason (its next lines: the keys again)
+        raise ConfigError(f"{_first_paragraph(e)}{f' ({cause})' if cause else ''}; see python -m data.download --help") from None
+
+
+def _module(name: str) -> ModuleType:
+    """The dataset's module, if it has files to download."""
+    from data import _MODULES, dataset_module
+
+    downloadable = [choice for choice in _MODULES if hasattr(dataset_module(choice), "files")]
+    if name not in downloadable:
+        raise ConfigError(f"dataset={name}: choose {' or '.join(downloadable)}, the datasets with files to download")
+    return dataset_module(name)
+
+
+def _first_paragraph(error: BaseException) -> str:
+    return " ".join(str(error).split("\n\n")[0].split())
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """ImageNet-style folders: root/train/<class>/<image> and root/val/<class>/<image>, read from disk."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from PIL import Image
@@ -19,10 +20,24 @@ def count_classes(cfg: DatasetConfig) -> int:
 
 
 def check(cfg: DatasetConfig) -> None:
-    """The folders exist, hold the same classes, and as many as the model is built for."""
+    """The folders exist, hold the same classes, each with images to train on, and as many as the
+    model is built for."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
     classes = {split: _classes(_root(cfg) / split) for split in SPLITS}
     if classes["train"] != classes["val"]:
         raise ConfigError(f"dataset.root={cfg.root}: train/ and val/ must hold the same class folders")
+    images = f"no image ({' '.join(IMG_EXTENSIONS)})"
+    for name in classes["train"]:
+        if not _holds_an_image(_root(cfg) / "train" / name, IMG_EXTENSIONS):
+            raise ConfigError(
+                f"dataset.root={cfg.root}: train/{name}/ holds {images}, so class {name} would never be trained; "
+                f"add its images, or remove {name}/ from both train/ and val/"
+            )
+    # An empty class folder in val/ is allowed (load passes allow_empty): validation subsets often
+    # lack a class, and its folder must stay, since the sorted folders give the labels.
+    if not any(_holds_an_image(_root(cfg) / "val" / name, IMG_EXTENSIONS) for name in classes["val"]):
+        raise ConfigError(f"dataset.root={cfg.root}: val/ holds {images} in any class folder; add the validation images")
     if len(classes["train"]) != cfg.num_classes:
         raise ConfigError(
             f"dataset.num_classes={cfg.num_classes} but {cfg.root}/train holds {len(classes['train'])} class "
@@ -36,7 +51,10 @@ def load(cfg: DatasetConfig):
     check(cfg)
     root = Path(cfg.root)
     return tuple(
-        ImageFolder(str(root / split), transform=imagenet_transform(cfg, train=split == "train"), loader=_open)
+        ImageFolder(
+            str(root / split), transform=imagenet_transform(cfg, train=split == "train"), loader=_open,
+            allow_empty=split == "val",  # see check
+        )
         for split in SPLITS
     )
 
@@ -54,6 +72,19 @@ def _classes(folder: Path) -> list[str]:
     if not classes:
         raise ConfigError(f"dataset.root={folder.parent}: {folder} holds no class folders")
     return classes
+
+
+def _holds_an_image(folder: Path, extensions: tuple[str, ...]) -> bool:
+    """Whether torchvision's ImageFolder finds a sample here (at any depth, as it walks): stops at
+    the first, so a class of thousands of images costs the first entries of a directory, not a walk."""
+    subfolders = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir():
+                subfolders.append(entry.path)
+            elif entry.name.lower().endswith(extensions):
+                return True
+    return any(_holds_an_image(Path(sub), extensions) for sub in subfolders)
 
 
 def _open(path: str) -> Image.Image:

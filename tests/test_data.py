@@ -1,11 +1,14 @@
 """Per-rank loaders: the global batch splits evenly and validation counts every sample once."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from data import build_loaders
 from distributed.context import make_context
+from errors import ConfigError
 from tests.conftest import typed_config
 
 
@@ -49,3 +52,39 @@ def test_digits_are_sklearns_and_the_split_is_stratified_and_fixed():
     share = np.bincount(labels[val]) / np.bincount(labels)
     assert share.min() > 0.18 and share.max() < 0.22  # every class keeps its fifth
     assert np.array_equal(val, digits.stratified_split(labels, 0.2)[1])
+
+
+@pytest.fixture(scope="module")
+def defaults():
+    return typed_config()  # dataset=digits
+
+
+@pytest.fixture(scope="module")
+def digits_labels():
+    from data import digits
+
+    return digits.images_and_labels()[1]
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 0.0, 1e-9, 0.2, 0.9994, 0.9995, 1.0, 1.5])
+def test_digits_val_fraction_is_refused_before_launch_exactly_when_a_side_would_be_empty(defaults, digits_labels, fraction):
+    from data import check, digits
+
+    assert digits.SIZE == len(digits_labels)
+    in_range = 0 <= fraction <= 1  # stratified_split cannot even be asked outside
+    train, val = digits.stratified_split(digits_labels, fraction) if in_range else ([], [])
+    dataset = replace(defaults.dataset, val_fraction=fraction)
+    if len(train) and len(val):
+        check(dataset, defaults.data)
+        return
+    with pytest.raises(ConfigError) as error:
+        check(dataset, defaults.data)
+    assert f"dataset.val_fraction={fraction}:" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_negative_num_workers_is_refused_before_launch(defaults):
+    from data import check
+
+    with pytest.raises(ConfigError, match=r"^data.num_workers=-1: use 0 .*or null"):
+        check(defaults.dataset, replace(defaults.data, num_workers=-1))
+    check(defaults.dataset, replace(defaults.data, num_workers=0))

@@ -201,6 +201,42 @@ def test_image_folder_uses_imagenet_transforms_and_names_an_unreadable_image(tmp
         val[len(val) - 1]
 
 
+def _empty_class(root: Path, split: str, name: str = "class1", keep: str | None = None) -> None:
+    """Leave root/split/name without images (with a stray non-image file `keep`)."""
+    for path in (root / split / name).iterdir():
+        path.unlink()
+    if keep:
+        (root / split / name / keep).write_text("not an image")
+
+
+def test_an_empty_training_class_is_one_line_naming_the_folder_and_the_fix(tmp_path):
+    root = write_image_folder(tmp_path, classes=3, per_class=2, size=8)
+    _empty_class(root, "train", keep="labels.txt")
+    cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=3")
+    with pytest.raises(ConfigError) as error:
+        check(cfg.dataset, cfg.data)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"dataset.root={root}: train/class1/ holds no image (.jpg")
+    assert "remove class1/ from both train/ and val/" in message
+    nested = root / "train" / "class1" / "batch0" / "0.PNG"  # torchvision walks into subfolders, any case
+    nested.parent.mkdir()
+    (root / "train" / "class0" / "0.png").rename(nested)
+    check(cfg.dataset, cfg.data)
+
+
+def test_an_empty_validation_class_is_allowed_and_keeps_every_label_but_an_empty_val_is_not(tmp_path):
+    root = write_image_folder(tmp_path, classes=3, per_class=2, size=8)
+    _empty_class(root, "val")
+    cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=3")
+    check(cfg.dataset, cfg.data)
+    train, val = imagefolder.load(cfg.dataset)
+    assert val.class_to_idx == train.class_to_idx and sorted(val.targets) == [0, 0, 2, 2]
+    for name in ("class0", "class2"):
+        _empty_class(root, "val", name)
+    with pytest.raises(ConfigError, match=rf"^dataset.root={root}: val/ holds no image .* in any class folder"):
+        check(cfg.dataset, cfg.data)
+
+
 class _FakeResponse(io.BytesIO):
     """What urllib.request.urlopen returns, serving bytes instead of the network."""
 
@@ -267,6 +303,29 @@ def test_a_failed_download_is_one_line_with_the_offline_command(tmp_path, monkey
     message = capsys.readouterr().err.strip()
     assert message.startswith("error: could not download cifar10") and "\n" not in message
     assert "no route to host" in message and "python -m data.download dataset=cifar10" in message
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["dataset=mnsit"], ["dataset=mnsit: choose mnist or cifar10"]),
+        (["dataset=digits"], ["dataset=digits: choose mnist or cifar10"]),
+        (["dataset=mnist", "paths.dat_dir=/x"], ["Could not override 'paths.dat_dir'", "--help"]),
+        (["dataset=mnist", "dataset.download=maybe"], ["dataset.download=maybe", "not a valid bool", "--help"]),
+        (["--cfg", "job"], ["--cfg: not an option", "--help"]),
+    ],
+)
+def test_the_download_command_answers_a_bad_argument_in_one_line(capsys, argv, words):
+    assert download.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert not out and err.startswith("error: ") and err.count("\n") == 1
+    for word in words:
+        assert word in err
+
+
+def test_the_download_command_has_a_usage_text(capsys):
+    assert download.main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: python -m data.download dataset=mnist|cifar10")
 
 
 def test_class_images_carry_their_label():

@@ -11,6 +11,7 @@ from data import build_loaders, num_workers
 from data.sampler import RepeatedAugmentationSampler
 from data.transforms import random_crop_flip
 from distributed.context import make_context
+from errors import ConfigError
 from tests.conftest import typed_config
 from tests.dataset_files import write_cifar
 
@@ -128,7 +129,7 @@ def test_persistent_workers_augment_a_resumed_epoch_as_an_unbroken_run_does(cifa
 @pytest.mark.parametrize("per_image, loader", [(("dataset.resize=40",), "DataLoader"), ((), "TensorLoader")])
 def test_repeated_augmentation_reaches_both_loaders_each_image_three_times_in_a_row(cifar_root, per_image, loader):
     loaders = _loaders(_cifar(cifar_root, "data.repeated_augmentations=3", *per_image), batch=12)
-    assert type(loaders.train).__name__ == loader
+    assert isinstance(loaders.train, torch.utils.data.DataLoader) == (loader == "DataLoader")
     assert isinstance(loaders.train_sampler, RepeatedAugmentationSampler) and loaders.train_sampler.repetitions == 3
     loaders.train_sampler.set_epoch(1)
     if loader == "DataLoader":  # the indices the loader itself draws (paired with their epoch)
@@ -164,3 +165,21 @@ def test_in_memory_sets_are_cut_into_batches_without_workers_and_files_go_throug
     root = write_image_folder(tmp_path, classes=2, per_class=2, size=8)
     folder = _loaders(typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2"))
     assert isinstance(folder.train, torch.utils.data.DataLoader)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_unreadable_image_is_one_line_whether_or_not_a_worker_decodes_it(tmp_path, workers):
+    """A DataLoader worker re-raises an error around its whole traceback (torch's ExceptionWrapper)."""
+    from tests.dataset_files import write_image_folder
+
+    root = write_image_folder(tmp_path, classes=2, per_class=1, size=8)
+    broken = root / "val" / "class1" / "broken.png"
+    broken.write_bytes(b"not a png")
+    cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2", f"data.num_workers={workers}")
+    loaders = _loaders(cfg, batch=4)
+    with pytest.raises(ConfigError) as error:
+        list(loaders.val)
+    message = str(error.value)
+    assert message.startswith(f"{broken}: unreadable image (") and message.endswith("; delete or replace it")
+    assert "\n" not in message
+    assert len(list(loaders.train)) == 1  # the loader still serves the readable split
