@@ -225,9 +225,13 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
         reason = f"killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
         raise RankFailed(e.error_index, reason) from None
     except ProcessRaisedException:
-        rank, reason = _first_error(ranks.error_files)
-        if reason.startswith(_CONFIG_ERROR):  # a rank's own check (the optimizer's options): the user's to fix
-            raise ConfigError(reason.removeprefix(_CONFIG_ERROR)) from None
+        errors = _errors(ranks.error_files)
+        # A rank's own check (the optimizer's options, rank 0's download) is the user's to fix, even
+        # when a peer's broken connection was written first.
+        config = next((reason for _, _, reason in errors if reason.startswith(_CONFIG_ERROR)), None)
+        if config is not None:
+            raise ConfigError(config.removeprefix(_CONFIG_ERROR)) from None
+        _, rank, reason = errors[0]
         hung = _hung_rank(ranks, reason)
         if hung is not None:
             raise RankFailed(hung, f"hung: rank {rank} waited launcher.timeout_s for it ({reason})") from None
@@ -257,13 +261,16 @@ def _hung_rank(ranks: mp.ProcessContext, first_error: str) -> int | None:
     )
 
 
-def _first_error(error_files: list[str]) -> tuple[int, str]:
-    """The rank whose traceback was written first: its peers' errors are only the echo of it."""
-    written = [(os.stat(path).st_mtime_ns, rank, path) for rank, path in enumerate(error_files) if os.path.exists(path)]
-    _, rank, path = min(written)
-    with open(path, "rb") as f:
-        lines = [line for line in pickle.load(f).strip().splitlines() if line.strip()]
-    return rank, lines[-1].strip()[:500]
+def _errors(error_files: list[str]) -> list[tuple[int, int, str]]:
+    """(when written, rank, the traceback's last line) of every rank that raised, the first written
+    first: its peers' errors are mostly the echo of it."""
+    written = []
+    for rank, path in enumerate(error_files):
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                lines = [line for line in pickle.load(f).strip().splitlines() if line.strip()]
+            written.append((os.stat(path).st_mtime_ns, rank, lines[-1].strip()[:500]))
+    return sorted(written)
 
 
 def _spawned_rank(
