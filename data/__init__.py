@@ -81,6 +81,13 @@ def check(dataset: DatasetConfig, data: DataConfig) -> None:
             f"dataset.{key}={resizing[key]} asks for ImageNet-style transforms, which validate after a resize; "
             "set dataset.val_resize too (e.g. 256)"
         )
+    stored = getattr(module, "IMAGE_SIZE", None)
+    if stored is not None and not resizing and dataset.image_size != stored:  # the model is built for image_size
+        resize = ", or dataset.resize=<px> to resize them" if getattr(module, "PER_IMAGE_TRANSFORMS", False) else ""
+        raise ConfigError(
+            f"dataset.image_size={dataset.image_size}: the {dataset.name} images are {stored}x{stored} and nothing "
+            f"resizes them; set dataset.image_size={stored}{resize}"
+        )
     if hasattr(module, "check"):
         module.check(dataset)
     if hasattr(module, "files"):

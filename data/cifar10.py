@@ -19,6 +19,7 @@ from data.download import dataset_root
 from errors import ConfigError
 
 FOLDER = "cifar-10-batches-py"
+IMAGE_SIZE = 32  # every stored image's side, in pixels
 PER_IMAGE_TRANSFORMS = True  # PIL images through torchvision transforms (dataset.auto_augment, ...)
 TRAIN = [f"data_batch_{i}" for i in range(1, 6)]
 VAL = ["test_batch"]

@@ -17,6 +17,7 @@ from data.arrays import ImageArrays
 from errors import ConfigError
 
 SIZE = 1797  # the rows of digits.csv.gz: known without reading it, so checking a split costs nothing
+IMAGE_SIZE = 8  # every stored image's side, in pixels
 
 
 def images_and_labels() -> tuple[np.ndarray, np.ndarray]:

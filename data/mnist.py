@@ -14,6 +14,7 @@ from data.download import dataset_root
 from errors import ConfigError
 
 FOLDER = Path("MNIST") / "raw"
+IMAGE_SIZE = 28  # every stored image's side, in pixels
 PER_IMAGE_TRANSFORMS = True  # PIL images through torchvision transforms (dataset.auto_augment, ...)
 TRAIN = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte")
 VAL = ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")

@@ -130,6 +130,8 @@ CHECKS = {  # config.check.check's ConfigErrors: the one line train.py prints af
     "no training batches": (["trainer.limit_train_batches=0"], ["trainer.limit_train_batches=0", "positive"]),
     "model built for other images": (
         ["dataset=synthetic", "model=simple_cnn", "model.image_size=28"], ["train images (3x32x32)", "dataset.image_size"]),
+    "an image size the files do not have": (
+        ["dataset.image_size=16"], ["dataset.image_size=16", "digits images are 8x8", "set dataset.image_size=8"]),
     "model that returns no logits": (
         ["dataset=synthetic", "model._target_=torch.nn.Identity"], ["returns (2, 3, 32, 32)", "not logits (2, 10)"]),
     "fine-tuning without the weights": (["experiment=seed001"], ["model.weights=", "resnet18-f37072fd.pth", "no such file"]),
