@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, S
 from config.schema import DataConfig, DatasetConfig, Loader
 from data.sampler import train_sampler
 from data.worker_errors import OneLineErrorsLoader
-from distributed.context import DistContext, epoch_seed
+from distributed.context import DistContext, cpus_per_rank, epoch_seed
 from errors import ConfigError
 
 if TYPE_CHECKING:
@@ -161,13 +161,10 @@ def _tensor_loaders(
 
 
 def num_workers(data: DataConfig, ctx: DistContext, env: Mapping[str, str] = os.environ) -> int:
-    """`data.num_workers=null`: the CPUs of this task shared among the ranks that run in it."""
+    """`data.num_workers=null`: one worker per CPU of this rank (distributed.context.cpus_per_rank)."""
     if data.num_workers is not None:
         return data.num_workers
-    cpus = int(env.get("SLURM_CPUS_PER_TASK") or len(os.sched_getaffinity(0)))
-    # srun starts each rank as its own task with its own CPUs; otherwise our ranks share the task.
-    sharing = 1 if int(env.get("SLURM_NTASKS", "1")) > 1 else ctx.local_world_size
-    return max(1, cpus // sharing)
+    return cpus_per_rank(ctx.local_world_size, env)
 
 
 def _fork_if_possible() -> str | None:

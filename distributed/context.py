@@ -5,6 +5,7 @@ import gc
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Mapping
 
 import numpy as np
 import torch
@@ -53,13 +54,22 @@ def make_context(
     )
 
 
+def cpus_per_rank(local_world_size: int, env: Mapping[str, str] = os.environ) -> int:
+    """The CPUs one rank may use: under srun each rank is a task of its own, with
+    --cpus-per-task of them (srun may bind it to those or not); otherwise the ranks on this node
+    share what the launching process may run on."""
+    cpus = int(env.get("SLURM_CPUS_PER_TASK") or len(os.sched_getaffinity(0)))
+    sharing = 1 if int(env.get("SLURM_NTASKS", "1")) > 1 else local_world_size
+    return max(1, cpus // sharing)
+
+
 def init(ctx: DistContext, timeout_s: float) -> None:
     """Join the process group. MASTER_ADDR/MASTER_PORT come from the launcher (env://)."""
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     elif ctx.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
         # Each CPU rank would start one thread per core: N ranks would fight over every core.
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // ctx.local_world_size))
+        torch.set_num_threads(cpus_per_rank(ctx.local_world_size))
     if ctx.distributed:
         dist.init_process_group(
             ctx.backend,

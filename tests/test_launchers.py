@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from config.check import check
-from distributed import environment, launch as launching
+from distributed import context, environment, launch as launching
 from distributed.launch import launch, plan_launch
 from errors import ConfigError
 from distributed import strategies
@@ -290,6 +290,24 @@ def _assert_rank_zero_wrote(run_dir: Path, world_size: int) -> None:
     log = (run_dir / "train.log").read_text()
     assert log.count("epoch 1/1") == 1 and "[rank " not in log
     assert json.loads((run_dir / "metrics.json").read_text())["world_size"] == world_size
+
+
+@pytest.mark.parametrize("env, threads", [
+    ({}, max(1, len(os.sched_getaffinity(0)) // 2)),  # spawned ranks share the launching process's CPUs
+    ({"SLURM_NTASKS": "2", "SLURM_CPUS_PER_TASK": "2"}, 2),  # srun: each rank a task of its own CPUs
+])
+def test_a_cpu_rank_takes_its_own_cpus_as_threads(monkeypatch, env, threads):
+    monkeypatch.delenv("OMP_NUM_THREADS")  # the suite's own; a user's would win
+    for var in ("SLURM_NTASKS", "SLURM_CPUS_PER_TASK"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    before = torch.get_num_threads()
+    try:
+        context.init(context.make_context(0, 0, 2, 2, "cpu", use_process_group=False), timeout_s=10)
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.slow
