@@ -15,7 +15,8 @@ from config.schema import Accelerator, StrategyConfig, StrategyName, TrainerConf
 from distributed import strategies
 from distributed.context import make_context
 from distributed.strategies import AutocastReplica
-from errors import ConfigError
+from errors import ConfigError, NonFiniteLoss
+from training.checkpoint import Checkpointer, TrainState
 from tests.conftest import job_config, run_train, typed_config
 from tests.test_launchers import SLURM_ENV, _plan
 
@@ -176,10 +177,26 @@ def test_a_nan_loss_stops_at_its_step_and_saves_nothing_past_it(run_dir, strateg
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "non-finite (NaN or inf) at optimizer step 5" in errors[0], result.stderr
+    assert "resume from checkpoints/best.pt" in errors[0]  # it exists: epoch 1 ended before step 5
     last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert last["step"] == 4 and all(torch.isfinite(v).all() for v in last["model"].values())
     best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)
     assert best["epoch"] == 1 and all(torch.isfinite(v).all() for v in best["model"].values())
+
+
+def test_the_nonfinite_error_offers_only_fixes_that_work(tmp_path):
+    """No loss had checked last.pt's weights when they were saved, and a resume restores the saved
+    learning rate over optimizer.lr: the error points at best.pt, and at a fresh run for a lower lr."""
+    message = str(NonFiniteLoss(5))
+    assert "resume from checkpoints/best.pt" in message and "last finite state" not in message
+    assert "train afresh with a lower optimizer.lr (a resume keeps the saved learning rate)" in message
+    ctx, net = make_context(0, 0, 1, 1, "cpu", use_process_group=False), nn.Linear(2, 2)
+    saver = Checkpointer(ctx, tmp_path, net, torch.optim.SGD(net.parameters(), lr=0.1), None, "", None)
+    saver.save(TrainState())
+    saver.close()
+    lower = torch.optim.SGD(net.parameters(), lr=0.001)  # what a resume with optimizer.lr=0.001 builds
+    Checkpointer(ctx, tmp_path, net, lower, None, "", None).restore(tmp_path / "last.pt")
+    assert lower.param_groups[0]["lr"] == 0.1
 
 
 @pytest.mark.slow

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.optim.swa_utils import AveragedModel
 
+from data import build_loaders
 from distributed import context, sharded_state
 from distributed.context import DistContext
 from config.check import check
@@ -26,6 +28,8 @@ from distributed.launch import launch
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from models.simple_cnn import SimpleCNN
 from training import run as run_job
+from training.metrics import Averages
+from training.trainer import Batches, evaluate
 from tests import train_server
 from tests.conftest import job_config, relative_error, run_train, typed_config
 
@@ -185,12 +189,17 @@ def _bn_statistics(state: dict) -> dict:
     return {k: v for k, v in state.items() if k.endswith(("running_mean", "running_var"))}
 
 
+SYNC_BN_RUNS = {
+    "sync": ("strategy.sync_batchnorm=true",),
+    "local": ("strategy.sync_batchnorm=false", "trainer.ema_decay=0.999"),
+}
+
+
 @pytest.fixture(scope="module")
 def sync_bn(tmp_path_factory) -> tuple[Path, dict[str, list[dict]]]:
-    """resnet18 under DDP(2) with and without sync_batchnorm, after the BatchNorm math check."""
+    """resnet18 under DDP(2) with and without sync_batchnorm (and with an EMA), after the BatchNorm math check."""
     out = tmp_path_factory.mktemp("sync_bn")
-    runs = {"sync": ("strategy.sync_batchnorm=true",), "local": ("strategy.sync_batchnorm=false",)}
-    return out, _run_all(runs, SYNC_BN, out, check_sync_bn=True)
+    return out, _run_all(SYNC_BN_RUNS, SYNC_BN, out, check_sync_bn=True)
 
 
 def test_sync_batchnorm_keeps_resnet18_statistics_identical_across_ranks(sync_bn):
@@ -198,12 +207,34 @@ def test_sync_batchnorm_keeps_resnet18_statistics_identical_across_ranks(sync_bn
     synced = [_bn_statistics(rank) for rank in weights["sync"]]
     assert len(synced[0]) == 2 * 20  # resnet18's 20 BatchNorm layers
     _assert_replicas_identical(weights["sync"])
-    # Without it each rank normalises by its own half-batch, and the statistics part ways.
-    local = [_bn_statistics(rank) for rank in weights["local"]]
-    assert any(not torch.equal(local[0][k], local[1][k]) for k in local[0])
     for name in weights:
         assert _checkpoint(out / name)["step"] == 2
         assert math.isfinite(_metrics(out / name)["train_loss"])
+
+
+def test_ddp_reports_the_figures_of_the_model_and_ema_it_saves(sync_bn):
+    """Without sync_batchnorm each rank normalises by its own half-batch: the last training forward
+    leaves every rank statistics of its own, and its EMA an average of them. Evaluated as they
+    were, the figures would mix ranks' models; they must be those of rank 0's, which last.pt holds."""
+    out, weights = sync_bn
+    _assert_replicas_identical(weights["local"])  # what each rank evaluated
+    saved, metrics = _checkpoint(out / "local"), _metrics(out / "local")
+    job = job_config(out / "local", *SYNC_BN, *SYNC_BN_RUNS["local"])
+    net = job.model()
+    net.load_state_dict(saved["model"])
+    ema = AveragedModel(job.model(), use_buffers=True)
+    ema.load_state_dict(saved["ema"])
+    for prefix, model in (("val", net), ("val_ema", ema.module)):
+        shards = [_evaluate_shard(model, job, rank) for rank in range(2)]
+        loss = sum(shard.loss * shard.samples for shard in shards) / sum(shard.samples for shard in shards)
+        assert metrics[f"{prefix}_loss"] == pytest.approx(loss, rel=1e-9, abs=0), prefix
+
+
+def _evaluate_shard(model: nn.Module, job, rank: int) -> Averages:
+    """Rank `rank` of 2's validation figures, computed in this process."""
+    ctx = context.make_context(rank, rank, 2, 2, "cpu", use_process_group=False)
+    loaders = build_loaders(job.dataset, job.data, ctx, job.trainer.batch_size, job.trainer.seed)
+    return evaluate(model, loaders.val, Batches(ctx.device, job.trainer.limit_val_batches), ctx)
 
 
 def _compare_sync_bn_with_batchnorm(ctx: DistContext, out: Path) -> None:
@@ -276,13 +307,14 @@ def test_compiled_model_trains_a_step_and_saves_plain_keys(run_dir):
 
 
 def test_a_ddp_checkpoint_resumes_under_dp(equivalence, run_dir):
-    ddp = equivalence[0] / "ddp" / "checkpoints" / "last.pt"  # epoch 1 stopped at STEPS by 2 ranks
+    ddp = equivalence[0] / "ddp" / "checkpoints" / "last.pt"  # epoch 1 stopped at STEPS (max_steps) by 2 ranks
     result = run_train(
         run_dir, *TINY, "strategy=dp", f"trainer.batch_size={B}", "trainer.epochs=2",
         "trainer.limit_train_batches=3", f"trainer.resume={ddp}",
     )
     assert result.returncode == 0, result.stderr
-    assert "from epoch 2" in (run_dir / "train.log").read_text()
+    # A mid-epoch checkpoint, past this run's 3 batches an epoch: epoch 1 has none left to train.
+    assert f"from epoch 1 batch {STEPS + 1}" in (run_dir / "train.log").read_text()
     assert (_checkpoint(run_dir)["epoch"], _checkpoint(run_dir)["step"]) == (2, STEPS + 3)
 
 

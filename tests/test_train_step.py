@@ -2,6 +2,8 @@
 dp checks, and checkpoints that load under every strategy."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -45,18 +47,22 @@ def _batch(n: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _trainer(
     model: nn.Module, tmp_path, ctx: DistContext | None = None, strategy: StrategyConfig | None = None,
-    loaders: Loaders | None = None, scaler: torch.amp.GradScaler | None = None, **settings,
+    loaders: Loaders | None = None, scaler: torch.amp.GradScaler | None = None, step_lr: bool = False,
+    resume: bool = False, **settings,
 ) -> Trainer:
-    """A Trainer around `model` (wrapped by `strategy`, default single) on a silent rank."""
+    """A Trainer around `model` (wrapped by `strategy`, default single) on a silent rank; with
+    `step_lr` the learning rate halves every epoch; with `resume`, from tmp_path's last.pt."""
     ctx = ctx or make_context(0, 0, 1, 1, "cpu", use_process_group=False)
     chosen = strategies.get(strategy or StrategyConfig())
     wrapped = chosen.wrap(model, ctx, compile=False, precision_dtype=None)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5) if step_lr else None
     options = TrainerConfig(progress_bar=False, **settings)
     scaler = scaler or Precision.of(options.precision, CPU).grad_scaler()
-    checkpointer = Checkpointer(ctx, tmp_path, wrapped, optimizer, None, "", scaler)
+    checkpointer = Checkpointer(ctx, tmp_path, wrapped, optimizer, scheduler, "", scaler)
+    state = checkpointer.restore(tmp_path / "last.pt") if resume else None
     reporter = Reporter(make_context(1, 1, 2, 2, "cpu", False), tmp_path, LoggerConfig())  # a silent rank
-    return Trainer(wrapped, chosen, optimizer, None, loaders, checkpointer, reporter, scaler, ctx, options)
+    return Trainer(wrapped, chosen, optimizer, scheduler, loaders, checkpointer, reporter, scaler, ctx, options, state)
 
 
 @pytest.fixture
@@ -177,6 +183,61 @@ def test_the_best_weights_are_the_emas_when_its_accuracy_beats_the_models(tmp_pa
     seen = [(trainer._note_best(val, ema), state.best_val_acc, state.best_val_acc5, state.best_weights)
             for val, ema in epochs]
     assert seen == [(True, 0.7, 0.9, "ema"), (False, 0.7, 0.9, "ema"), (True, 0.8, 1.0, "model")]
+
+
+class _Jittered(TensorDataset):
+    """Noise drawn per image as it is loaded, from the global random stream: a DataLoader without
+    workers draws it in the training process, between the steps, as dataset.random_erase does."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().__getitem__(i)
+        return x + torch.rand(()), y
+
+
+def _dropout_net() -> nn.Module:
+    """Dropout: each step draws from the global random stream too."""
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Dropout(0.5), nn.Linear(64, 10))
+
+
+def _loaders(dataset: TensorDataset, workers: int) -> Loaders:
+    """6 training batches of 2; validation by a DataLoader, which draws a base seed from the global stream."""
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, seed=0)
+    train = DataLoader(dataset, batch_size=2, sampler=sampler, num_workers=workers)
+    return Loaders(train, DataLoader(TensorDataset(*_batch(4)), batch_size=2), sampler)
+
+
+@pytest.mark.parametrize(
+    "data, workers", [(TensorDataset, 0), (_Jittered, 0), (_Jittered, 1)],
+    ids=["tensors", "augmented", "augmented_worker"],
+)
+def test_a_max_steps_stop_mid_epoch_then_resume_trains_as_one_run(tmp_path, caplog, data, workers):
+    """trainer.max_steps=4 of 6 steps per epoch: last.pt holds epoch 1 at batch 4 (the schedule
+    not stepped), and a resume with no max_steps ends bitwise where an unstopped run does."""
+    torch.manual_seed(0)
+    dataset, init = data(*_batch(12)), _dropout_net().state_dict()
+    for name, max_steps, resume in (("whole", None, False), ("run", 4, False), ("run", None, True)):
+        model = _dropout_net()
+        model.load_state_dict(init)
+        trainer = _trainer(
+            model, tmp_path / name, loaders=_loaders(dataset, workers), step_lr=True, resume=resume, epochs=2,
+            max_steps=max_steps, log_every_n_steps=1,
+        )
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="train"):
+            figures = trainer.fit()
+        trainer.checkpointer.close()
+        if max_steps:
+            stopped = torch.load(tmp_path / name / "last.pt", weights_only=True)
+            assert (stopped["epoch"], stopped["batch"], stopped["step"]) == (0, 4, 4) and stopped["rng"] is not None
+            assert stopped["scheduler"]["last_epoch"] == 0
+            assert "stopped at step 4 (trainer.max_steps) in epoch 1 of 2, after batch 4 of 6" in caplog.text
+            assert "epoch 1/2" not in caplog.text
+            assert (figures["steps"], figures["epochs"]) == (4, 0)  # metrics.json's
+    whole, resumed = (torch.load(tmp_path / name / "last.pt", weights_only=True) for name in ("whole", "run"))
+    assert [run[key] for key in ("epoch", "batch", "step") for run in (whole, resumed)] == [2, 2, 0, 0, 12, 12]
+    for key, value in whole["model"].items():
+        assert torch.equal(resumed["model"][key], value), key
+    assert resumed["scheduler"] == whole["scheduler"]
 
 
 def test_ddp_options_reach_distributed_data_parallel(process_group):

@@ -2,11 +2,12 @@
 step, and evaluate. Metrics are all-reduced; only rank 0 reports and saves."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -40,11 +41,17 @@ class Batches:
     device: torch.device
     limit: int | None
 
-    def take(self, loader: Iterable, skip: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def take(
+        self, loader: Iterable, skip: int = 0, skipped: Callable[[], None] | None = None,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """`skipped` runs once the first `skip` batches are drawn, before the next one is: a
+        DataLoader without workers draws its augmentations from the stream the steps draw from."""
         for i, (x, y) in enumerate(loader):
             if self.limit is not None and i >= self.limit:
                 return
             if i < skip:  # resuming mid-epoch: drawn in the same order, trained before the stop
+                if i == skip - 1 and skipped is not None:
+                    skipped()
                 continue
             yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
@@ -109,12 +116,19 @@ class Trainer:
             epoch = state.epoch
             train, speed = self.train_epoch()
             self._raise_if_nonfinite()
-            val = self.evaluate(self.loaders.val)
-            ema = self.evaluate(self.loaders.val, self.ema.module) if self.ema is not None else None
+            # trainer.max_steps may stop partway through: then the epoch stays unfinished and last.pt
+            # is a mid-epoch checkpoint, as a preemption's is, so a resume trains the rest of it.
+            batches = self.train_batches.count(self.loaders.train)
+            finished = state.batch >= batches
+            with self._random_stream_kept():
+                val = self.evaluate(self.loaders.val)
+                ema = self.evaluate(self.loaders.val, self.ema.module) if self.ema is not None else None
+                self.reporter.samples(state.step, self.model, self.loaders.val)
             samples_per_s.append(speed)
-            if self.scheduler is not None:
-                self.scheduler.step()
-            state.epoch, state.batch, state.rng = epoch + 1, 0, None  # rng: unused if resumed at the epoch's end
+            if finished:
+                if self.scheduler is not None:
+                    self.scheduler.step()
+                state.epoch, state.batch, state.rng = epoch + 1, 0, None  # rng: unused if resumed at the epoch's end
             improved = self._note_best(val, ema)
             memory = peak_memory_mb(self.ctx)  # per device: DP's first card holds more
             self.reporter.scalars(
@@ -126,20 +140,26 @@ class Trainer:
                     **{f"memory/peak_mb/device{i}": mb for i, mb in enumerate(memory or [])},
                 },
             )
-            self.reporter.samples(state.step, self.model, self.loaders.val)
+            where = (
+                f"epoch {epoch + 1}/{settings.epochs}" if finished else
+                f"stopped at step {state.step} (trainer.max_steps) in epoch {epoch + 1} of {settings.epochs}, "
+                f"after batch {state.batch} of {batches}"
+            )
             log.info(
-                "epoch %d/%d  train loss %.4f acc %.4f  val loss %.4f acc %.4f acc5 %.4f%s  best acc %.4f acc5 %.4f"
+                "%s  train loss %.4f acc %.4f  val loss %.4f acc %.4f acc5 %.4f%s  best acc %.4f acc5 %.4f"
                 "  %.0f samples/s",
-                epoch + 1, settings.epochs, train.loss, train.acc, val.loss, val.acc, val.acc5,
+                where, train.loss, train.acc, val.loss, val.acc, val.acc5,
                 f"  ema loss {ema.loss:.4f} acc {ema.acc:.4f} acc5 {ema.acc5:.4f}" if ema else "",
                 state.best_val_acc, state.best_val_acc5, speed,
             )
-            self.checkpointer.save(state, best=improved)
+            self.checkpointer.save(state, best=improved)  # mid-epoch: every rank's random stream as training left it
             more = state.epoch < settings.epochs and not self._done()
             if more and self.preemption is not None and self.preemption.should_stop(state.step, force=True):
                 raise self.preemption.preempted()  # last.pt, just saved, holds this epoch's end
         if val is None:
-            log.info("nothing to train: the checkpoint already finished epoch %d of %d", state.epoch, settings.epochs)
+            where = (f"is at step {state.step}, trainer.max_steps={settings.max_steps}" if self._done() else
+                     f"already finished epoch {state.epoch} of {settings.epochs}")
+            log.info("nothing to train: the checkpoint %s", where)
             return {}
         # The first epoch pays for warm-up (allocator, lazy init); report the steady state after it.
         steady = samples_per_s[1:] or samples_per_s
@@ -181,10 +201,11 @@ class Trainer:
             dynamic_ncols=True,
         )
         start = time.perf_counter()
-        for i, (x, y) in enumerate(self.train_batches.take(self.loaders.train, skip=state.batch), start=state.batch):
-            if state.rng is not None:  # resumed mid-epoch: continue the random stream where it stopped
-                restore_rng(state.rng, ctx)
-                state.rng = None
+        rng, state.rng = state.rng, None
+        # Resumed mid-epoch: the random stream goes on where it stopped, from the first batch not yet trained.
+        resumed = (lambda: restore_rng(rng, ctx)) if rng is not None else None
+        batches = self.train_batches.take(self.loaders.train, state.batch, resumed)
+        for i, (x, y) in enumerate(batches, start=state.batch):
             x, y, labels = self.mixing(x, y, state.epoch, i) if self.mixing is not None else (x, y, y)
             group_start = i - i % accumulate
             group_size = min(accumulate, num_batches - group_start)
@@ -310,6 +331,13 @@ class Trainer:
 
     def _done(self) -> bool:
         return self.settings.max_steps is not None and self.state.step >= self.settings.max_steps
+
+    @staticmethod
+    def _random_stream_kept() -> contextlib.AbstractContextManager:
+        """Validation draws from a copy of the host's random stream (a DataLoader takes its base
+        seed from it; nothing in validation draws on a GPU): a mid-epoch checkpoint saved afterwards
+        holds the stream the training left."""
+        return torch.random.fork_rng(devices=[])
 
 
 
