@@ -251,13 +251,14 @@ def prepare_evaluation(model: nn.Module, batches: int, ctx: DistContext) -> int:
     """FSDP all-gathers parameters in every forward, so ranks must run their forwards together:
     how many empty ones this rank adds to match the busiest rank's `batches` (0 without FSDP).
 
-    FSDP neither shards nor syncs buffers (DDP copies rank 0's at every forward): each rank's
-    BatchNorm statistics follow its own data. Every rank takes rank 0's first, which checkpoints
+    Each rank's BatchNorm statistics follow its own data: FSDP never syncs buffers, and DDP copies
+    rank 0's at the start of each forward, so the last training forward leaves every rank its
+    own. The EMA's averages of them differ too. Every rank takes rank 0's first, which checkpoints
     save, so that the model evaluated is the model saved.
     """
+    broadcast_from_main(list(model.buffers()), ctx)
     if not gathers_in_forward(model):
         return 0
-    broadcast_from_main(list(model.buffers()), ctx)
     most, fewest = all_reduce_max(torch.tensor([batches, -batches], device=ctx.device), ctx).tolist()
     if -fewest == 0:
         raise RuntimeError(
