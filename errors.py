@@ -29,12 +29,16 @@ class Preempted(Exception):
 
 
 class NonFiniteLoss(Exception):
-    """trainer.nonfinite=stop: a loss was NaN or infinite; nothing after the last finite state was saved."""
+    """trainer.nonfinite=stop: a loss was NaN or infinite; nothing past its step was saved.
+
+    A save follows an optimizer step, so the weights saved last may have diverged already, and a
+    resume restores the saved learning rate over optimizer.lr: the fix names only what works."""
 
     def __init__(self, step: int) -> None:
         super().__init__(
-            f"the loss became non-finite (NaN or inf) at optimizer step {step}; stopped without saving "
-            "past it (last.pt holds the last finite state); lower optimizer.lr, set trainer.grad_clip, "
-            "or skip such steps with trainer.nonfinite=skip"
+            f"the loss became non-finite (NaN or inf) at optimizer step {step}; nothing past it was saved, but "
+            "last.pt may hold weights that had already diverged (no loss had been computed with them when saved); "
+            "resume from checkpoints/best.pt, whose weights were validated, with trainer.grad_clip set or "
+            "trainer.nonfinite=skip, or train afresh with a lower optimizer.lr (a resume keeps the saved learning rate)"
         )
         self.step = step
