@@ -48,7 +48,7 @@ class Loader(Enum):
 
 
 class NonFinite(Enum):
-    stop = "stop"  # end the run at the step, naming it; last.pt keeps the last finite state
+    stop = "stop"  # end the run at the step, naming it; nothing past it is saved
     skip = "skip"  # drop the step's update, count it, go on
 
 
