@@ -2,7 +2,9 @@
 dp checks, and checkpoints that load under every strategy."""
 from __future__ import annotations
 
+import io
 import logging
+import sys
 
 import pytest
 import torch
@@ -57,7 +59,7 @@ def _trainer(
     wrapped = chosen.wrap(model, ctx, compile=False, precision_dtype=None)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5) if step_lr else None
-    options = TrainerConfig(progress_bar=False, **settings)
+    options = TrainerConfig(**{"progress_bar": False, **settings})
     scaler = scaler or Precision.of(options.precision, CPU).grad_scaler()
     checkpointer = Checkpointer(ctx, tmp_path, wrapped, optimizer, scheduler, "", scaler)
     state = checkpointer.restore(tmp_path / "last.pt") if resume else None
@@ -116,6 +118,19 @@ def test_accumulation_all_reduces_once_per_optimizer_step(process_group, tmp_pat
     trainer.model.register_comm_hook(None, lambda state, bucket: calls.append(1) or allreduce_hook(None, bucket))
     averages, _ = trainer.train_epoch()
     assert trainer.state.step == 3 and len(calls) == 3 and averages.samples == 20
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_progress_bar_draws_on_a_terminal_only(tmp_path, monkeypatch, terminal):
+    """A SLURM log or a pipe would fill with the bar's redraws."""
+    stderr = io.StringIO()
+    stderr.isatty = lambda: terminal
+    monkeypatch.setattr(sys, "stderr", stderr)
+    data = TensorDataset(*_batch(8))
+    sampler = DistributedSampler(data, num_replicas=1, rank=0)
+    loaders = Loaders(DataLoader(data, batch_size=4, sampler=sampler), DataLoader(data), sampler)
+    _trainer(TinyNet(), tmp_path, loaders=loaders, progress_bar=True).train_epoch()
+    assert ("epoch 1:" in stderr.getvalue()) == terminal, stderr.getvalue()
 
 
 def test_fp16_on_cpu_and_multi_device_dp_on_cpu_are_config_errors():

@@ -196,7 +196,8 @@ class Trainer:
         bar = tqdm(
             total=num_batches - state.batch,
             desc=f"epoch {state.epoch + 1}",
-            disable=not (ctx.is_main and settings.progress_bar),
+            # None: tqdm draws on a terminal only, not into a SLURM log, a pipe or a file.
+            disable=None if ctx.is_main and settings.progress_bar else True,
             leave=False,
             dynamic_ncols=True,
         )
