@@ -223,6 +223,11 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
         if e.exit_code > 128 and e.exit_code - 128 in plan.forward_signals:
             raise Preempted(e.exit_code - 128) from None
         reason = f"killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
+        if e.signal_name == "SIGABRT" and plan.process_group and plan.accelerator == "gpu":
+            # NCCL's watchdog tears down a rank whose collective outlived the group's timeout
+            # (TORCH_NCCL_ASYNC_ERROR_HANDLING's default, SkipCleanUp: ProcessGroupNCCL.hpp): the
+            # rank named is then the one that waited, not the one that hung.
+            reason += " (NCCL aborts a rank whose collective waited launcher.timeout_s: look for a peer that hung or died first)"
         raise RankFailed(e.error_index, reason) from None
     except ProcessRaisedException:
         errors = _errors(ranks.error_files)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import torch
 from config.check import check
 from distributed import context, environment, launch as launching
 from distributed.launch import launch, plan_launch
-from errors import ConfigError
+from errors import ConfigError, RankFailed
 from distributed import strategies
 from tests import train_server
 from tests.conftest import ROOT, free_port, run_train, same_weights, typed_config
@@ -308,6 +309,20 @@ def test_a_cpu_rank_takes_its_own_cpus_as_threads(monkeypatch, env, threads):
         assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
+
+
+def _abort(ctx) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file
+    os.abort()  # as NCCL's watchdog ends a rank whose collective outlived the timeout
+
+
+@pytest.mark.parametrize("accelerator", ["gpu", "cpu"])
+def test_a_rank_aborted_under_nccl_is_named_as_the_one_that_waited(accelerator):
+    plan = launching.LaunchPlan("spawn", accelerator, 2, 2, 1, True, None, None, start_method="fork")
+    with pytest.raises(RankFailed) as error:
+        launch(plan, _abort)
+    assert "killed by SIGABRT" in str(error.value)
+    assert ("look for a peer that hung or died first" in str(error.value)) == (accelerator == "gpu")
 
 
 @pytest.mark.slow
