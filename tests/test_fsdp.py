@@ -90,11 +90,13 @@ def test_resume_auto_never_picks_up_a_half_written_sharded_checkpoint(tmp_path, 
     # Later saves a kill cut short: every rank's shards, but no .metadata (DCP writes it last). One
     # under the writer's temp name, one under a version name with a higher step: a finder that took
     # the newest directory, or any one not known to be whole, would read it.
-    halves = (checkpoints / ".last.pt.tmp", checkpoints / "last.pt.step5.dead00")
+    halves = (checkpoints / ".last.pt.shards.tmp", checkpoints / "last.pt.step5.dead00")
     for half in halves:
         half.mkdir()
         for shard in complete.glob("__*.distcp"):
             shutil.copy(shard, half)
+    # And a whole-file save killed under another strategy (single, ddp), which the sharded saves pass by.
+    (checkpoints / ".last.pt.tmp").write_bytes(b"half a file")
     assert find_resume("auto", run_dir).resolve() == complete
     result = run_train(run_dir, *EXACT, "trainer.epochs=2", "trainer.resume=auto")
     assert result.returncode == 0, result.stderr
@@ -242,7 +244,8 @@ def test_kill_9_mid_epoch_and_mid_save_then_resume_auto_ends_bitwise_equal(tmp_p
     run.wait_for(lambda: _committed_step(run_dir) > 8)  # epoch 2 under way: last.pt is a mid-epoch checkpoint
     run.kill()
     # The ranks writing their shards of the next: the previous last.pt is still whole.
-    kill_inside_a_checkpoint_write(run_dir, args, whole=(run_dir / "checkpoints" / "last.pt" / ".metadata").is_file)
+    kill_inside_a_checkpoint_write(
+        run_dir, args, whole=(run_dir / "checkpoints" / "last.pt" / ".metadata").is_file, tmp_name=".last.pt.shards.tmp")
     step = _committed_step(run_dir)
     result = run_train(run_dir, *args)
     assert result.returncode == 0, result.stderr

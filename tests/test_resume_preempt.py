@@ -98,10 +98,12 @@ class Run:
         return found
 
 
-def kill_inside_a_checkpoint_write(run_dir: Path, args: tuple[str, ...], whole: Callable[[], bool]) -> None:
+def kill_inside_a_checkpoint_write(
+    run_dir: Path, args: tuple[str, ...], whole: Callable[[], bool], tmp_name: str = ".last.pt.tmp",
+) -> None:
     """SIGKILL runs of `args` until one dies while last.pt is being written (its temp file, left
     behind, proves it), checking after each kill that the previous last.pt is `whole()`."""
-    tmp = run_dir / "checkpoints" / ".last.pt.tmp"
+    tmp = run_dir / "checkpoints" / tmp_name
     for _ in range(5):
         run = Run(run_dir, *args)
         run.wait_for(tmp.exists, poll=0.001)

@@ -6,9 +6,10 @@
         .metadata                            shapes, dtypes, which file holds which shard
         __0_0.distcp  __1_0.distcp ...       each rank's shards; rank 0's also the train state
       best.pt                                one file, the unwrapped model: loads under any strategy
-      .last.pt.tmp/                          only while a save is under way, or after a kill in one
+      .last.pt.shards.tmp/                   only while a save is under way, or after a kill in one
 
-Every rank writes its shards of last.pt into `.last.pt.tmp`; once all have (DCP's save returns on
+Every rank writes its shards of last.pt into `.last.pt.shards.tmp` (not the whole-file save's
+`.last.pt.tmp`: a run resumed under another strategy finds the other's leftover); once all have (DCP's save returns on
 rank 0 after the last rank's files and the metadata are fsynced), rank 0 renames the directory to
 its own name and points last.pt at it by renaming a new symlink over the old one: a kill at any
 moment leaves last.pt naming a whole checkpoint, so trainer.resume=auto never reads a half-written
@@ -46,7 +47,7 @@ class ShardedCheckpointer(Checkpointer):
         rng = _gather_rng(self.ctx) if state.batch else None
         name = "last.pt"
         final = self.directory / name
-        tmp = self.directory / f".{name}.tmp"
+        tmp = self.directory / f".{name}.shards.tmp"
         if self.ctx.is_main:
             shutil.rmtree(tmp, ignore_errors=True)  # a save a kill interrupted
             tmp.mkdir(parents=True)
