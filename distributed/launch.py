@@ -45,6 +45,7 @@ class LaunchPlan:
     # process exits, so a sweep's parent that trained one job in-process would hold it on the GPUs
     # its later spawned jobs use. CPU jobs and single runs stay in-process: no context, faster start.
     own_process: bool = False
+    host_collectives: bool = False  # a GPU job's process group also takes host tensors (Strategy.host_collectives)
 
     @property
     def world_size(self) -> int:
@@ -59,7 +60,7 @@ class LaunchPlan:
     def context(self, rank: int, local_rank: int) -> DistContext:
         return make_context(
             rank, local_rank, self.world_size, self.processes_per_node, self.accelerator, self.process_group,
-            self.devices_per_process,
+            self.devices_per_process, self.host_collectives,
         )
 
 
@@ -113,6 +114,7 @@ def plan_launch(
         processes_per_node=processes,
         num_nodes=num_nodes,
         process_group=strategy.process_group,
+        host_collectives=strategy.host_collectives,
         master_addr=env_rank.master_addr if env_rank else (launcher.master_addr or "127.0.0.1"),
         master_port=launcher.master_port or (env_rank.master_port if env_rank else None),
         env_rank=env_rank,

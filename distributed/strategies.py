@@ -32,6 +32,11 @@ class Strategy:
     process_group: ClassVar[bool] = False  # needs torch.distributed, even at world size 1
     sharded_checkpoint: ClassVar[bool] = False  # last.pt: each rank's shards in a directory, not one file
 
+    @property
+    def host_collectives(self) -> bool:
+        """Collectives on host tensors in a GPU job (they need a gloo group beside NCCL)."""
+        return False
+
     def processes_per_node(self, devices: int) -> int:
         return devices
 
@@ -180,6 +185,13 @@ class FSDP(Strategy):
     name = "fsdp"
     process_group = True
     sharded_checkpoint = True
+
+    @property
+    def host_collectives(self) -> bool:
+        # cpu_offload keeps gradient shards in host memory (FSDP2 copies each reduced shard to the
+        # CPU: torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py), so their total norm for
+        # trainer.grad_clip / nonfinite=skip is an all-reduce of CPU tensors (pytorch#148532).
+        return self.config.cpu_offload
 
     def check(self, trainer: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
         if trainer.precision == "16-mixed":

@@ -20,6 +20,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from data import build_loaders
 from distributed import strategies
 from distributed.context import make_context
+from distributed.launch import LaunchPlan, plan_launch
 from distributed.fsdp import block_classes, shard_units
 from models.mnist_net import MnistNet
 from models.resnet import resnet
@@ -103,6 +104,19 @@ def test_resume_auto_never_picks_up_a_half_written_sharded_checkpoint(tmp_path, 
     assert f"from epoch 2 batch 1 ({checkpoints / 'last.pt'})" in (run_dir / "train.log").read_text()
     assert _metrics(run_dir)["steps"] == 6  # 3 from the whole step-3 checkpoint, 3 more
     assert not any(half.exists() for half in halves)  # the run's first save cleared them away
+
+
+@pytest.mark.parametrize("overrides, gloo_beside_nccl", [
+    (["strategy=fsdp", "strategy.cpu_offload=true"], True),  # gradient shards in host memory: their norm is a host all-reduce
+    (["strategy=fsdp"], False),
+    (["strategy=ddp"], False),
+])
+def test_a_gpu_group_takes_host_tensors_when_fsdp_offloads_to_the_cpu(overrides, gloo_beside_nccl):
+    cfg = typed_config("trainer.accelerator=cpu", *overrides)
+    plan = plan_launch(cfg.trainer, strategies.get(cfg.strategy), cfg.launcher)
+    assert plan.host_collectives == gloo_beside_nccl and plan.context(0, 0).backend == "gloo"
+    on_gpus = LaunchPlan("spawn", "gpu", 2, 2, 1, True, None, None, host_collectives=plan.host_collectives)
+    assert on_gpus.context(1, 1).backend == ("cuda:nccl,cpu:gloo" if gloo_beside_nccl else "nccl")
 
 
 @pytest.mark.parametrize("overrides, reshard, mixed, offload", [
