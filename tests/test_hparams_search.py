@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 
 from config.setup import compose
 from hydra_plugins.optuna_study_sweeper import _study
+from hydra_plugins.optuna_study_sweeper.optuna_study_sweeper import ExitIsFailure
 from tests import train_server
 from tests.conftest import ROOT
 
@@ -31,8 +32,8 @@ COMMAND = {"overrides": ["trainer.epochs=1"], "search_space": {k: repr(d) for k,
 class FakeLauncher:
     """Hydra's launcher as the sweeper sees it: each job returns lr x 10 (or raises)."""
 
-    def __init__(self, sweep_dir: Path, fail: bool = False, interrupt: bool = False) -> None:
-        self.sweep_dir, self.fail, self.interrupt = sweep_dir, fail, interrupt
+    def __init__(self, sweep_dir: Path, fail: bool = False, interrupt: bool = False, value: float | None = None) -> None:
+        self.sweep_dir, self.fail, self.interrupt, self.value = sweep_dir, fail, interrupt, value
         self.calls: list[tuple[list[list[str]], int]] = []
 
     def __call__(self, batch: list[list[str]], first: int) -> list[JobReturn]:
@@ -47,7 +48,8 @@ class FakeLauncher:
         if self.fail:
             return JobReturn(overrides=overrides, hydra_cfg=hydra_cfg, status=JobStatus.FAILED,
                              _return_value=RuntimeError("diverged"))
-        return JobReturn(overrides=overrides, hydra_cfg=hydra_cfg, status=JobStatus.COMPLETED, _return_value=lr * 10)
+        value = lr * 10 if self.value is None else self.value
+        return JobReturn(overrides=overrides, hydra_cfg=hydra_cfg, status=JobStatus.COMPLETED, _return_value=value)
 
 
 # The tests ask for trials by hand, as another sweeper would; Optuna warns that heartbeats expect optimize().
@@ -69,6 +71,7 @@ def test_search_space_reads_hydras_sweep_syntax():
         "trainer.batch_size=choice(16, 32, 64)", "model=simple_cnn,mnist_net", "trainer.epochs=range(1, 10, 3)",
         "trainer.seed=interval(0, 9)", "trainer.limit_train_batches=5", "+hparams_search=digits",
         "optimizer.weight_decay=0.01",  # later on the command line: fixed, out of the space
+        "trainer.max_steps=tag(log, int, interval(16, 128))", "trainer.log_every_n_steps=range(10, 0, -2)",
     ])
     assert space == {
         "optimizer.lr": FloatDistribution(1e-4, 1e-1, log=True),
@@ -76,6 +79,8 @@ def test_search_space_reads_hydras_sweep_syntax():
         "model": CategoricalDistribution(["simple_cnn", "mnist_net"]),
         "trainer.epochs": IntDistribution(1, 7, step=3),  # Hydra's range excludes its stop: 1, 4, 7
         "trainer.seed": FloatDistribution(0.0, 9.0),  # Hydra's interval is a float interval
+        "trainer.max_steps": IntDistribution(16, 128, log=True),  # unless tagged int
+        "trainer.log_every_n_steps": IntDistribution(2, 10, step=2),  # 10, 8, ..., 2
     }
     assert fixed == ["trainer.limit_train_batches=5", "+hparams_search=digits", "optimizer.weight_decay=0.01"]
 
@@ -161,7 +166,7 @@ def test_direction_must_suit_the_metric():
 
 def test_a_failed_trial_stops_the_search_and_an_interrupted_one_is_queued_again(tmp_path):
     study, storage = _open(tmp_path)
-    with pytest.raises(RuntimeError, match="diverged"):
+    with pytest.raises(_study.SearchError, match="RuntimeError: diverged"):
         _study.run(study, SPACE, [], FakeLauncher(tmp_path, fail=True), tmp_path, n_trials=2, n_jobs=1,
                    heartbeat=storage)
     assert _states(study) == ["FAIL"]
@@ -175,10 +180,31 @@ def test_a_failed_trial_stops_the_search_and_an_interrupted_one_is_queued_again(
 
 def test_a_search_whose_trials_all_fail_ends_even_when_failures_are_tolerated(tmp_path):
     study, storage = _open(tmp_path)
-    with pytest.raises(RuntimeError, match="diverged"):
+    with pytest.raises(_study.SearchError, match="RuntimeError: diverged"):
         _study.run(study, SPACE, [], FakeLauncher(tmp_path, fail=True), tmp_path, n_trials=3, n_jobs=2,
                    heartbeat=storage, max_failure_rate=1.0)
     assert _states(study) == ["FAIL"] * 4  # two batches of two: 4 failures >= n_trials
+
+
+def test_a_trial_that_returns_nan_is_a_failure_the_search_counts(tmp_path):
+    """Optuna fails a NaN itself; unseen, every failed trial was asked again, for ever."""
+    study, storage = _open(tmp_path)
+    with pytest.raises(_study.SearchError, match="ValueError: the job returned nan"):
+        _study.run(study, SPACE, [], FakeLauncher(tmp_path, value=float("nan")), tmp_path, n_trials=2, n_jobs=1,
+                   heartbeat=storage, max_failure_rate=1.0)
+    assert _states(study) == ["FAIL"] * 2
+
+
+def test_a_job_that_exits_with_an_error_fails_its_trial_and_a_preempted_one_ends_the_search():
+    """train.py's sys.exit(1 or 2) would otherwise leave the whole search past max_failure_rate."""
+    def job(code):
+        return lambda cfg: sys.exit(code) if code is not None else 0.5
+    assert ExitIsFailure(job(None))(None) == 0.5
+    for code in (1, 2):
+        with pytest.raises(RuntimeError, match=f"exited with status {code}"):
+            ExitIsFailure(job(code))(None)
+    with pytest.raises(SystemExit):
+        ExitIsFailure(job(143))(None)  # SIGTERM: the search stops, and its rerun queues the trial again
 
 
 def test_results_name_the_best_trial_and_list_every_trial(tmp_path):

@@ -9,6 +9,7 @@ again.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import threading
@@ -69,13 +70,16 @@ def distribution(override: Override) -> BaseDistribution:
     if override.is_choice_sweep() or (isinstance(value, RangeSweep) and value.shuffle):
         return CategoricalDistribution(list(override.sweep_iterator(transformer=Transformer.encode)))
     if isinstance(value, RangeSweep):
-        values = list(override.sweep_iterator())
+        values = sorted(override.sweep_iterator())  # a descending range(10, 0, -2) holds the same values
         if not values:
             raise SearchError(f"{override.input_line}: the range is empty")
+        step = abs(value.step or 1)
         if all(isinstance(v, int) for v in values):
-            return IntDistribution(values[0], values[-1], step=int(value.step or 1))
-        return FloatDistribution(float(values[0]), float(values[-1]), step=float(value.step or 1))
-    if isinstance(value, IntervalSweep):  # Hydra reads interval's ends as floats
+            return IntDistribution(values[0], values[-1], step=int(step))
+        return FloatDistribution(float(values[0]), float(values[-1]), step=float(step))
+    if isinstance(value, IntervalSweep):  # Hydra reads interval's ends as floats; tag(int, ...) asks for integers
+        if "int" in value.tags:
+            return IntDistribution(int(value.start), int(value.end), log="log" in value.tags)
         return FloatDistribution(float(value.start), float(value.end), log="log" in value.tags)
     raise SearchError(f"{override.input_line}: use choice(...), interval(a, b), tag(log, interval(a, b)) or range(...)")
 
@@ -222,7 +226,11 @@ def run(
         failed += len(failures)
         # Failed trials do not count towards n_trials: a space that always fails must still end.
         if failures and (len(failures) / len(trials) > max_failure_rate or failed >= n_trials):
-            raise failures[0]
+            raise SearchError(
+                f"{len(failures)} of {len(trials)} trial(s) failed ({failed} in this search, "
+                f"hydra.sweeper.max_failure_rate={max_failure_rate}), the first with {type(failures[0]).__name__}: "
+                f"{failures[0]}; see its job's log"
+            )
 
 
 def _run_batch(
@@ -259,6 +267,8 @@ def _tell(study: optuna.Study, trial: Trial, ret: JobReturn, sweep_dir: Path) ->
         if value is None:
             raise ValueError("the job returned no value to optimise")
         value = float(value)
+        if not math.isfinite(value):  # Optuna would fail the trial itself, unseen by max_failure_rate
+            raise ValueError(f"the job returned {value}")
     except Exception as e:
         log.warning("trial %d failed: %s: %s", trial.number, type(e).__name__, e)
         study.tell(trial, state=TrialState.FAIL)

@@ -12,6 +12,24 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 
+class ExitIsFailure:
+    """train.py ends a failed job (a diverged loss, a config error) with sys.exit(1 or 2), which
+    Hydra's run_job, catching Exception only, would let out of the whole search: it becomes the
+    trial's failure instead, for max_failure_rate to judge. 128 + a signal (a preempted job) and a
+    clean exit still end the search."""
+
+    def __init__(self, task_function: TaskFunction) -> None:
+        self.task_function = task_function
+
+    def __call__(self, cfg: DictConfig) -> Any:
+        try:
+            return self.task_function(cfg)
+        except SystemExit as e:
+            if isinstance(e.code, int) and 0 < e.code < 128:
+                raise RuntimeError(f"the job exited with status {e.code}") from None
+            raise
+
+
 class OptunaStudySweeper(Sweeper):
     def __init__(
         self,
@@ -52,7 +70,7 @@ class OptunaStudySweeper(Sweeper):
         self.config = config
         self.hydra_context = hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
+            hydra_context=hydra_context, task_function=ExitIsFailure(task_function), config=config
         )
 
     def sweep(self, arguments: List[str]) -> Any:
