@@ -2,6 +2,7 @@
 `compose()` for tests and tools that need the config `python train.py` would get."""
 from __future__ import annotations
 
+import hashlib
 import os
 from enum import Enum
 from pathlib import Path
@@ -35,14 +36,26 @@ def _name(choice: Enum | str) -> str:
     return choice.name if isinstance(choice, Enum) else str(choice)
 
 
+def _job_dir(num: int, overrides: str) -> str:
+    """A sweep job's dir: its number, then the overrides that tell it from the others, if any. A
+    name past what file systems take (255 bytes; a search's sampled floats are long) keeps its
+    start and a hash of the whole, so that it stays apart from its neighbours'."""
+    name = f"{num}_{overrides}" if overrides else str(num)
+    if len(name.encode()) <= _NAME_BYTES:
+        return name
+    return f"{name.encode()[:_NAME_BYTES - 13].decode(errors='ignore')}~{hashlib.sha1(name.encode()).hexdigest()[:12]}"
+
+
+_NAME_BYTES = 200  # file systems take 255 bytes a name: room to spare
+
+
 # conf/config.yaml names the run dir with run_name and rank_zero_only, so every torchrun/SLURM
 # rank picks the same dir and only rank 0 writes .hydra/ (Hydra #2070).
 RESOLVERS = {
     "run_name": lambda launcher, default: environment.run_name(_name(launcher), os.environ, default),
     "rank_zero_only": lambda launcher, value: value if environment.is_rank_zero(_name(launcher), os.environ) else None,
     "per_device": _per_device,
-    # A sweep job's dir: its number, then the overrides that tell it from the others, if any.
-    "job_dir": lambda num, overrides: f"{num}_{overrides}" if overrides else str(num),
+    "job_dir": _job_dir,
     "epochs_after_warmup": _epochs_after_warmup,
     "project_root": lambda: str(ROOT),
 }

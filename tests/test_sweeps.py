@@ -15,7 +15,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from bench import report
 from config.check import check, typed
 from config.schema import StrategyName
-from config.setup import compose
+from config.setup import RESOLVERS, compose
 from errors import ConfigError
 from tests import train_server
 from tests.conftest import FORK_RANKS, ROOT
@@ -65,6 +65,18 @@ def test_ready_made_sweeps_compose_job_by_job(sweep):
             continue
         processes = 1 if dp else cfg.trainer.devices  # DP: one process
         assert check(cfg).processes_per_node == processes, job
+
+
+def test_a_job_dir_name_stays_within_what_file_systems_take_and_apart_from_its_neighbours():
+    job_dir = RESOLVERS["job_dir"]
+    assert job_dir(3, "model-simple_cnn+optimizer-sgd") == "3_model-simple_cnn+optimizer-sgd" and job_dir(0, "") == "0"
+    sampled = "+".join(f"key{i}-0.{i}3028525153605885" for i in range(12))  # a search's floats: > 255 bytes
+    names = [job_dir(7, sampled + tail) for tail in ("+trainer.seed-1", "+trainer.seed-2")]
+    assert all(len(name.encode()) <= 200 and name.startswith("7_key0-0.03028") for name in names)
+    assert names[0] != names[1]
+    # Machine paths tell no job from another; with their "/" they would nest one job in another's dir.
+    exclude = compose(hydra=True).hydra.job.config.override_dirname.exclude_keys
+    assert {"paths.data_dir", "paths.log_dir", "paths.sweep_dir", "paths.root_dir"} <= set(exclude)
 
 
 def test_the_report_of_sweep_strategies_compares_each_strategy_with_its_own_one_device_run(tmp_path):
