@@ -76,3 +76,19 @@ class NanNet(MnistNet):
             return out
         self.calls += 1
         return out * float("nan") if self.at_step <= self.calls < self.at_step + self.times else out
+
+
+class SignalingNet(MnistNet):
+    """MnistNet that sends its own process `signum` in training forward `at_step`, as a scheduler would."""
+
+    def __init__(self, *args, at_step: int = 3, signum: int = signal.SIGTERM, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.at_step, self.signum = at_step, signum
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+            if self.calls == self.at_step:
+                os.kill(os.getpid(), self.signum)
+        return super().forward(x)

@@ -8,9 +8,11 @@ import signal
 import pytest
 import torch
 
-from distributed.context import DistContext
+from distributed.context import DistContext, make_context
 from errors import Preempted
+from tests.conftest import job_config
 from training.preemption import PreemptionWatch, requeue_or_explain, resume_command
+from training.run import train
 
 CPU = DistContext(0, 0, 1, 1, torch.device("cpu"), None)
 
@@ -39,6 +41,19 @@ def scontrol(tmp_path, monkeypatch):
     for key in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
         monkeypatch.delenv(key, raising=False)
     return calls
+
+
+def test_a_signal_after_the_last_check_still_stops_the_job_once_it_is_saved(tmp_path):
+    """SIGTERM at step 20 of a 23-step run that checks every 50: the run ends whole, then stops as
+    preempted instead of going quiet (a sweep would start its next job, SLURM would not requeue)."""
+    job = job_config(tmp_path, "trainer.epochs=1", "logger=none", "trainer.progress_bar=false",
+                     "model._target_=tests.faults.SignalingNet", "+model.at_step=20")
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Preempted, match="SIGTERM"):
+        train(make_context(0, 0, 1, 1, "cpu", use_process_group=False), job)
+    assert (tmp_path / "metrics.json").is_file()
+    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 1
+    assert signal.getsignal(signal.SIGTERM) is handler  # train()'s own is gone again
 
 
 def test_sigusr1_under_slurm_requeues_the_job(scontrol, monkeypatch, caplog):

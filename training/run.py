@@ -110,4 +110,6 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         reporter.close()
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()  # for the next job of a torchrun/SLURM rank that runs a -m sweep
+    if preemption.received:  # after the last step that checked: the run is saved whole, the request still stands
+        raise preemption.preempted()  # (a sweep stops, SLURM requeues the job, which finds nothing left to train)
     return strategies.unwrap(model)
