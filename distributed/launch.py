@@ -98,7 +98,8 @@ def plan_launch(
             "start each node with torchrun (--nnodes) or srun (sbatch slurm/train.sbatch)"
         )
     if accelerator == Accelerator.gpu:
-        _check_gpus(devices, visible, env_rank is not None and processes == devices and _bound_to_one_gpu(env_rank))
+        bound = env_rank is not None and processes == devices and _bound_to_one_gpu(env_rank)
+        _check_gpus(devices, visible, bound, strategy.name)
     strategy.check(trainer, accelerator, devices, num_nodes)
     if launcher.start_method == StartMethod.fork and accelerator == Accelerator.gpu:
         raise ConfigError(
@@ -123,15 +124,16 @@ def plan_launch(
     )
 
 
-def _check_gpus(devices: int, visible: int, one_process_per_gpu_started: bool) -> None:
+def _check_gpus(devices: int, visible: int, one_process_per_gpu_started: bool, strategy: str) -> None:
     """Enough GPUs for the processes here, unless each was started bound to its own GPU: then
     this process sees one, cuda:0, and so does every other rank on the node."""
     if one_process_per_gpu_started and visible == 1:
         return
     if devices > visible:
+        rehearsal = " strategy=ddp" if strategy == "dp" else ""  # DataParallel splits over GPUs only
         raise ConfigError(
             f"trainer.devices={devices} asks for {devices} GPU(s) per node but {visible} are visible; "
-            f"rehearse on CPU with trainer.accelerator=cpu trainer.devices={devices} strategy=ddp"
+            f"rehearse on CPU with trainer.accelerator=cpu trainer.devices={devices}{rehearsal}"
         )
 
 

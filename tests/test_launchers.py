@@ -1,6 +1,7 @@
 """launcher=auto|spawn|torchrun|slurm: env parsing as units, torchrun and submitit through train.py."""
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import resource
@@ -311,8 +312,16 @@ def test_a_cpu_rank_takes_its_own_cpus_as_threads(monkeypatch, env, threads):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("strategy, rehearsal", [("fsdp", "trainer.devices=2"), ("dp", "trainer.devices=2 strategy=ddp")])
+def test_too_few_gpus_names_a_cpu_rehearsal_of_the_same_strategy(strategy, rehearsal):
+    with pytest.raises(ConfigError) as error:
+        check(typed_config("trainer.gpus=2", f"strategy={strategy}"))
+    assert str(error.value).endswith(f"rehearse on CPU with trainer.accelerator=cpu {rehearsal}")
+
+
 def _abort(ctx) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file
+    faulthandler.disable()  # pytest's, inherited: it would print the abort as a crash
     os.abort()  # as NCCL's watchdog ends a rank whose collective outlived the timeout
 
 
