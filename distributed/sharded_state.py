@@ -91,9 +91,10 @@ def describe(path: Path) -> dict[str, Any]:
     return {**_train_state(state[_TRAIN_STATE]), "model": model, **({"optimizer": optimizer} if optimizer else {})}
 
 
-def read_model_state(path: Path) -> dict[str, torch.Tensor]:
+def read_model_state(path: Path | str) -> dict[str, torch.Tensor]:
     """The whole model of a sharded checkpoint as plain CPU tensors, read by this one process
     (no process group, no model needed): to compare or convert a checkpoint."""
+    path = Path(path)
     tensors = _model_tensors(read_metadata(path))
     state = {"model": {name: torch.empty(t.shape, dtype=t.dtype) for name, t in tensors.items()}}
     with warnings.catch_warnings():
@@ -111,10 +112,10 @@ def _model_tensors(metadata: Metadata) -> dict[str, torch.Tensor]:
     }
 
 
-def read_metadata(path: Path) -> Metadata:
+def read_metadata(path: Path | str) -> Metadata:
     """The directory's DCP metadata; a one-line ConfigError if it has none or a foreign one."""
     try:
-        with open(path / METADATA, "rb") as f:
+        with open(Path(path) / METADATA, "rb") as f:
             metadata = _MetadataUnpickler(f).load()
     except FileNotFoundError:
         raise ConfigError(

@@ -189,3 +189,8 @@ def test_a_config_that_cannot_run_is_one_line_naming_the_key_and_touches_nothing
         assert word in message, message
     assert _snapshot(run_dir / "checkpoints") == before
     assert not (files / "touched").exists()
+
+
+def test_a_sharded_checkpoint_reads_from_a_path_given_as_text(files):
+    """The README's way to get the whole model out of one: read_model_state(path), path a str or a Path."""
+    assert set(sharded_state.read_model_state(str(files / "sharded_other_model"))) == set(MnistNet(1, 5, 8).state_dict())

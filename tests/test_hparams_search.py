@@ -225,6 +225,7 @@ def test_search_configs_compose(search, monkeypatch):
     sweeper = cfg.hydra.sweeper
     assert sweeper._target_.endswith("OptunaStudySweeper") and sweeper.sampler._target_ == "optuna.samplers.TPESampler"
     assert (sweeper.metric, sweeper.direction) == ("best_val_acc", "maximize")
+    assert sweeper.max_failure_rate == 1.0  # a diverged lr fails its trial, not the search
     assert cfg.hydra.sweep.dir == f"multirun/search/{search}"  # stable: the same command finds its study
     monkeypatch.setenv("SWEEP_DIR", "/scratch/sweeps")  # paths.sweep_dir moves searches as it moves sweeps
     assert compose(f"hparams_search={search}", hydra=True).hydra.sweep.dir == f"/scratch/sweeps/search/{search}"
