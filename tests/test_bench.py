@@ -111,13 +111,14 @@ def test_time_to_accuracy_trains_ours_and_the_baseline():
 
 
 @pytest.mark.slow
-def test_data_loaders_ratio_is_device_over_dataloader():
+def test_data_loaders_ratios_are_each_batched_loader_over_the_per_sample_one():
     rows = bench("data_loaders", "--quick", "data.num_workers=1")
     assert [r["samples/s"] for r in rows] == ["loader", "training"]
     for row in rows:
-        dataloader, device = number(row["data.loader=dataloader"]), number(row["data.loader=device"])
-        assert dataloader > 0 and device > 0
-        assert number(row["ratio"]) == pytest.approx(device / dataloader, rel=0.01)
+        per_sample, host, device = (number(row[k]) for k in ("per-sample", "data.loader=dataloader", "data.loader=device"))
+        assert per_sample > 0 and host > 0 and device > 0
+        assert number(row["host batches / per-sample"]) == pytest.approx(host / per_sample, rel=0.01)
+        assert number(row["device batches / per-sample"]) == pytest.approx(device / per_sample, rel=0.01)
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="on a GPU this is the real benchmark, not a smoke run")
