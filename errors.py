@@ -8,6 +8,14 @@ class ConfigError(Exception):
     """A bad config value or environment; the message names the key, the value and the fix."""
 
 
+def raised_elsewhere(traceback: str) -> ConfigError | None:
+    """The ConfigError another process raised, from the traceback it left, whose last line reads
+    `errors.ConfigError: <message>` (a spawned rank's error file, a DataLoader worker's re-raise)."""
+    lines = traceback.strip().splitlines()
+    prefix = f"{ConfigError.__module__}.{ConfigError.__qualname__}: "
+    return ConfigError(lines[-1].removeprefix(prefix)) if lines and lines[-1].startswith(prefix) else None
+
+
 class RankFailed(Exception):
     """One process of a multi-process job raised or died; the others were stopped."""
 

@@ -11,9 +11,7 @@ from typing import Any, Iterator
 
 from torch.utils.data import DataLoader
 
-from errors import ConfigError
-
-_LAST_ENTRY = f"\n{ConfigError.__module__}.{ConfigError.__qualname__}: "
+from errors import ConfigError, raised_elsewhere
 
 
 class OneLineErrorsLoader(DataLoader):
@@ -21,7 +19,7 @@ class OneLineErrorsLoader(DataLoader):
         try:
             yield from super().__iter__()
         except ConfigError as e:
-            _, from_worker, message = str(e).rpartition(_LAST_ENTRY)
-            if not from_worker:  # raised in this process: already the one line
+            one_line = raised_elsewhere(str(e))  # None: raised in this process, already the one line
+            if one_line is None:
                 raise
-            raise ConfigError(message.rstrip("\n")) from None
+            raise one_line from None

@@ -21,7 +21,7 @@ from distributed import environment
 from distributed.context import DistContext, make_context
 from distributed.environment import EnvRank
 from distributed.strategies import Strategy
-from errors import ConfigError, Preempted, RankFailed
+from errors import ConfigError, Preempted, RankFailed, raised_elsewhere
 
 # After one rank fails, the others get this long to leave on their own, then SIGTERM, then SIGKILL.
 _GRACE_S = 5.0
@@ -198,9 +198,6 @@ def launch(plan: LaunchPlan, worker: Callable[..., Any], *args: Any) -> None:
         _spawn(plan, worker, args)
 
 
-_CONFIG_ERROR = f"{ConfigError.__module__}.{ConfigError.__qualname__}: "  # how a traceback's last line names it
-
-
 def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
     """mp.spawn that passes preemption signals on and reports a failed rank in one line.
 
@@ -237,9 +234,9 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
         errors = _errors(ranks.error_files)
         # A rank's own check (the optimizer's options, rank 0's download) is the user's to fix, even
         # when a peer's broken connection was written first.
-        config = next((reason for _, _, reason in errors if reason.startswith(_CONFIG_ERROR)), None)
+        config = next((error for _, _, reason in errors if (error := raised_elsewhere(reason))), None)
         if config is not None:
-            raise ConfigError(config.removeprefix(_CONFIG_ERROR)) from None
+            raise config from None
         _, rank, reason = errors[0]
         hung = _hung_rank(ranks, reason)
         if hung is not None:
