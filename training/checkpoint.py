@@ -134,6 +134,11 @@ class Checkpointer:
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []  # oldest first
 
+    @property
+    def file_device(self) -> torch.device:
+        """Where a whole-file checkpoint is read to before it loads: this rank's device."""
+        return self.ctx.device
+
     def save(self, state: TrainState, best: bool = False) -> None:
         """last.pt, after best.pt when `best` and better than any best.pt on disk: one snapshot for both.
 
@@ -198,7 +203,7 @@ class Checkpointer:
 
             checkpoint = sharded_state.load(path, self.model, self.optimizer, self.ctx)
         else:
-            checkpoint = load_checkpoint(path, self.ctx.device)
+            checkpoint = load_checkpoint(path, self.file_device)
             check_resumable(checkpoint, self.model, path)
             self._load_weights(checkpoint)
         if self.scheduler is not None and checkpoint["scheduler"] is not None:
