@@ -9,12 +9,12 @@
       .last.pt.shards.tmp/                   only while a save is under way, or after a kill in one
 
 Every rank writes its shards of last.pt into `.last.pt.shards.tmp` (not the whole-file save's
-`.last.pt.tmp`: a run resumed under another strategy finds the other's leftover); once all have (DCP's save returns on
-rank 0 after the last rank's files and the metadata are fsynced), rank 0 renames the directory to
-its own name and points last.pt at it by renaming a new symlink over the old one: a kill at any
-moment leaves last.pt naming a whole checkpoint, so trainer.resume=auto never reads a half-written
-one. best.pt costs a gather of the whole model and optimizer state to rank 0's host memory, once
-per epoch that improves.
+`.last.pt.tmp`, which a run killed under another strategy may have left); once all have (DCP's
+save returns on rank 0 after the last rank's files and the metadata are fsynced), rank 0 renames
+the directory to its own name and points last.pt at it by renaming a new symlink over the old
+one: a kill at any moment leaves last.pt naming a whole checkpoint, so trainer.resume=auto never
+reads a half-written one. best.pt costs a gather of the whole model and optimizer state to rank
+0's host memory, once per epoch that improves.
 """
 from __future__ import annotations
 
