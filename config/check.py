@@ -38,9 +38,6 @@ def check(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> L
     trainer = cfg.trainer
     strategy = strategies.get(cfg.strategy)
     plan = plan_launch(trainer, strategy, cfg.launcher, multirun=multirun)
-    resolve_num_classes(cfg)  # before anything builds the model
-    _check_model(cfg.model)
-    strategy.check_model(factory(cfg.model))
     if trainer.epochs < 1:
         raise ConfigError(f"trainer.epochs={trainer.epochs}: train for at least 1 epoch")
     if trainer.batch_size < plan.world_size:
@@ -74,6 +71,10 @@ def check(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> L
     signals = parse_signals(trainer.preempt_signals, "trainer.preempt_signals")
     parse_signals(trainer.requeue_signals, "trainer.requeue_signals")
     _check_recipe(cfg)
+    # The checks that build the model (and may read a weights file) after the cheap ones.
+    resolve_num_classes(cfg)  # before anything builds the model
+    _check_model(cfg.model)
+    strategy.check_model(factory(cfg.model))
     data.check(cfg.dataset, cfg.data)
     _check_forward(cfg)  # after the data's own keys, which name the fix more closely
     _check_resume(cfg, run_dir)
