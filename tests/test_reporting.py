@@ -39,6 +39,7 @@ def test_each_epoch_draws_the_grid_a_fresh_one_would_draw():
     for predicted in ([0, 1, 2, 3, 4, 5], [9, 1, 7, 3, 4, 5], [9, 1, 7, 3, 4, 5], [0, 8, 2, 3, 4, 5]):
         drawn.append((predicted, grid.draw(torch.tensor(predicted))))
     assert [_caption_hues(drawn[-1][1], i) for i in range(3)] == [{"green"}, {"red"}, {"green"}]
+    assert not np.array_equal(drawn[0][1], drawn[1][1])  # a caption is of its (predicted, true) pair
     # Captions are redrawn only where the prediction changed, and no epoch's grid changes afterwards.
     for predicted, pixels in drawn:
         assert np.array_equal(pixels, SampleGrid(images, targets).draw(torch.tensor(predicted)))
