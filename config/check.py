@@ -21,7 +21,7 @@ from config.schema import PRECISIONS, Accelerator, Config, LrScaling, OptimConfi
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError
-from training.checkpoint import check_resumable, find_resume, load_checkpoint
+from training.checkpoint import check_resumable, find_resume, load_checkpoint, trained_config
 from training.optim import scaled_lr
 from training.preemption import parse_signals
 
@@ -106,6 +106,26 @@ def _check_recipe(cfg: Config) -> None:
             raise ConfigError(f"{key}={value}: use {what}")
     if optim.lr_scaling == LrScaling.linear and "lr" not in cfg.optimizer:
         raise ConfigError("optimizer.lr_scaling=linear scales optimizer.lr, which is not set; give optimizer.lr")
+
+
+def _check_schedule(resume: str | None, trained: Mapping[str, Any] | None, scheduler: Mapping[str, Any]) -> None:
+    """The schedule a resume asks for is the one it trained with: loading the scheduler's state puts
+    back the saved T_max, step_size, ..., so a run resumed with `trainer.epochs` raised would train
+    its extra epochs on a cosine already at lr 0."""
+    if trained is None:  # a checkpoint that does not say
+        return
+    before = target_arguments(trained.get("scheduler") or {}, ScheduleConfig)
+    keys = sorted({*before, *scheduler}, key=lambda k: (k != "_target_", k))  # the kind of schedule first
+    key = next((k for k in keys if before.get(k) != scheduler.get(k)), None)
+    if key is None:
+        return
+    epochs = (trained.get("trainer") or {}).get("epochs")
+    fix = (f"resume with trainer.epochs={epochs}, which T_max follows," if key == "T_max" and epochs is not None
+           else "resume with the scheduler it trained with")
+    raise ConfigError(
+        f"trainer.resume={resume} trained with scheduler.{key}={before.get(key, 'none')}, and this run asks for "
+        f"{scheduler.get(key, 'none')}: a resume continues the saved schedule; {fix} or train afresh in a new run dir"
+    )
 
 
 def resolve_num_classes(cfg: Config) -> None:
@@ -194,6 +214,8 @@ def _check_resume(cfg: Config, run_dir: Path | None) -> None:
                 f"trainer.resume={resume} trained {'with' if warmed else 'without'} a warmup and cannot continue "
                 f"{'without' if warmed else 'with'} one; resume with the scheduler.warmup_epochs it trained with"
             )
+        if not test_only:
+            _check_schedule(resume, trained_config(checkpoint), target_arguments(cfg.scheduler, ScheduleConfig))
     elif test_only and cfg.model.get("weights") is None:
         raise ConfigError(
             f"trainer.test_only=true evaluates trained weights, but trainer.resume={resume} names no checkpoint; "

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 from torch import nn
 
 from config.check import check, factory, target_arguments
@@ -20,7 +21,7 @@ from training.metrics import Accumulator
 from training.mixing import Mixing
 from training.optim import check_arguments, parameter_groups, scaled_lr
 from training.schedule import Warmup
-from tests.conftest import typed_config
+from tests.conftest import compose_config, typed_config
 from tests.dataset_files import write_image_folder
 from tests.test_train_step import _trainer
 
@@ -312,6 +313,27 @@ def test_a_checkpoint_resumes_only_with_the_warmup_it_trained_with(tmp_path):
         check(typed_config(f"trainer.resume={tmp_path / 'plain.pt'}", "scheduler.warmup_epochs=2"))
     check(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}", "scheduler.warmup_epochs=2"))
     check(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}", "trainer.test_only=true"))
+
+
+def test_a_checkpoint_resumes_only_with_the_schedule_it_trained_with(tmp_path):
+    """Loading a scheduler's state puts its saved T_max back: more epochs would train at lr 0."""
+    from models.mnist_net import MnistNet
+    from training.checkpoint import save_checkpoint
+
+    path = tmp_path / "cosine.pt"
+    config = OmegaConf.to_yaml(compose_config("trainer.epochs=2"), resolve=True)  # as train.py saves it
+    save_checkpoint({"model": MnistNet(1, 10, 8).state_dict(), "optimizer": {}, "scheduler": {"T_max": 2},
+                     "epoch": 2, "step": 46, "best": 0.5, "config": config}, path)
+    with pytest.raises(ConfigError, match=r"cosine.pt trained with scheduler.T_max=2, and this run asks for 4: .*"
+                                          r"resume with trainer.epochs=2, which T_max follows, or train afresh"):
+        check(typed_config(f"trainer.resume={path}", "trainer.epochs=4"))
+    with pytest.raises(ConfigError, match=r"scheduler._target_=torch.optim.lr_scheduler.CosineAnnealingLR, .*"
+                                          r"asks for torch.optim.lr_scheduler.StepLR: .*the scheduler it trained with"):
+        check(typed_config(f"trainer.resume={path}", "trainer.epochs=2", "scheduler=step"))
+    with pytest.raises(ConfigError, match="scheduler._target_=torch.optim.lr_scheduler.CosineAnnealingLR, .*for none"):
+        check(typed_config(f"trainer.resume={path}", "scheduler=none"))
+    check(typed_config(f"trainer.resume={path}", "trainer.epochs=2"))
+    check(typed_config(f"trainer.resume={path}", "trainer.epochs=4", "trainer.test_only=true"))
 
 
 @pytest.mark.parametrize("policy, name", [("ra", "RandAugment"), ("augmix", "AugMix")])

@@ -70,7 +70,7 @@ def check_resumable(checkpoint: Any, model: nn.Module, path: Path) -> None:
     if missing:
         raise ConfigError(f"trainer.resume={path}: not a train.py checkpoint (no {', '.join(missing)}); {_FIX}")
     saved, expected = checkpoint["model"], unwrap(model).state_dict()
-    trained_with = _model_target(checkpoint.get("config"))
+    trained_with = _model_target(checkpoint)
     fix = f"resume with the model it was trained with ({trained_with or 'see its config'})"
     for name, tensor in expected.items():
         if name not in saved:
@@ -85,11 +85,18 @@ def check_resumable(checkpoint: Any, model: nn.Module, path: Path) -> None:
         raise ConfigError(f"trainer.resume={path}: the checkpoint has tensor {extra[0]} this model lacks; {fix}")
 
 
-def _model_target(config_yaml: Any) -> str | None:
+def _model_target(checkpoint: dict[str, Any]) -> str | None:
+    model = (trained_config(checkpoint) or {}).get("model")
+    return model.get("_target_") if isinstance(model, dict) else None
+
+
+def trained_config(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """The resolved config the checkpoint's run trained with, if it holds one that parses."""
     try:
-        return yaml.safe_load(config_yaml)["model"]["_target_"]
-    except Exception:
+        config = yaml.safe_load(checkpoint.get("config") or "")
+    except yaml.YAMLError:
         return None
+    return config if isinstance(config, dict) else None
 
 
 def find_resume(resume: str | None, run_dir: Path) -> Path | None:
