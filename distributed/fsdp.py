@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections import Counter
+from dataclasses import replace
 from typing import Iterator
 
 import torch
@@ -24,6 +25,7 @@ from distributed.context import DistContext
 
 # Containers group layers without being blocks: seed 001's `features` Sequential holds its convs.
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 def block_classes(model: nn.Module) -> set[type[nn.Module]]:
@@ -74,20 +76,31 @@ def shard(model: nn.Module, ctx: DistContext, config: StrategyConfig, param_dtyp
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    # pin_memory needs CUDA; on a CPU rehearsal the shards are in host memory anyway.
+    offload = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda") if config.cpu_offload else OffloadPolicy()
+    units = shard_units(model, config.shard_modules)
     if config.mixed_precision and param_dtype is not None:
         # The fp32 shards stay what the optimizer steps; gathered copies and compute use param_dtype,
         # and gradients are averaged in fp32 so that summing N ranks' bf16 loses nothing.
         mixed = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        # BatchNorm keeps its running statistics in fp32, and batch_norm refuses bf16 weights beside
+        # them ("expected scalar type BFloat16 but found Float"): each gets a group of its own that
+        # stays fp32, innermost, as FSDP's authors advise (torchtitan#674).
+        norms = [m for m in model.modules() if isinstance(m, _BATCH_NORMS)]
+        for norm in norms[::-1]:
+            fully_shard(norm, mesh=mesh, reshard_after_forward=config.reshard_after_forward,
+                        mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32), offload_policy=offload)
+        units = [unit for unit in units if not isinstance(unit, _BATCH_NORMS)]
     else:
         mixed = MixedPrecisionPolicy()
-    # pin_memory needs CUDA; on a CPU rehearsal the shards are in host memory anyway.
-    offload = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda") if config.cpu_offload else OffloadPolicy()
-    for unit in shard_units(model, config.shard_modules):
+    for unit in units:
         fully_shard(unit, mesh=mesh, reshard_after_forward=config.reshard_after_forward, mp_policy=mixed,
                     offload_policy=offload)
     # The root's parameters are the first backward needs: keeping them saves an all-gather (FSDP's
-    # own choice for a root).
-    return fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mixed, offload_policy=offload)
+    # own choice for a root). Its output, the logits, is cast back to fp32 for the loss, as autocast
+    # would compute cross-entropy (and evaluation runs without autocast).
+    root = replace(mixed, output_dtype=torch.float32) if mixed.param_dtype is not None else mixed
+    return fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=root, offload_policy=offload)
 
 
 def is_sharded(model: nn.Module) -> bool:

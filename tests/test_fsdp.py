@@ -8,6 +8,7 @@ import math
 import os
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -154,10 +155,32 @@ def test_the_strategy_options_reach_fully_shard(tmp_path, monkeypatch, overrides
     *blocks, root = [kw for _, kw in calls]
     assert [kw["reshard_after_forward"] for kw in blocks] == [reshard] * len(units)
     assert root["reshard_after_forward"] is False  # the root's parameters: the first backward needs them
+    assert [kw["mp_policy"] for kw in blocks] == [mixed] * len(units)
+    # The root casts the logits back to fp32 for the loss.
+    assert root["mp_policy"] == (replace(mixed, output_dtype=torch.float32) if mixed.param_dtype else mixed)
     for kw in (*blocks, root):
-        assert kw["mp_policy"] == mixed
         assert type(kw["offload_policy"]) is offload
         assert getattr(kw["offload_policy"], "pin_memory", False) is False  # pinned memory needs CUDA
+
+
+def test_batchnorm_stays_fp32_when_fsdp_computes_in_bf16(tmp_path):
+    # batch_norm refuses bf16 weights beside its fp32 running statistics: each BatchNorm is a group
+    # of its own that FSDP does not cast, sharded before the blocks that hold it.
+    cfg = typed_config(*EXACT, "trainer.precision=bf16-mixed")
+    precision = Precision.of(cfg.trainer.precision, torch.device("cpu"))
+    ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=True)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = strategies.get(cfg.strategy).wrap(resnet("resnet18", 3, 10, stem="cifar"), ctx, False, precision.dtype)
+        with precision.autocast():
+            logits = model(torch.randn(4, 3, 8, 8))
+        torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 2, 3])).backward()
+        grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+    finally:
+        dist.destroy_process_group()
+    assert logits.dtype == torch.float32  # the root casts the logits back for the loss
+    assert all(g.dtype == torch.float32 and g.isfinite().all() for g in grads.values())
+    assert grads["bn1.weight"].abs().sum() > 0
 
 
 @pytest.mark.slow
