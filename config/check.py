@@ -206,7 +206,7 @@ def _check_resume(cfg: Config, run_dir: Path | None) -> None:
 
             checkpoint = sharded_state.describe(path)
         else:
-            checkpoint = load_checkpoint(path, torch.device("cpu"))
+            checkpoint = load_checkpoint(path)
         check_resumable(checkpoint, factory(cfg.model)(), path)
         warmed = isinstance(checkpoint["scheduler"], dict) and "last_step" in checkpoint["scheduler"]  # a Warmup's
         if not test_only and warmed != bool(schedule_config(cfg.scheduler).warmup_epochs):

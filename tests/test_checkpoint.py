@@ -8,10 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from distributed.context import DistContext
+from distributed.context import DistContext, make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
-from training.checkpoint import Checkpointer, TrainState, check_resumable, find_resume, load_checkpoint, save_checkpoint
+from training.checkpoint import (
+    Checkpointer, TrainState, check_resumable, find_resume, load_checkpoint, restore_rng, save_checkpoint,
+)
 
 
 def test_save_replaces_atomically_and_leaves_no_temp_file(tmp_path):
@@ -19,7 +21,7 @@ def test_save_replaces_atomically_and_leaves_no_temp_file(tmp_path):
     save_checkpoint({"model": {"w": torch.ones(2)}, "epoch": 1, "config": "a: 1\n"}, path)
     save_checkpoint({"model": {"w": torch.zeros(2)}, "epoch": 2, "config": "a: 1\n"}, path)
     assert [p.name for p in path.parent.iterdir()] == ["last.pt"]
-    loaded = load_checkpoint(path, torch.device("cpu"))
+    loaded = load_checkpoint(path)
     assert loaded["epoch"] == 2 and torch.equal(loaded["model"]["w"], torch.zeros(2))
 
 
@@ -37,7 +39,7 @@ def test_truncated_checkpoint_is_a_one_line_error(tmp_path):
     save_checkpoint({"model": {"w": torch.ones(1000)}}, path)
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(ConfigError, match="not a loadable checkpoint"):
-        load_checkpoint(path, torch.device("cpu"))
+        load_checkpoint(path)
 
 
 def test_a_write_that_fails_midway_leaves_the_previous_file_and_no_temp(tmp_path, monkeypatch):
@@ -87,7 +89,7 @@ def test_a_pickled_object_is_refused_by_weights_only(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"model": _Payload()}, path)
     with pytest.raises(ConfigError, match=r"refused, it holds a pickled Python object \(.*_Payload\)"):
-        load_checkpoint(path, torch.device("cpu"))
+        load_checkpoint(path)
 
 
 def _checkpointer(directory, model):
@@ -147,3 +149,13 @@ def test_resume_auto_finds_last_pt_or_starts_fresh(tmp_path):
     assert find_resume("auto", tmp_path) == tmp_path / "checkpoints" / "last.pt"
     assert find_resume("/elsewhere/best.pt", tmp_path) == Path("/elsewhere/best.pt")
     assert find_resume(None, tmp_path) is None
+
+
+def test_a_gpu_runs_random_streams_resumed_on_the_cpu_restore_the_host_stream_only(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda *args: calls.append(args))
+    torch.manual_seed(3)
+    host = torch.get_rng_state()
+    torch.manual_seed(4)
+    restore_rng([host, torch.zeros(16, dtype=torch.uint8)], make_context(0, 0, 1, 1, "cpu", use_process_group=False))
+    assert torch.equal(torch.get_rng_state(), host) and calls == []

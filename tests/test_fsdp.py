@@ -29,9 +29,8 @@ from models.simple_cnn import SimpleCNN
 from tests.conftest import FORK_RANKS, job_config, last_weights, relative_error, run_train, same_weights, typed_config
 from tests.test_launchers import _finish, _one_run_dir, _torchrun
 from tests.test_resume_preempt import TINY, Run, kill_inside_a_checkpoint_write
-from training.checkpoint import Checkpointer, find_resume
+from training.checkpoint import Checkpointer, find_resume, save_checkpoint
 from training.precision import Precision
-from training.sharded_checkpoint import ShardedCheckpointer
 from training.trainer import Batches, evaluate
 
 FSDP = ["debug=fsdp_cpu"]  # 2 gloo ranks, 3 batches of one epoch, no TensorBoard
@@ -108,13 +107,16 @@ def test_resume_auto_never_picks_up_a_half_written_sharded_checkpoint(tmp_path, 
     assert not any(half.exists() for half in halves)  # the run's first save cleared them away
 
 
-def test_a_whole_file_checkpoint_reaches_sharded_gpu_ranks_through_host_memory(tmp_path):
-    """Read to each GPU, the file would put the whole model and optimizer state on every rank at once."""
+def test_a_whole_file_checkpoint_is_read_to_host_memory_before_it_reaches_the_gpus(tmp_path):
+    """Read to each GPU, the file would be a second model and optimizer on every rank (under FSDP,
+    the whole of both): here, with no CUDA, reading it to the rank's GPU would fail outright."""
     on_gpus = make_context(0, 0, 2, 2, "gpu", use_process_group=False)  # no CUDA needed to name the device
     net = MnistNet(1, 10, 8)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-    assert ShardedCheckpointer(on_gpus, tmp_path, net, optimizer, None, "").file_device == torch.device("cpu")
-    assert Checkpointer(on_gpus, tmp_path, net, optimizer, None, "").file_device == on_gpus.device  # replicas: in place
+    save_checkpoint({"model": net.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": None, "epoch": 1,
+                     "step": 3, "best": 0.5}, tmp_path / "last.pt")
+    state = Checkpointer(on_gpus, tmp_path, net, optimizer, None, "").restore(tmp_path / "last.pt")
+    assert (state.epoch, state.step) == (1, 3)
 
 
 @pytest.mark.parametrize("overrides, gloo_beside_nccl", [

@@ -45,10 +45,15 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
         os.close(directory)
 
 
-def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
-    """weights_only=True: a checkpoint can carry tensors and primitives, never code."""
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """weights_only=True: a checkpoint can carry tensors and primitives, never code.
+
+    Read to host memory: load_state_dict copies each tensor to its parameter's device. Read to a
+    GPU, the file would be a second model and optimizer beside the first (and under FSDP the whole
+    of both on every rank), and Adam's step counts, which optimizer.load_state_dict leaves where
+    they were read (torch/optim/optimizer.py), would stay there: a host sync per parameter per step."""
     try:
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise ConfigError(f"trainer.resume={path}: no such file; give an existing checkpoint path") from None
     except Exception as e:  # torch raises several types for truncated, corrupt or pickled files
@@ -141,11 +146,6 @@ class Checkpointer:
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []  # oldest first
 
-    @property
-    def file_device(self) -> torch.device:
-        """Where a whole-file checkpoint is read to before it loads: this rank's device."""
-        return self.ctx.device
-
     def save(self, state: TrainState, best: bool = False) -> None:
         """last.pt, after best.pt when `best` and better than any best.pt on disk: one snapshot for both.
 
@@ -210,7 +210,7 @@ class Checkpointer:
 
             checkpoint = sharded_state.load(path, self.model, self.optimizer, self.ctx)
         else:
-            checkpoint = load_checkpoint(path, self.file_device)
+            checkpoint = load_checkpoint(path)
             check_resumable(checkpoint, self.model, path)
             self._load_weights(checkpoint)
         if self.scheduler is not None and checkpoint["scheduler"] is not None:
@@ -239,8 +239,9 @@ class Checkpointer:
 
 def restore_rng(rng: list[torch.Tensor], ctx: DistContext) -> None:
     torch.set_rng_state(rng[0].cpu())
-    for device, state in zip(ctx.devices, rng[1:]):
-        torch.cuda.set_rng_state(state.cpu(), device)
+    if ctx.device.type == "cuda":  # a GPU run's checkpoint resumed on the CPU has nowhere to put them
+        for device, state in zip(ctx.devices, rng[1:]):
+            torch.cuda.set_rng_state(state.cpu(), device)
 
 
 def _gather_rng(ctx: DistContext) -> list[list[torch.Tensor]]:

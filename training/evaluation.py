@@ -28,7 +28,7 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
     resume = find_resume(settings.resume, job.run_dir)
     source, ema = job.model.keywords.get("weights"), None
     if resume is not None:
-        checkpoint = load_checkpoint(resume, ctx.device)
+        checkpoint = load_checkpoint(resume)
         net.load_state_dict(checkpoint["model"])
         source = str(resume)
         if checkpoint.get("ema") is not None:

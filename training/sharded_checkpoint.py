@@ -40,14 +40,6 @@ class ShardedCheckpointer(Checkpointer):
         # Gathering best.pt takes every rank, so every rank must agree on whether to save it.
         self._best_on_disk = all_gather_object(self._best_on_disk, ctx)[0]
 
-    @property
-    def file_device(self) -> torch.device:
-        """Every rank reads a whole file (best.pt, a single or ddp last.pt) to host memory: on its GPU
-        it would be the whole model and optimizer state at once, the size FSDP is there to split.
-        Loading with full_state_dict then copies one tensor at a time to the device and keeps this
-        rank's shard (_distribute_state_dict, torch/distributed/checkpoint/state_dict.py)."""
-        return torch.device("cpu")
-
     def save(self, state: TrainState, best: bool = False) -> None:
         """Every rank writes its shards of last.pt; rank 0 commits it. best.pt first, when `best`."""
         if best:
