@@ -29,7 +29,6 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
     get_state_dict,
-    set_model_state_dict,
     set_optimizer_state_dict,
     set_state_dict,
 )
@@ -158,9 +157,26 @@ def load_full(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: d
         "state": {order[i]: value for i, value in optimizer_state["state"].items()},
         "param_groups": [{**group, "params": [order[i] for i in group["params"]]} for group in optimizer_state["param_groups"]],
     }
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, model_state, options=options)
-    set_optimizer_state_dict(model, optimizer, by_name, options=options)
+    _load_full_model(model, model_state)
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+
+
+def _load_full_model(model: nn.Module, full: dict[str, torch.Tensor]) -> None:
+    """set_model_state_dict(full_state_dict=True)'s work (torch/distributed/_state_dict_utils.py,
+    _distribute_state_dict), except that each tensor goes to the device of the tensor it replaces:
+    torch's sends all to one and refuses a model on two ("Multiple devices found"), which is what
+    strategy.cpu_offload makes of a model with buffers: shards in host memory, BatchNorm's
+    statistics on the GPU."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    local = model.state_dict()
+    for key, target in local.items():
+        value = full[key].detach()
+        if isinstance(target, DTensor):  # a parameter's shard: this rank's part of the whole
+            local[key] = distribute_tensor(value, target.device_mesh, target.placements)
+        elif isinstance(target, torch.Tensor):
+            local[key] = value.to(target.device)
+    model.load_state_dict(local)
 
 
 def gathered_model_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
 from data import build_loaders
-from distributed import strategies
+from distributed import sharded_state, strategies
 from distributed.context import make_context
 from distributed.launch import LaunchPlan, plan_launch
 from distributed.fsdp import block_classes, shard_units
@@ -183,6 +183,31 @@ def test_batchnorm_stays_fp32_when_fsdp_computes_in_bf16(tmp_path):
     assert logits.dtype == torch.float32  # the root casts the logits back for the loss
     assert all(g.dtype == torch.float32 and g.isfinite().all() for g in grads.values())
     assert grads["bn1.weight"].abs().sum() > 0
+
+
+def test_a_whole_file_state_loads_into_an_offloaded_model_with_buffers(tmp_path):
+    # The whole-file resume path (best.pt, a single or ddp last.pt): each rank keeps its shards; on
+    # GPUs, cpu_offload's shards are in host memory and BatchNorm's statistics on the device.
+    cfg = typed_config(*EXACT, "strategy.cpu_offload=true")
+    torch.manual_seed(0)
+    saved = resnet("resnet18", 3, 10, stem="cifar")
+    saved.bn1.running_mean.normal_()
+    saved_optimizer = torch.optim.SGD(saved.parameters(), lr=0.1, momentum=0.9)
+    saved(torch.randn(4, 3, 8, 8)).sum().backward()
+    saved_optimizer.step()
+    ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=True)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = strategies.get(cfg.strategy).wrap(resnet("resnet18", 3, 10, stem="cifar"), ctx, False, None)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        sharded_state.load_full(model, optimizer, saved.state_dict(), saved_optimizer.state_dict())
+        loaded = sharded_state.gathered_model_state(model)
+        momentum = optimizer.state[model.fc.weight]["momentum_buffer"].full_tensor()
+    finally:
+        dist.destroy_process_group()
+    assert loaded.keys() == saved.state_dict().keys()
+    assert all(torch.equal(loaded[k], v) for k, v in saved.state_dict().items())
+    assert torch.equal(momentum, saved_optimizer.state[saved.fc.weight]["momentum_buffer"])
 
 
 @pytest.mark.slow

@@ -310,12 +310,23 @@ def test_a_ddp_checkpoint_resumes_under_dp(equivalence, run_dir):
     ddp = equivalence[0] / "ddp" / "checkpoints" / "last.pt"  # epoch 1 stopped at STEPS (max_steps) by 2 ranks
     result = run_train(
         run_dir, *TINY, "strategy=dp", f"trainer.batch_size={B}", "trainer.epochs=2",
-        "trainer.limit_train_batches=3", f"trainer.resume={ddp}",
+        "trainer.limit_train_batches=3", "scheduler=none", f"trainer.resume={ddp}",
     )
     assert result.returncode == 0, result.stderr
     # A mid-epoch checkpoint, past this run's 3 batches an epoch: epoch 1 has none left to train.
     assert f"from epoch 1 batch {STEPS + 1}" in (run_dir / "train.log").read_text()
     assert (_checkpoint(run_dir)["epoch"], _checkpoint(run_dir)["step"]) == (2, STEPS + 3)
+
+
+def test_a_ddp_checkpoint_resumes_under_fsdp(equivalence, run_dir):
+    ddp = equivalence[0] / "ddp" / "checkpoints" / "last.pt"  # a whole file: each fsdp rank keeps its shards of it
+    result = run_train(
+        run_dir, *TINY, "strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", f"trainer.batch_size={B}",
+        "trainer.epochs=2", "trainer.limit_train_batches=3", "scheduler=none", f"trainer.resume={ddp}",
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"from epoch 1 batch {STEPS + 1}" in (run_dir / "train.log").read_text()
+    assert _metrics(run_dir)["steps"] == STEPS + 3 and (run_dir / "checkpoints" / "last.pt" / ".metadata").is_file()
 
 
 def test_an_fsdp_run_resumes_under_single_and_its_best_pt_loads_anywhere(equivalence, run_dir):
@@ -326,7 +337,7 @@ def test_an_fsdp_run_resumes_under_single_and_its_best_pt_loads_anywhere(equival
     assert set(best["optimizer"]["state"]) == set(range(len(best["model"])))  # indexed as optimizer.state_dict() does
     result = run_train(
         run_dir, *TINY, "strategy=single", f"trainer.batch_size={B}", "trainer.epochs=2",
-        "trainer.limit_train_batches=3", f"trainer.resume={fsdp / 'last.pt'}",
+        "trainer.limit_train_batches=3", "scheduler=none", f"trainer.resume={fsdp / 'last.pt'}",
     )
     assert result.returncode == 0, result.stderr
     assert (_checkpoint(run_dir)["epoch"], _checkpoint(run_dir)["step"]) == (2, STEPS + 3)
