@@ -55,12 +55,16 @@ def make_context(
 
 
 def cpus_per_rank(local_world_size: int, env: Mapping[str, str] = os.environ) -> int:
-    """The CPUs one rank may use: under srun each rank is a task of its own, with
-    --cpus-per-task of them (srun may bind it to those or not); otherwise the ranks on this node
-    share what the launching process may run on."""
-    cpus = int(env.get("SLURM_CPUS_PER_TASK") or len(os.sched_getaffinity(0)))
-    sharing = 1 if int(env.get("SLURM_NTASKS", "1")) > 1 else local_world_size
-    return max(1, cpus // sharing)
+    """The CPUs one rank may use. Under srun each rank is a task of its own: --cpus-per-task of
+    them, or without it its share of the job's CPUs on this node (srun binds a task to its own
+    CPUs or lets it see them all; taking them all, the node's ranks would fight over each core).
+    Otherwise the ranks on this node share what the launching process may run on."""
+    mine = len(os.sched_getaffinity(0))
+    if int(env.get("SLURM_NTASKS", "1")) > 1:
+        if env.get("SLURM_CPUS_PER_TASK"):
+            return max(1, int(env["SLURM_CPUS_PER_TASK"]))
+        return max(1, min(mine, int(env.get("SLURM_CPUS_ON_NODE") or mine) // local_world_size))
+    return max(1, int(env.get("SLURM_CPUS_PER_TASK") or mine) // local_world_size)
 
 
 def init(ctx: DistContext, timeout_s: float) -> None:

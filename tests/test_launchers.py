@@ -297,10 +297,14 @@ def _assert_rank_zero_wrote(run_dir: Path, world_size: int) -> None:
 @pytest.mark.parametrize("env, threads", [
     ({}, max(1, len(os.sched_getaffinity(0)) // 2)),  # spawned ranks share the launching process's CPUs
     ({"SLURM_NTASKS": "2", "SLURM_CPUS_PER_TASK": "2"}, 2),  # srun: each rank a task of its own CPUs
+    # srun without --cpus-per-task, its tasks not bound to CPUs: each takes its share of the node's
+    ({"SLURM_NTASKS": "2", "SLURM_CPUS_ON_NODE": str(len(os.sched_getaffinity(0)))},
+     max(1, len(os.sched_getaffinity(0)) // 2)),
+    ({"SLURM_NTASKS": "2", "SLURM_CPUS_ON_NODE": "64"}, len(os.sched_getaffinity(0))),  # bound: its own CPUs
 ])
 def test_a_cpu_rank_takes_its_own_cpus_as_threads(monkeypatch, env, threads):
     monkeypatch.delenv("OMP_NUM_THREADS")  # the suite's own; a user's would win
-    for var in ("SLURM_NTASKS", "SLURM_CPUS_PER_TASK"):
+    for var in ("SLURM_NTASKS", "SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
         monkeypatch.delenv(var, raising=False)
     for var, value in env.items():
         monkeypatch.setenv(var, value)
