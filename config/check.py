@@ -112,9 +112,9 @@ def _check_schedule(resume: str | None, trained: Mapping[str, Any] | None, sched
     """The schedule a resume asks for is the one it trained with: loading the scheduler's state puts
     back the saved T_max, step_size, ..., so a run resumed with `trainer.epochs` raised would train
     its extra epochs on a cosine already at lr 0."""
-    if trained is None:  # a checkpoint that does not say
+    if trained is None or not isinstance(trained.get("scheduler"), dict):  # a checkpoint that does not say
         return
-    before = target_arguments(trained.get("scheduler") or {}, ScheduleConfig)
+    before = target_arguments(trained["scheduler"], ScheduleConfig)
     keys = sorted({*before, *scheduler}, key=lambda k: (k != "_target_", k))  # the kind of schedule first
     key = next((k for k in keys if before.get(k) != scheduler.get(k)), None)
     if key is None:
