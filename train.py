@@ -52,6 +52,9 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    # torch.distributed.launch (seed 001's command) hands each rank --local-rank=N, which Hydra would
+    # refuse as an override: the rank reads LOCAL_RANK from its environment, as under torchrun.
+    sys.argv = [arg for arg in sys.argv if not arg.startswith(("--local-rank=", "--local_rank="))]
     try:
         main()
     finally:

@@ -349,6 +349,16 @@ def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(tmp_path, spawn_
     assert same_weights(run_dir, spawn_reference)
 
 
+def test_torch_distributed_launch_runs_train_py_as_seed_001_does(tmp_path):
+    # The deprecated launcher passes each rank --local-rank=N on top of torchrun's environment.
+    cmd = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=1", str(ROOT / "train.py"), *TINY]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = _one_run_dir(tmp_path)
+    assert run_dir.name.startswith("torchrun-")  # one node, no endpoint: torch names the run with a uuid
+    _assert_rank_zero_wrote(run_dir, 1)
+
+
 @pytest.mark.slow
 def test_two_torchrun_agents_rendezvous_as_two_nodes(tmp_path, spawn_reference):
     rendezvous = ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
