@@ -16,7 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from config import setup
-from config.check import check, run_config, swept_overrides, typed
+from config.check import check, restore_run_record, run_config, swept_overrides, typed
 from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
 from training.preemption import parse_signals, requeue_or_explain, resume_command
@@ -36,6 +36,7 @@ def main(cfg: DictConfig) -> float | None:
         plan = check(settings, run_dir, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
         launch(plan, run, run_config(cfg, settings, run_dir, hydra_cfg.runtime.choices, swept))
     except ConfigError as e:
+        restore_run_record()
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except (RankFailed, NonFiniteLoss) as e:

@@ -326,7 +326,9 @@ def _hparams(cfg: DictConfig, settings: Config, labels: dict[str, str], lr: floa
 
 
 class OutputDirCheck(Callback):
-    """Hydra makes the run dir before main() runs; one it cannot make would end in a traceback."""
+    """Hydra makes the run dir before main() runs; one it cannot make would end in a traceback.
+    It also writes the run's record (.hydra/) before main() can refuse the run: what a run dir
+    held is kept, for restore_run_record to put back."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
@@ -338,9 +340,23 @@ class OutputDirCheck(Callback):
             print(f"error: {cause}", file=sys.stderr)
             sys.exit(2)
         _exit_unless_writable("hydra.run.dir", directory)
+        subdir = config.hydra.output_subdir  # None on the ranks that write no record
+        record = Path(directory, subdir) if subdir is not None else None
+        if record is not None and record.is_dir():
+            _kept_record.update((path, path.read_bytes()) for path in record.iterdir() if path.is_file())
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _exit_unless_writable("hydra.sweep.dir", config.hydra.sweep.dir)
+
+
+_kept_record: dict[Path, bytes] = {}  # the run dir's .hydra/ files as an earlier run left them
+
+
+def restore_run_record() -> None:
+    """A refused run leaves the record of the run its dir already held as it was: bench.report
+    reads a run's overrides from it."""
+    for path, data in _kept_record.items():
+        path.write_bytes(data)
 
 
 def _config_error_within(error: BaseException) -> ConfigError | None:

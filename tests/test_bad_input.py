@@ -1,5 +1,5 @@
 """Every bad input to `python train.py`: a short message naming the key, a non-zero exit, no traceback,
-and a run directory's existing checkpoints left byte for byte as they were."""
+and a run directory's existing checkpoints and record (.hydra/) left byte for byte as they were."""
 from __future__ import annotations
 
 import os
@@ -35,6 +35,9 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad")
     save_checkpoint(_checkpoint(MnistNet(1, 10, 8)), root / "run" / "checkpoints" / "last.pt")
     save_checkpoint(_checkpoint(MnistNet(1, 10, 8)), root / "run" / "checkpoints" / "best.pt")
+    (root / "run" / ".hydra").mkdir()
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):  # the record of the run that saved them
+        (root / "run" / ".hydra" / name).write_text(f"# {name} of an earlier run\n")
     good = (root / "run" / "checkpoints" / "last.pt").read_bytes()
     (root / "truncated.pt").write_bytes(good[: len(good) // 2])
     (root / "corrupt.pt").write_bytes(b"not a checkpoint" * 100)
@@ -151,7 +154,7 @@ def taken_port():
 def test_train_py_stops_with_one_short_error_and_touches_nothing(files, case):
     overrides, code, words = EXIT_PATHS[case]
     run_dir = files / "run"
-    before = _snapshot(run_dir / "checkpoints")
+    before = _snapshot(run_dir / "checkpoints"), _snapshot(run_dir / ".hydra")
     fill = lambda text: text.format(root=files)  # noqa: E731
     result = run_train(run_dir, *map(fill, overrides), timeout=120)
     assert result.returncode == code, result.stderr
@@ -161,7 +164,7 @@ def test_train_py_stops_with_one_short_error_and_touches_nothing(files, case):
         assert word in stderr, stderr
     if code == OURS:
         assert len(stderr.splitlines()) == 1 and stderr.startswith("error: "), stderr
-    assert _snapshot(run_dir / "checkpoints") == before
+    assert (_snapshot(run_dir / "checkpoints"), _snapshot(run_dir / ".hydra")) == before
     assert not (files / "touched").exists()
 
 
@@ -179,7 +182,7 @@ def test_a_bad_override_fails_at_composition_naming_it(case):
 def test_a_config_that_cannot_run_is_one_line_naming_the_key_and_touches_nothing(files, taken_port, case):
     overrides, words = CHECKS[case]
     run_dir = files / "run"
-    before = _snapshot(run_dir / "checkpoints")
+    before = _snapshot(run_dir / "checkpoints"), _snapshot(run_dir / ".hydra")
     fill = lambda text: text.format(root=files, port=taken_port)  # noqa: E731
     with pytest.raises(ConfigError) as error:
         check(typed_config(*map(fill, overrides)), run_dir)
@@ -187,7 +190,7 @@ def test_a_config_that_cannot_run_is_one_line_naming_the_key_and_touches_nothing
     assert "\n" not in message, message
     for word in map(fill, words):
         assert word in message, message
-    assert _snapshot(run_dir / "checkpoints") == before
+    assert (_snapshot(run_dir / "checkpoints"), _snapshot(run_dir / ".hydra")) == before
     assert not (files / "touched").exists()
 
 
