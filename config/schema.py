@@ -84,8 +84,8 @@ class TrainerConfig:
     limit_train_batches: Optional[int] = None  # dry runs: batches per epoch
     limit_val_batches: Optional[int] = None
     overfit_batches: Optional[int] = None  # train (unshuffled) and validate on these first batches only
-    log_every_n_steps: int = 50
-    progress_bar: bool = True  # rank 0's, where stderr is a terminal (a SLURM log or a pipe gets none)
+    log_every_n_steps: int = 50  # train loss, acc and lr to TensorBoard, and to the log where no bar is drawn
+    progress_bar: bool = True  # rank 0's, where stderr is a terminal (a SLURM log or a pipe gets lines instead)
     precision: str = "32"  # 32 | bf16-mixed | 16-mixed (fp16 autocast with a GradScaler; CUDA only)
     accumulate_grad_batches: int = 1  # micro-batches of batch_size per optimizer step; max_steps counts steps
     grad_clip: Optional[float] = None  # max gradient norm (all parameters together); None: no clipping

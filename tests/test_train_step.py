@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import sys
 
 import pytest
@@ -121,16 +122,20 @@ def test_accumulation_all_reduces_once_per_optimizer_step(process_group, tmp_pat
 
 
 @pytest.mark.parametrize("terminal", [True, False])
-def test_the_progress_bar_draws_on_a_terminal_only(tmp_path, monkeypatch, terminal):
-    """A SLURM log or a pipe would fill with the bar's redraws."""
+def test_the_progress_bar_draws_on_a_terminal_only_and_lines_are_logged_elsewhere(tmp_path, monkeypatch, caplog, terminal):
+    """A SLURM log or a pipe would fill with the bar's redraws: it gets a line per report instead."""
     stderr = io.StringIO()
     stderr.isatty = lambda: terminal
     monkeypatch.setattr(sys, "stderr", stderr)
-    data = TensorDataset(*_batch(8))
+    data = TensorDataset(*_batch(12))
     sampler = DistributedSampler(data, num_replicas=1, rank=0)
     loaders = Loaders(DataLoader(data, batch_size=4, sampler=sampler), DataLoader(data), sampler)
-    _trainer(TinyNet(), tmp_path, loaders=loaders, progress_bar=True).train_epoch()
+    with caplog.at_level(logging.INFO, logger="train"):
+        _trainer(TinyNet(), tmp_path, loaders=loaders, progress_bar=True, log_every_n_steps=2).train_epoch()
     assert ("epoch 1:" in stderr.getvalue()) == terminal, stderr.getvalue()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert [line.split("  loss")[0] for line in lines] == ([] if terminal else ["step 2  epoch 1 batch 2/3"])
+    assert terminal or re.fullmatch(r"step 2  epoch 1 batch 2/3  loss \d+\.\d{4} acc \d\.\d{4}  lr 0\.1", lines[0])
 
 
 def test_fp16_on_cpu_and_multi_device_dp_on_cpu_are_config_errors():

@@ -228,8 +228,13 @@ class Trainer:
                 self._announced = True
                 log.info("first optimizer step done")  # bench.startup stops its clock here
             if state.step % log_every == 0:
-                self._report_window(total, bar)
+                window = self._report_window(total, bar)
                 steps_in_window = 0
+                if bar.disable and ctx.is_main:  # no bar (trainer.progress_bar=false, or no terminal): a line
+                    log.info(
+                        "step %d  epoch %d batch %d/%d  loss %.4f acc %.4f  lr %.4g", state.step, state.epoch + 1,
+                        i + 1, num_batches, window.loss, window.acc, self.optimizer.param_groups[0]["lr"],
+                    )
             if self._done():
                 break
             stop = self.preemption is not None and self.preemption.should_stop(state.step)
@@ -321,7 +326,8 @@ class Trainer:
         if worst:
             raise NonFiniteLoss(_NO_BAD_STEP - worst)
 
-    def _report_window(self, total: Accumulator, bar: tqdm) -> None:
+    def _report_window(self, total: Accumulator, bar: tqdm) -> Averages:
+        """The steps since the last report, over all ranks: to TensorBoard and the bar."""
         self._raise_if_nonfinite()
         window = self.window.drain(self.ctx.device).all_reduce(self.ctx)
         total.add(window)
@@ -329,6 +335,7 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         self.reporter.scalars(self.state.step, {"train/loss": averages.loss, "train/acc": averages.acc, "lr": lr})
         bar.set_postfix(loss=f"{averages.loss:.4f}", acc=f"{averages.acc:.3f}", refresh=False)
+        return averages
 
     def _done(self) -> bool:
         return self.settings.max_steps is not None and self.state.step >= self.settings.max_steps
