@@ -51,7 +51,10 @@ class Strategy:
 
     def wrap(self, model: nn.Module, ctx: DistContext, compile: bool, precision_dtype: torch.dtype | None) -> nn.Module:
         """`model` is on ctx.device. compile comes after module swaps and before DDP wraps, as
-        nanoGPT and timm do."""
+        nanoGPT and timm do: DDP runs the compiled module inside its forward, where dynamo's
+        DDPOptimizer splits the graph at DDP's bucket boundaries so that each bucket's all-reduce
+        overlaps the rest of the backward (GPU-relevant; torch/_dynamo/convert_frame.py,
+        DistributedDataParallel._get_active_ddp_module)."""
         return torch.compile(model) if compile else model
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:

@@ -180,6 +180,17 @@ def test_a_checkpoint_saved_under_any_strategy_loads_under_any_other(process_gro
                 assert torch.equal(value, saved[key]), (saved_by, loaded_by, name)
 
 
+def test_an_fp16_overflow_is_the_scalers_to_skip_not_a_nonfinite_skip(tmp_path, caplog):
+    # The GradScaler overflows as it calibrates its scale in the first steps: nothing diverged.
+    trainer = _trainer(TinyNet(), tmp_path, scaler=torch.amp.GradScaler("cpu", init_scale=1024.0), nonfinite="skip")
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.scaler.scale(trainer.model(_batch()[0]).sum() * float("inf")).backward()
+    with caplog.at_level(logging.WARNING, logger="train"):
+        trainer.optimizer_step()
+    assert all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))  # skipped all the same
+    assert trainer.scaler.get_scale() == 512.0 and trainer.skipped_steps == 0 and not caplog.records
+
+
 def test_the_grad_scaler_state_is_checkpointed(tmp_path):
     trainer = _trainer(TinyNet(), tmp_path, scaler=torch.amp.GradScaler("cpu", init_scale=1024.0))
     x, _ = _batch()

@@ -280,7 +280,10 @@ class Trainer:
     def optimizer_step(self) -> None:
         """Clip the true (unscaled) gradients, step (skipped by the scaler on fp16 overflow, and
         with trainer.nonfinite=skip on NaN/inf gradients), clear."""
-        if self.grad_clip is not None or self.skip_nonfinite:
+        # Under fp16 the GradScaler skips a step whose gradients overflow and lowers its scale, as
+        # it calibrates in the first steps and after each raise: no skip of ours to count or warn of.
+        skip_check = self.skip_nonfinite and not self.scaled
+        if self.grad_clip is not None or skip_check:
             if self.scaled:
                 self.scaler.unscale_(self.optimizer)
             parameters = [p for p in self.model.parameters() if p.grad is not None]
@@ -289,11 +292,9 @@ class Trainer:
             else:
                 norm = nn.utils.get_total_norm([p.grad for p in parameters])
             # After DDP's all-reduce every rank holds the same gradients, so every rank agrees.
-            if self.skip_nonfinite and not torch.isfinite(norm).item():
+            if skip_check and not torch.isfinite(norm).item():
                 self.skipped_steps += 1
                 log.warning("step %d: non-finite gradients, update skipped (trainer.nonfinite=skip)", self.state.step + 1)
-                if self.scaled:
-                    self.scaler.update()
                 self.optimizer.zero_grad(set_to_none=self.set_to_none)
                 return
         if self.scaled:
