@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from config.check import check
-from config.schema import LoggerConfig, StrategyConfig, StrategyName, TrainerConfig
+from config.schema import LoggerConfig, NonFinite, StrategyConfig, StrategyName, TrainerConfig
 from data import Loaders
 from distributed import strategies
 from distributed.context import DistContext, make_context
@@ -182,7 +182,8 @@ def test_a_checkpoint_saved_under_any_strategy_loads_under_any_other(process_gro
 
 def test_an_fp16_overflow_is_the_scalers_to_skip_not_a_nonfinite_skip(tmp_path, caplog):
     # The GradScaler overflows as it calibrates its scale in the first steps: nothing diverged.
-    trainer = _trainer(TinyNet(), tmp_path, scaler=torch.amp.GradScaler("cpu", init_scale=1024.0), nonfinite="skip")
+    trainer = _trainer(TinyNet(), tmp_path, scaler=torch.amp.GradScaler("cpu", init_scale=1024.0),
+                       nonfinite=NonFinite.skip)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.scaler.scale(trainer.model(_batch()[0]).sum() * float("inf")).backward()
     with caplog.at_level(logging.WARNING, logger="train"):
