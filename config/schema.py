@@ -92,6 +92,9 @@ class TrainerConfig:
     channels_last: bool = False  # NHWC memory format for model and images (faster convs on tensor cores)
     compile: bool = False  # torch.compile the model before DDP wraps it
     cudnn_benchmark: bool = True  # let cuDNN time its conv algorithms once per input shape (CUDA only)
+    # Bitwise-repeatable GPU runs (the ImageNet example's --seed): deterministic kernels only (an op
+    # without one raises), cuDNN benchmark off; slower. CPU runs here are deterministic already.
+    deterministic: bool = False
     nonfinite: NonFinite = NonFinite.stop  # a NaN/inf loss: stop the run, or skip the step
     resume: Optional[str] = None  # a last.pt/best.pt path, or auto: this run dir's last.pt if there is one
     checkpoint_every_n_steps: Optional[int] = None  # also save last.pt every N steps (mid-epoch)

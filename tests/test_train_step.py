@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 import sys
 
@@ -26,6 +27,7 @@ from training.checkpoint import Checkpointer, TrainState
 from training.metrics import Averages
 from training.precision import Precision
 from training.reporting import Reporter
+from training.run import configure_kernels
 from training.trainer import Trainer
 from tests.conftest import typed_config
 
@@ -178,6 +180,20 @@ def test_a_checkpoint_saved_under_any_strategy_loads_under_any_other(process_gro
             for name, value in target.state_dict().items():
                 key = name.replace("module.", "").replace("_orig_mod.", "")
                 assert torch.equal(value, saved[key]), (saved_by, loaded_by, name)
+
+
+def test_deterministic_turns_on_deterministic_kernels_and_off_cudnn_benchmark(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    gpu, cudnn = make_context(0, 0, 1, 1, "gpu", use_process_group=False), torch.backends.cudnn
+    try:
+        configure_kernels(TrainerConfig(deterministic=True), gpu)
+        assert torch.are_deterministic_algorithms_enabled() and cudnn.deterministic and not cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        configure_kernels(TrainerConfig(), gpu)  # the next job of a sweep, in the same process
+        assert not torch.are_deterministic_algorithms_enabled() and not cudnn.deterministic and cudnn.benchmark
+    finally:
+        configure_kernels(TrainerConfig(), make_context(0, 0, 1, 1, "cpu", use_process_group=False))
+        cudnn.benchmark = False
 
 
 def test_an_fp16_overflow_is_the_scalers_to_skip_not_a_nonfinite_skip(tmp_path, caplog):

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import replace
 
 import torch
 from torch import nn
 
-from config.schema import RunConfig
+from config.schema import RunConfig, TrainerConfig
 from data import build_loaders
 from distributed import context, strategies
 from distributed.context import DistContext
@@ -34,6 +35,7 @@ def run(ctx: DistContext, job: RunConfig) -> None:
     """The worker every launcher starts once per device."""
     configure_logging(ctx, job.run_dir)
     context.init(ctx, job.launcher.timeout_s)
+    configure_kernels(job.trainer, ctx)
     finished = False
     try:
         (test if job.trainer.test_only else train)(ctx, job)
@@ -45,12 +47,24 @@ def run(ctx: DistContext, job: RunConfig) -> None:
         context.shutdown(ctx, clean=finished)
 
 
+def configure_kernels(settings: TrainerConfig, ctx: DistContext) -> None:
+    """trainer.cudnn_benchmark and trainer.deterministic, before the first kernel runs."""
+    if settings.deterministic:
+        # cuBLAS needs a fixed workspace to repeat itself, read when its handle is made (GPU-only;
+        # torch's Reproducibility notes).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # GPU kernels that use atomics, or pick their algorithm by timing, differ from run to run. Set
+    # either way: the jobs of a sweep can share a process.
+    torch.use_deterministic_algorithms(settings.deterministic)
+    torch.backends.cudnn.deterministic = settings.deterministic
+    if ctx.device.type == "cuda":
+        torch.backends.cudnn.benchmark = settings.cudnn_benchmark and not settings.deterministic
+
+
 def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     """Build everything `job` names, train, report; return the trained (unwrapped) model."""
     start = time.perf_counter()
     settings = job.trainer
-    if ctx.device.type == "cuda":
-        torch.backends.cudnn.benchmark = settings.cudnn_benchmark
     reset_peak_memory(ctx)
     signals = parse_signals(settings.preempt_signals, "trainer.preempt_signals")
     # From here on a preemption signal is noted, not fatal: the loop stops at an agreed step.
