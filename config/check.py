@@ -50,6 +50,11 @@ def check(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> L
             f"trainer.batch_size={trainer.batch_size} is the global batch and must split evenly over "
             f"{plan.world_size} processes; use a multiple of {plan.world_size}"
         )
+    if trainer.val_batch_size is not None and trainer.val_batch_size < plan.world_size:
+        raise ConfigError(
+            f"trainer.val_batch_size={trainer.val_batch_size} is the global validation batch, at least one sample for "
+            f"each of {plan.world_size} process(es); use {plan.world_size} or more, or null for trainer.batch_size"
+        )
     if trainer.precision not in PRECISIONS:
         raise ConfigError(f"trainer.precision={trainer.precision}: choose 32, bf16-mixed or 16-mixed")
     if trainer.precision == "16-mixed" and plan.accelerator == Accelerator.cpu.value:
@@ -355,8 +360,8 @@ _kept_record: dict[Path, bytes] = {}  # the run dir's .hydra/ files as an earlie
 def restore_run_record() -> None:
     """A refused run leaves the record of the run its dir already held as it was: bench.report
     reads a run's overrides from it."""
-    for path, data in _kept_record.items():
-        path.write_bytes(data)
+    for path, contents in _kept_record.items():
+        path.write_bytes(contents)
 
 
 def _config_error_within(error: BaseException) -> ConfigError | None:

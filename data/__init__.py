@@ -112,19 +112,20 @@ def batched(module: ModuleType, dataset: DatasetConfig) -> bool:
 
 def build_loaders(
     dataset: DatasetConfig, data: DataConfig, ctx: DistContext, global_batch: int, seed: int,
-    shuffle: bool = True, drop_last: bool = False,
+    shuffle: bool = True, drop_last: bool = False, global_val_batch: int | None = None,
 ) -> Loaders:
-    """Each rank gets `global_batch / world_size` per step; validation covers every sample once.
-    `shuffle=False` (trainer.overfit_batches): every epoch draws the same batches; `drop_last`:
-    every training batch has the same shape."""
+    """Each rank gets `global_batch / world_size` per step; validation covers every sample once,
+    `global_val_batch` (default `global_batch`) at a time. `shuffle=False` (trainer.overfit_batches):
+    every epoch draws the same batches; `drop_last`: every training batch has the same shape."""
     from data.download import prepare
 
     module = dataset_module(dataset.name)
     prepare(module, dataset, ctx)
     batch = global_batch // ctx.world_size
+    val_batch = (global_val_batch or global_batch) // ctx.world_size
     if batched(module, dataset):  # data.check sent data.loader=device nowhere else
         held_on = ctx.device if data.loader == Loader.device else torch.device("cpu")
-        return _tensor_loaders(module, dataset, data, ctx, batch, seed, shuffle, drop_last, held_on)
+        return _tensor_loaders(module, dataset, data, ctx, (batch, val_batch), seed, shuffle, drop_last, held_on)
     train_set, val_set = module.load(dataset)
     workers = num_workers(data, ctx)
     pin = ctx.device.type == "cuda" if data.pin_memory is None else data.pin_memory
@@ -141,13 +142,13 @@ def build_loaders(
     )
     # A strided shard without padding: every validation sample is counted exactly once globally.
     val_shard = Subset(val_set, range(ctx.rank, len(val_set), ctx.world_size))
-    val = OneLineErrorsLoader(val_shard, batch_size=batch, shuffle=False, **options)
+    val = OneLineErrorsLoader(val_shard, batch_size=val_batch, shuffle=False, **options)
     return Loaders(train, val, sampler)
 
 
 def _tensor_loaders(
-    module: ModuleType, dataset: DatasetConfig, data: DataConfig, ctx: DistContext, batch: int, seed: int,
-    shuffle: bool, drop_last: bool, held_on: torch.device,
+    module: ModuleType, dataset: DatasetConfig, data: DataConfig, ctx: DistContext, batches: tuple[int, int],
+    seed: int, shuffle: bool, drop_last: bool, held_on: torch.device,
 ) -> Loaders:
     from data.tensor_loader import TensorLoader
     from data.transforms import BatchTransform
@@ -155,8 +156,9 @@ def _tensor_loaders(
     train_set, val_set = module.arrays(dataset)
     transform = BatchTransform(dataset, train_set.scale, held_on)
     sampler = train_sampler(train_set, ctx.world_size, ctx.rank, data.repeated_augmentations, shuffle, seed)
+    batch, val_batch = batches
     train = TensorLoader(train_set, transform, batch, held_on, sampler, seed, ctx.rank, drop_last)
-    val = TensorLoader(val_set, transform, batch, held_on, range(ctx.rank, len(val_set), ctx.world_size))
+    val = TensorLoader(val_set, transform, val_batch, held_on, range(ctx.rank, len(val_set), ctx.world_size))
     return Loaders(train, val, sampler)
 
 

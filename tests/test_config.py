@@ -104,3 +104,9 @@ def test_train_py_rejects_an_unknown_key_before_training(run_dir):
     result = run_train(run_dir, "trainer.epoch=3")
     assert result.returncode != 0
     assert "epoch" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_validation_batch_smaller_than_the_world_is_one_line():
+    with pytest.raises(ConfigError, match=r"^trainer.val_batch_size=1 is the global validation batch, .* use 2 or more"):
+        check(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.val_batch_size=1"))
+    check(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.val_batch_size=2"))

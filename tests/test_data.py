@@ -10,6 +10,7 @@ from data import build_loaders
 from distributed.context import make_context
 from errors import ConfigError
 from tests.conftest import typed_config
+from tests.dataset_files import write_image_folder
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -88,3 +89,15 @@ def test_negative_num_workers_is_refused_before_launch(defaults):
     with pytest.raises(ConfigError, match=r"^data.num_workers=-1: use 0 .*or null"):
         check(defaults.dataset, replace(defaults.data, num_workers=-1))
     check(defaults.dataset, replace(defaults.data, num_workers=0))
+
+
+@pytest.mark.parametrize("source", ["digits", "imagefolder"])  # a batched loader, and a DataLoader of files
+def test_validation_takes_its_own_global_batch(tmp_path, source):
+    options = [] if source == "digits" else [
+        "dataset=imagefolder", f"dataset.root={write_image_folder(tmp_path, classes=2, per_class=5)}",
+        "dataset.num_classes=2", "data.num_workers=0"]
+    cfg = typed_config(*options)
+    ctx = make_context(1, 1, 2, 2, "cpu", use_process_group=False)
+    loaders = build_loaders(cfg.dataset, cfg.data, ctx, global_batch=4, seed=0, global_val_batch=8)
+    assert [len(y) for _, y in loaders.train][0] == 2
+    assert [len(y) for _, y in loaders.val][0] == 4  # 8 over 2 ranks

@@ -23,7 +23,8 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
     """One line with acc@1, acc@5 and loss (and the EMA's, when the checkpoint holds one)."""
     start = time.perf_counter()
     settings = job.trainer
-    loaders = build_loaders(job.dataset, job.data, ctx, settings.batch_size, settings.seed)
+    loaders = build_loaders(job.dataset, job.data, ctx, settings.batch_size, settings.seed,
+                            global_val_batch=settings.val_batch_size)
     net = job.model().to(ctx.device)  # model.weights, if given, are loaded here
     resume = find_resume(settings.resume, job.run_dir)
     source, ema = job.model.keywords.get("weights"), None

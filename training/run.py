@@ -74,6 +74,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         job.dataset, job.data, ctx, settings.batch_size, settings.seed,
         shuffle=settings.overfit_batches is None,
         drop_last=settings.compile,  # a partial last batch would make torch.compile compile again
+        global_val_batch=settings.val_batch_size,
     )
     if settings.overfit_batches:  # validate on the very batches it trains on: they must be learnt
         loaders = replace(loaders, val=loaders.train)
