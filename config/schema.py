@@ -42,6 +42,11 @@ class StartMethod(Enum):  # how train.py starts the ranks it launches itself (to
     fork = "fork"  # CPU only: each rank a copy of this process, nothing imported again (CUDA cannot be forked)
 
 
+class Backend(Enum):  # torch.distributed's (the ImageNet example's --dist-backend)
+    nccl = "nccl"  # GPUs only
+    gloo = "gloo"  # CPU, or GPUs where NCCL will not run (its all-reduce copies through host memory)
+
+
 class Loader(Enum):
     dataloader = "dataloader"  # workers, per-sample transforms
     device = "device"  # the split held on the device, augmented a batch at a time
@@ -142,6 +147,7 @@ class LauncherConfig:
     # 8 ranks scanning an ImageNet folder or a checkpoint fsync on a network disk take minutes.
     timeout_s: float = 600.0
     start_method: StartMethod = StartMethod.spawn
+    backend: Optional[Backend] = None  # None: nccl on GPUs, gloo on CPU
 
 
 @dataclass

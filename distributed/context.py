@@ -37,7 +37,7 @@ class DistContext:
 
 def make_context(
     rank: int, local_rank: int, world_size: int, local_world_size: int, accelerator: str, use_process_group: bool,
-    devices_per_process: int = 1, host_collectives: bool = False,
+    devices_per_process: int = 1, host_collectives: bool = False, backend: str | None = None,
 ) -> DistContext:
     """One process per device: CUDA rank r drives GPU `local_rank`; CPU ranks share the host.
 
@@ -49,8 +49,9 @@ def make_context(
         return DistContext(rank, local_rank, world_size, local_world_size, device, "gloo" if use_process_group else None)
     device = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
     devices = tuple(torch.device("cuda", i) for i in range(devices_per_process)) if devices_per_process > 1 else ()
-    # NCCL takes CUDA tensors only; torch's "device:backend" list adds gloo for host tensors.
-    backend = "cuda:nccl,cpu:gloo" if host_collectives else "nccl"
+    if backend != "gloo":  # gloo takes CUDA and host tensors alike
+        # NCCL takes CUDA tensors only; torch's "device:backend" list adds gloo for host tensors.
+        backend = "cuda:nccl,cpu:gloo" if host_collectives else "nccl"
     return DistContext(rank, local_rank, world_size, local_world_size, device, backend if use_process_group else None, devices)
 
 

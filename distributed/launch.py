@@ -16,7 +16,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from config.schema import Accelerator, LauncherConfig, StartMethod, TrainerConfig
+from config.schema import Accelerator, Backend, LauncherConfig, StartMethod, TrainerConfig
 from distributed import environment
 from distributed.context import DistContext, make_context
 from distributed.environment import EnvRank
@@ -46,6 +46,7 @@ class LaunchPlan:
     # its later spawned jobs use. CPU jobs and single runs stay in-process: no context, faster start.
     own_process: bool = False
     host_collectives: bool = False  # a GPU job's process group also takes host tensors (Strategy.host_collectives)
+    backend: str | None = None  # launcher.backend; None: the accelerator's own
 
     @property
     def world_size(self) -> int:
@@ -60,7 +61,7 @@ class LaunchPlan:
     def context(self, rank: int, local_rank: int) -> DistContext:
         return make_context(
             rank, local_rank, self.world_size, self.processes_per_node, self.accelerator, self.process_group,
-            self.devices_per_process, self.host_collectives,
+            self.devices_per_process, self.host_collectives, self.backend,
         )
 
 
@@ -106,6 +107,8 @@ def plan_launch(
             "launcher.start_method=fork cannot start GPU ranks: CUDA does not work in a forked process; "
             "use launcher.start_method=forkserver (or spawn)"
         )
+    if launcher.backend == Backend.nccl and accelerator == Accelerator.cpu:
+        raise ConfigError("launcher.backend=nccl takes GPUs only; on CPU use launcher.backend=gloo, or null")
     if strategy.process_group and env_rank is None and launcher.master_port is not None:
         _check_port_free(launcher.master_addr or "127.0.0.1", int(launcher.master_port))
     return LaunchPlan(
@@ -121,6 +124,7 @@ def plan_launch(
         env_rank=env_rank,
         own_process=multirun and accelerator == Accelerator.gpu and env_rank is None,
         start_method=launcher.start_method.value,
+        backend=launcher.backend.value if launcher.backend else None,
     )
 
 

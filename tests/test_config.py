@@ -110,3 +110,17 @@ def test_a_validation_batch_smaller_than_the_world_is_one_line():
     with pytest.raises(ConfigError, match=r"^trainer.val_batch_size=1 is the global validation batch, .* use 2 or more"):
         check(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.val_batch_size=1"))
     check(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.val_batch_size=2"))
+
+
+def test_launcher_backend_picks_the_process_groups_backend(monkeypatch):
+    # The ImageNet example's --dist-backend: gloo on GPUs where NCCL will not run.
+    with pytest.raises(ConfigError, match="^launcher.backend=nccl takes GPUs only; on CPU use launcher.backend=gloo"):
+        check(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.backend=nccl"))
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    backends = {}
+    for backend in ("null", "nccl", "gloo"):
+        plan = check(typed_config("strategy=ddp", "trainer.gpus=2", f"launcher.backend={backend}"))
+        backends[backend] = plan.context(1, 1).backend
+    assert backends == {"null": "nccl", "nccl": "nccl", "gloo": "gloo"}
+    cpu = check(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.backend=gloo"))
+    assert cpu.context(1, 1).backend == "gloo"
