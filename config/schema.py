@@ -92,7 +92,9 @@ class TrainerConfig:
     val_batch_size: Optional[int] = None  # the global validation batch (seed 002's --test-batch-size); null: batch_size
     log_every_n_steps: int = 50  # train loss, acc and lr to TensorBoard, and to the log where no bar is drawn
     progress_bar: bool = True  # rank 0's, where stderr is a terminal (a SLURM log or a pipe gets lines instead)
-    precision: str = "32"  # 32 | bf16-mixed | 16-mixed (fp16 autocast with a GradScaler; CUDA only)
+    # 32 | bf16-mixed | 16-mixed (fp16 autocast with a GradScaler; CUDA only). At 32, Ampere and later
+    # GPUs run cuDNN's convolutions in TF32 (torch.backends.cudnn.allow_tf32, on by default).
+    precision: str = "32"
     accumulate_grad_batches: int = 1  # micro-batches of batch_size per optimizer step; max_steps counts steps
     grad_clip: Optional[float] = None  # max gradient norm (all parameters together); None: no clipping
     channels_last: bool = False  # NHWC memory format for model and images (faster convs on tensor cores)

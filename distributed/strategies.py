@@ -102,6 +102,13 @@ class DataParallel(Strategy):
             raise ConfigError(
                 f"strategy=dp runs in one process on one node but trainer.num_nodes={num_nodes}; use strategy=ddp"
             )
+        if self.config.sync_batchnorm:
+            # Each replica normalises its slice of the batch; DataParallel keeps replica 0's
+            # running statistics (GPU-only: its replicas are made by torch/nn/parallel/replicate.py).
+            raise ConfigError(
+                "strategy.sync_batchnorm=true under strategy=dp: DataParallel cannot sync BatchNorm across its "
+                "replicas; use strategy=ddp with strategy.sync_batchnorm=true"
+            )
         if trainer.compile and devices > 1:
             # DataParallel replicates its module on every forward; replicating torch.compile's
             # OptimizedModule writes through to the original network (GPU-only: replicate needs CUDA).

@@ -124,3 +124,8 @@ def test_launcher_backend_picks_the_process_groups_backend(monkeypatch):
     assert backends == {"null": "nccl", "nccl": "nccl", "gloo": "gloo"}
     cpu = check(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.backend=gloo"))
     assert cpu.context(1, 1).backend == "gloo"
+
+
+def test_sync_batchnorm_under_dp_is_refused_not_ignored():
+    with pytest.raises(ConfigError, match="^strategy.sync_batchnorm=true under strategy=dp: .*use strategy=ddp"):
+        check(typed_config("strategy=dp", "strategy.sync_batchnorm=true"))
