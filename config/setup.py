@@ -25,6 +25,11 @@ def _per_device(batch: int, *, _root_: DictConfig) -> int:
     return batch * devices_per_node(trainer.gpus, trainer.devices) * trainer.num_nodes
 
 
+def _per_node(batch: int, *, _root_: DictConfig) -> int:
+    """${per_node:256}: the ImageNet example's batch is each node's, split over its GPUs."""
+    return batch * _root_.trainer.num_nodes
+
+
 def _epochs_after_warmup(*, _root_: DictConfig) -> int:
     """${epochs_after_warmup:}: the epochs a scheduler runs once scheduler.warmup_epochs are done
     (torchvision's cosine T_max = epochs - warmup epochs); at least 1."""
@@ -55,6 +60,7 @@ RESOLVERS = {
     "run_name": lambda launcher, default: environment.run_name(_name(launcher), os.environ, default),
     "rank_zero_only": lambda launcher, value: value if environment.is_rank_zero(_name(launcher), os.environ) else None,
     "per_device": _per_device,
+    "per_node": _per_node,
     "job_dir": _job_dir,
     "epochs_after_warmup": _epochs_after_warmup,
     "project_root": lambda: str(ROOT),

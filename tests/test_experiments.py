@@ -42,6 +42,8 @@ def test_seed003_is_resnet50_ddp_on_an_image_folder():
     cfg = compose_config("experiment=seed003", "dataset.root=/data/imagenet")
     assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, cfg.trainer.batch_size) == ("resnet50", "imagefolder", StrategyName.ddp, 256)
     assert (cfg.optimizer.weight_decay, cfg.scheduler.step_size, cfg.trainer.epochs) == (1e-4, 30, 90)
+    # The example's batch is each node's, split over that node's GPUs.
+    assert compose_config("experiment=seed003", "trainer.num_nodes=2").trainer.batch_size == 512
 
 
 def test_tv_resnet50_is_torchvisions_published_recipe():
