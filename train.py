@@ -16,7 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from config import setup
-from config.check import check, restore_run_record, run_config, swept_overrides, typed
+from config.check import check, check_override_keys, restore_run_record, run_config, swept_overrides, typed
 from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
 from training.preemption import parse_signals, requeue_or_explain, resume_command
@@ -56,6 +56,11 @@ if __name__ == "__main__":
     # torch.distributed.launch (seed 001's command) hands each rank --local-rank=N, which Hydra would
     # refuse as an override: the rank reads LOCAL_RANK from its environment, as under torchrun.
     sys.argv = [arg for arg in sys.argv if not arg.startswith(("--local-rank=", "--local_rank="))]
+    try:
+        check_override_keys(sys.argv[1:])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     try:
         main()
     finally:

@@ -2,10 +2,12 @@
 then the typed RunConfig every worker receives."""
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
-from dataclasses import fields, replace
+import typing
+from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
@@ -239,6 +241,34 @@ def _check_resume(cfg: Config, run_dir: Path | None) -> None:
 def factory(node: Any) -> Callable[..., Any]:
     """A `_target_` node as a picklable factory: each rank builds its own (Hydra's _partial_)."""
     return instantiate(node, _partial_=True, _convert_="all")
+
+
+def check_override_keys(overrides: Sequence[str]) -> None:
+    """A key the typed config lacks, in one line with the nearest one it has. Hydra says it in five
+    lines and suggests `+key=value`, which the typed config refuses as well."""
+    overrides = [o for o in overrides if "=" in o]  # not the flags (-m, --cfg job)
+    if not overrides:
+        return
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # bad syntax: Hydra's own message names it
+        return
+    sections = typing.get_type_hints(Config)
+    for override in parsed:
+        key = override.key_or_group
+        path = key.split(".")
+        if override.is_add() or override.is_force_add() or override.is_delete() or "/" in key or len(path) < 2:
+            continue  # group choices, +, ++ and ~ are Hydra's to judge
+        cls = sections.get(path[0])
+        for depth, part in enumerate(path[1:], start=1):
+            if not is_dataclass(cls):
+                break  # a free-form node (model, optimizer) or a leaf
+            names = typing.get_type_hints(cls)
+            if part not in names:
+                close = difflib.get_close_matches(part, list(names), n=1)
+                hint = f"; did you mean {'.'.join([*path[:depth], close[0]])}?" if close else ""
+                raise ConfigError(f"{key}: no such key{hint} (python train.py --cfg job lists them all)")
+            cls = names[part]
 
 
 def swept_overrides(task_overrides: Sequence[str], exclude_keys: Sequence[str] = ()) -> dict[str, Any]:
