@@ -72,8 +72,10 @@ def init(ctx: DistContext, timeout_s: float) -> None:
     """Join the process group. MASTER_ADDR/MASTER_PORT come from the launcher (env://)."""
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
-    elif ctx.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
-        # Each CPU rank would start one thread per core: N ranks would fight over every core.
+    if ctx.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # Each rank would start one thread per core: a node's N ranks would fight over every core,
+        # CPU ranks with their compute, GPU ranks with their host work (batches cut and augmented in
+        # memory, cpu_offload's optimizer step). torchrun sets OMP_NUM_THREADS=1 for the same reason.
         torch.set_num_threads(cpus_per_rank(ctx.local_world_size))
     if ctx.distributed:
         dist.init_process_group(

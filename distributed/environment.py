@@ -130,16 +130,20 @@ def from_slurm(env: Mapping[str, str], hostnames: Callable[[str], list[str]] | N
         local_world_size=local_world,
         num_nodes=int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or len(per_node)),
         master_addr=(hostnames or scontrol_hostnames)(nodelist)[0],
-        master_port=master_port(env["SLURM_JOB_ID"], env.get("SLURM_STEP_ID")),
+        master_port=master_port(env),
     )
 
 
-def master_port(job_id: str, step_id: str | None) -> int:
-    """Rank 0's port from the job and its srun step: every array task has a job id of its own
-    (SLURM_ARRAY_JOB_ID is the one they share), and two steps of one job may run at once. Jobs
-    2000 apart or steps 10 apart meet; 10000-29999 stays below Linux's ephemeral ports (32768+),
-    which outgoing connections take."""
-    return 10000 + int(job_id) % 2000 * 10 + int(step_id or 0) % 10
+def master_port(env: Mapping[str, str]) -> int:
+    """Rank 0's port. `srun --resv-ports` reserves ports for its step on each node
+    (SLURM_STEP_RESV_PORTS, e.g. 12000-12004): the first is no other step's. Else from the job and
+    its srun step: every array task has a job id of its own (SLURM_ARRAY_JOB_ID is the one they
+    share), and two steps of one job may run at once. Jobs 2000 apart or steps 10 apart meet;
+    10000-29999 stays below Linux's ephemeral ports (32768+), which outgoing connections take."""
+    reserved = re.match(r"\d+", env.get("SLURM_STEP_RESV_PORTS", ""))
+    if reserved:
+        return int(reserved[0])
+    return 10000 + int(env["SLURM_JOB_ID"]) % 2000 * 10 + int(env.get("SLURM_STEP_ID") or 0) % 10
 
 
 def tasks_per_node(spec: str) -> list[int]:

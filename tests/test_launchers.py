@@ -96,6 +96,9 @@ def test_slurm_port_is_a_valid_one_apart_for_each_step_and_the_config_wins():
     plan = _plan(SLURM_ENV, "strategy=ddp", "trainer.devices=2", "trainer.num_nodes=2", "launcher.master_addr=gpu07",
                  "launcher.master_port=12345")
     assert plan.master_port == 12345
+    # srun --resv-ports: ports SLURM keeps for this step alone
+    for reserved in ("12000-12004", "12000,12003", "12000"):
+        assert environment.from_slurm(SLURM_ENV | {"SLURM_STEP_RESV_PORTS": reserved}, _hosts).master_port == 12000
 
 
 @pytest.mark.parametrize(
@@ -302,15 +305,18 @@ def _assert_rank_zero_wrote(run_dir: Path, world_size: int) -> None:
      max(1, len(os.sched_getaffinity(0)) // 2)),
     ({"SLURM_NTASKS": "2", "SLURM_CPUS_ON_NODE": "64"}, len(os.sched_getaffinity(0))),  # bound: its own CPUs
 ])
-def test_a_cpu_rank_takes_its_own_cpus_as_threads(monkeypatch, env, threads):
+@pytest.mark.parametrize("accelerator", ["cpu", "gpu"])  # a GPU rank's host work: loaders, cpu_offload's step
+def test_a_rank_takes_its_own_cpus_as_threads(monkeypatch, env, threads, accelerator):
     monkeypatch.delenv("OMP_NUM_THREADS")  # the suite's own; a user's would win
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     for var in ("SLURM_NTASKS", "SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
         monkeypatch.delenv(var, raising=False)
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     before = torch.get_num_threads()
     try:
-        context.init(context.make_context(0, 0, 2, 2, "cpu", use_process_group=False), timeout_s=10)
+        torch.set_num_threads(7)  # what no case asks for: the rank must set its own
+        context.init(context.make_context(0, 0, 2, 2, accelerator, use_process_group=False), timeout_s=10)
         assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
