@@ -131,6 +131,10 @@ CHECKS = {  # config.check.check's ConfigErrors: the one line train.py prints af
     "no batch": (["trainer.batch_size=0"], ["trainer.batch_size=0", "use 1 or more"]),
     "fewer samples than ranks": ([*DDP, "trainer.batch_size=1"], ["trainer.batch_size=1", "use 2 or more"]),
     "no training batches": (["trainer.limit_train_batches=0"], ["trainer.limit_train_batches=0", "positive"]),
+    "no overfit batches": (["trainer.overfit_batches=0"], ["trainer.overfit_batches=0", "use a positive number"]),
+    "clipping to a zero norm": (["trainer.grad_clip=0"], ["trainer.grad_clip=0", "positive max norm", "null"]),
+    "an EMA never updated": (
+        ["trainer.ema_decay=0.99", "trainer.ema_every_n_steps=0"], ["trainer.ema_every_n_steps=0", "1 or more"]),
     "model built for other images": (
         ["dataset=synthetic", "model=simple_cnn", "model.image_size=28"], ["train images (3x32x32)", "dataset.image_size"]),
     "an image size the files do not have": (

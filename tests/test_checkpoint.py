@@ -12,7 +12,7 @@ from distributed.context import DistContext, make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
 from training.checkpoint import (
-    Checkpointer, TrainState, check_resumable, find_resume, load_checkpoint, restore_rng, save_checkpoint,
+    Checkpointer, TrainState, _host_copy, check_resumable, find_resume, load_checkpoint, restore_rng, save_checkpoint,
 )
 
 
@@ -32,6 +32,40 @@ def test_a_failed_save_leaves_the_previous_file_intact(tmp_path):
     with pytest.raises(Exception):
         save_checkpoint({"epoch": 2, "bad": lambda: None}, path)  # lambdas cannot be pickled
     assert path.read_bytes() == before
+
+
+def test_the_directory_is_fsynced_after_the_rename_so_the_new_entry_survives_a_crash(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt" / "last.pt"
+    events, opened = [], {}
+    real_open, real_fsync, real_replace = os.open, os.fsync, os.replace
+
+    def record_open(name, flags, *args):
+        fd = real_open(name, flags, *args)
+        opened[fd] = Path(name)
+        return fd
+
+    def record_fsync(fd):
+        events.append(("fsync", opened.get(fd)))
+        real_fsync(fd)
+
+    def record_replace(src, dst):
+        events.append(("replace", Path(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "open", record_open)
+    monkeypatch.setattr(os, "fsync", record_fsync)
+    monkeypatch.setattr(os, "replace", record_replace)
+    save_checkpoint({"epoch": 1}, path)
+    after = events[events.index(("replace", path)) + 1:]
+    assert ("fsync", path.parent) in after, events
+
+
+def test_a_host_copy_of_host_tensors_shares_no_memory_with_them():
+    # .to("cpu") of a CPU tensor is the tensor itself: the step after a save would change the snapshot.
+    weight = torch.ones(2)
+    copy = _host_copy({"model": {"w": weight}, "rng": [weight]})
+    weight.fill_(7.0)
+    assert torch.equal(copy["model"]["w"], torch.ones(2)) and torch.equal(copy["rng"][0], torch.ones(2))
 
 
 def test_truncated_checkpoint_is_a_one_line_error(tmp_path):
@@ -111,6 +145,29 @@ def test_best_pt_is_never_replaced_by_a_worse_model_even_from_an_earlier_run(tmp
     later_run.close()
     assert torch.load(tmp_path / "best.pt", weights_only=True)["best"] == 0.95
     assert torch.load(tmp_path / "last.pt", weights_only=True)["epoch"] == 2  # the same snapshot
+
+
+def test_an_equal_score_leaves_best_pt_as_it_was(tmp_path):
+    # The first model to reach a score keeps best.pt: a later tie is no improvement.
+    model = nn.Linear(2, 1)
+    checkpointer = _checkpointer(tmp_path, model)
+    checkpointer.save(TrainState(epoch=1, best_val_acc=0.9), best=True)
+    checkpointer.wait()
+    before = (tmp_path / "best.pt").read_bytes()
+    with torch.no_grad():
+        model.weight.fill_(7.0)
+    checkpointer.save(TrainState(epoch=2, best_val_acc=0.9), best=True)
+    checkpointer.close()
+    assert (tmp_path / "best.pt").read_bytes() == before
+
+
+def test_restore_brings_back_the_best_top5_and_whose_weights_were_best(tmp_path):
+    model = nn.Linear(2, 1)
+    saver = _checkpointer(tmp_path, model)
+    saver.save(TrainState(epoch=1, best_val_acc=0.8, best_val_acc5=0.9, best_weights="ema"))
+    saver.close()
+    state = _checkpointer(tmp_path, model).restore(tmp_path / "last.pt")
+    assert (state.best_val_acc5, state.best_weights) == (0.9, "ema")
 
 
 def test_a_save_is_the_state_at_the_call_and_written_in_the_background(tmp_path):

@@ -113,6 +113,26 @@ def test_device_augmentation_follows_seed_epoch_and_rank(cifar_root):
     assert not torch.equal(first_batch(1, rank=0), first_batch(1, rank=1))
 
 
+def test_each_rank_trains_its_epoch_from_a_seed_of_its_own(tmp_path):
+    """Dropout and in-process augmentation draw from the host stream the epoch seeds: one seed for
+    every rank would give all ranks the same dropout masks and crops."""
+    from torch import nn
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from data import Loaders
+    from tests.test_train_step import _trainer
+
+    data = TensorDataset(torch.randn(4, 2), torch.tensor([0, 1, 0, 1]))
+    sampler = DistributedSampler(data, num_replicas=1, rank=0)
+    loaders = Loaders(DataLoader(data, batch_size=2, sampler=sampler), DataLoader(data), sampler)
+    seeds = []
+    for rank in (0, 1, 0):
+        trainer = _trainer(nn.Linear(2, 2), tmp_path / str(rank), _ctx(rank, 2), loaders=loaders)
+        trainer.train_epoch()
+        seeds.append(torch.initial_seed())  # what the epoch seeded the host stream with
+    assert seeds[0] == seeds[2] != seeds[1]
+
+
 @pytest.mark.slow
 def test_persistent_workers_augment_a_resumed_epoch_as_an_unbroken_run_does(cifar_root):
     cfg = _cifar(cifar_root, "data.num_workers=2", "dataset.resize=40")  # ImageNet-style: per sample

@@ -64,6 +64,11 @@ def test_torchrun_env_gives_rank_world_and_nodes():
     assert environment.run_name("auto", TORCHRUN_ENV, "clock") == "torchrun-abc"
 
 
+def test_torchrun_without_group_world_size_counts_nodes_from_the_local_world():
+    env = {k: v for k, v in TORCHRUN_ENV.items() if k != "GROUP_WORLD_SIZE"} | {"WORLD_SIZE": "6"}
+    assert environment.from_torchrun(env).num_nodes == 3
+
+
 def test_rank_without_world_size_is_a_one_line_error():
     with pytest.raises(ConfigError, match="WORLD_SIZE, LOCAL_WORLD_SIZE not set") as e:
         environment.from_torchrun({"RANK": "0", "LOCAL_RANK": "0"})
@@ -81,6 +86,12 @@ def test_slurm_env_gives_ranks_master_and_port():
 def test_slurm_local_rank_falls_back_to_seed_002():
     env = {k: v for k, v in SLURM_ENV.items() if k != "SLURM_LOCALID"}
     assert environment.from_slurm(env, _hosts).local_rank == 3 - 2 * (3 // 2)
+
+
+def test_slurm_local_world_is_the_task_count_of_this_ranks_own_node():
+    # srun -n3 over two nodes (UNEVEN_SLURM, below): the second node runs one task, the first two.
+    env = UNEVEN_SLURM | {"SLURM_PROCID": "2", "SLURM_NODEID": "1", "SLURM_LOCALID": "0"}
+    assert environment.from_slurm(env, lambda nodelist: ["n1", "n2"]).local_world_size == 1
 
 
 def test_slurm_port_is_a_valid_one_apart_for_each_step_and_the_config_wins():
@@ -142,6 +153,11 @@ def test_only_rank_zero_writes_hydra_files():
     assert not environment.is_rank_zero("auto", TORCHRUN_ENV)
     assert environment.is_rank_zero("auto", TORCHRUN_ENV | {"RANK": "0"})
     assert not environment.is_rank_zero("slurm", SLURM_ENV)
+
+
+def test_the_first_task_of_a_later_slurm_node_is_not_rank_zero():
+    # SLURM_LOCALID is 0 on every node: only the global SLURM_PROCID picks the one writer.
+    assert not environment.is_rank_zero("auto", SLURM_ENV | {"SLURM_PROCID": "2", "SLURM_LOCALID": "0"})
 
 
 def test_plan_takes_the_world_from_torchrun():

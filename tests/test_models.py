@@ -61,6 +61,22 @@ def test_resnet_arch_and_stem_are_checked_before_launch():
         check(typed_config("model=resnet18", "dataset=synthetic", "model.stem=cifr"))
 
 
+def test_the_cifar_stem_keeps_32_px_images_whole_into_the_first_stage():
+    # No stride-2 conv, no max-pool: layer1 sees the full 32x32, not the ImageNet stem's 8x8.
+    model = resnet("resnet18", 3, 10, stem="cifar").eval()
+    shapes = []
+    model.layer1.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape)))
+    model(torch.zeros(1, 3, 32, 32))
+    assert shapes == [(1, 64, 32, 32)]
+
+
+def test_simple_cnn_at_32_px_is_lenets_unpadded_layout():
+    # 32 -> conv5 28 -> pool 14 -> conv5 10 -> pool 5: 16 x 5 x 5 features, as the seed's CIFAR-10 net.
+    from models.simple_cnn import SimpleCNN
+
+    assert SimpleCNN(3, 10, 32).classifier[0].in_features == 400
+
+
 def test_resnet_weights_trained_for_the_dataset_load_whole(tmp_path):
     # trainer.test_only=true model.weights=<a trained 10-class, 1-channel cifar-stem state_dict>
     trained = resnet("resnet18", 1, 10, "cifar")

@@ -2,6 +2,7 @@
 groups, label smoothing, MixUp/CutMix, EMA, top-5, repeated augmentation, torchvision models."""
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import pytest
@@ -9,9 +10,11 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from config.check import check, factory, target_arguments
 from config.schema import LrScaling, OptimConfig, ScheduleConfig, TrainerConfig
+from data import Loaders
 from data.sampler import RepeatedAugmentationSampler
 from data.transforms import sample_transform
 from errors import ConfigError
@@ -20,7 +23,7 @@ from training.ema import EMA, adjusted_decay
 from training.metrics import Accumulator
 from training.mixing import Mixing
 from training.optim import check_arguments, parameter_groups, scaled_lr
-from training.schedule import Warmup
+from training.schedule import Warmup, with_warmup
 from tests.conftest import compose_config, typed_config
 from tests.dataset_files import write_image_folder
 from tests.test_train_step import _trainer
@@ -85,6 +88,12 @@ def test_warmup_without_an_epoch_scheduler_ends_at_the_lr():
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.4)
 
 
+def test_warmup_counts_optimizer_steps_not_micro_batches():
+    # 7 micro-batches in groups of 2 are 4 optimizer steps an epoch, the last group holding one.
+    warmup = with_warmup(_sgd(), None, ScheduleConfig(warmup_epochs=2), TrainerConfig(accumulate_grad_batches=2), 7)
+    assert warmup.steps == 2 * 4
+
+
 def test_linear_lr_scaling_multiplies_by_the_samples_per_step_over_the_reference_batch():
     trainer = TrainerConfig(batch_size=256, accumulate_grad_batches=2)
     assert scaled_lr(0.5, OptimConfig(LrScaling.linear, reference_batch=1024), trainer) == pytest.approx(0.25)
@@ -135,6 +144,27 @@ def test_label_smoothing_blends_the_label_with_a_uniform_target(tmp_path):
     log_p = torch.log_softmax(logits, dim=1)
     expected = (0.7 * -log_p[[0, 1], targets] + 0.3 * -log_p.mean(dim=1)).mean()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_the_last_partial_accumulation_group_steps_on_its_own_mean_loss(tmp_path):
+    """3 micro-batches in groups of 2: the last group holds one, whose loss is not halved."""
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(8, 4), torch.randint(0, 3, (8,)))
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=False)
+    loaders = Loaders(DataLoader(data, batch_size=2, sampler=sampler), DataLoader(data), sampler)
+    model = nn.Linear(4, 3)
+    trainer = _trainer(model, tmp_path, loaders=loaders, accumulate_grad_batches=2, limit_train_batches=3)
+    before_each_step = []
+    step = trainer.optimizer_step
+    trainer.optimizer_step = lambda: before_each_step.append(copy.deepcopy(model)) or step()
+    trainer.train_epoch()
+    assert len(before_each_step) == 2
+    plain = before_each_step[-1]  # the weights the third micro-batch's step starts from
+    plain.zero_grad(set_to_none=True)
+    F.cross_entropy(plain(data.tensors[0][4:6]), data.tensors[1][4:6]).backward()
+    for name, trained in model.named_parameters():
+        expected = getattr(plain, name) - 0.1 * getattr(plain, name).grad  # one SGD step, lr 0.1
+        assert torch.allclose(trained, expected, atol=1e-6), name
 
 
 def _mixed(alpha_mixup: float, alpha_cutmix: float, batch: int = 0):
@@ -221,6 +251,12 @@ def test_ema_decay_is_adjusted_for_batch_interval_and_epochs_as_torchvision_does
     settings = TrainerConfig(batch_size=1024, epochs=600, ema_decay=0.99998, ema_every_n_steps=32)
     assert adjusted_decay(settings) == pytest.approx(1 - 2e-5 * 1024 * 32 / 600)
     assert adjusted_decay(TrainerConfig(batch_size=1024, epochs=1, ema_decay=0.9)) == 0.0  # capped: copies
+
+
+def test_ema_decay_is_adjusted_for_the_micro_batches_each_step_accumulates():
+    settings = TrainerConfig(batch_size=64, epochs=100, ema_decay=0.9999, ema_every_n_steps=2,
+                             accumulate_grad_batches=4)
+    assert adjusted_decay(settings) == pytest.approx(1 - 1e-4 * 64 * 4 * 2 / 100)
 
 
 def test_top5_counts_the_label_among_the_five_highest_logits():

@@ -117,6 +117,12 @@ def test_a_task_that_sees_one_gpu_uses_it_whatever_its_local_rank(monkeypatch):
         _plan(SLURM_ENV, "strategy=ddp", *gpu_slurm)
 
 
+def test_each_gpu_rank_of_a_node_drives_the_gpu_of_its_local_rank(monkeypatch):
+    # Global rank 3 is the second process on its node: cuda:1, not cuda:3.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert make_context(3, 1, 4, 2, "gpu", use_process_group=False).device == torch.device("cuda", 1)
+
+
 def test_every_gpu_a_process_drives_gets_its_peak_reset(monkeypatch):
     from training.metrics import reset_peak_memory
 
@@ -143,14 +149,13 @@ def test_train_asks_for_full_batches_only_when_compiling(monkeypatch, run_dir):
         assert kwargs["drop_last"] is compiled
 
 
-def test_train_on_a_gpu_resets_its_peaks_and_lets_cudnn_benchmark(monkeypatch, run_dir):
+def test_train_on_a_gpu_resets_its_peaks(monkeypatch, run_dir):
     reset = []
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset.append)
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # and back after the test
     _train_until_loaders(monkeypatch, run_dir, make_context(0, 0, 1, 1, "cpu", use_process_group=False))
-    assert (reset, torch.backends.cudnn.benchmark) == ([], False)  # CPU: neither
+    assert reset == []  # CPU: no CUDA counters
     _train_until_loaders(monkeypatch, run_dir, make_context(0, 0, 1, 1, "gpu", use_process_group=False))
-    assert (reset, torch.backends.cudnn.benchmark) == ([torch.device("cuda", 0)], True)
+    assert reset == [torch.device("cuda", 0)]
 
 
 def test_a_checkpoint_keeps_the_rng_state_of_every_gpu_dp_drives(monkeypatch):
@@ -182,6 +187,16 @@ def test_a_nan_loss_stops_at_its_step_and_saves_nothing_past_it(run_dir, strateg
     assert last["step"] == 4 and all(torch.isfinite(v).all() for v in last["model"].values())
     best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)
     assert best["epoch"] == 1 and all(torch.isfinite(v).all() for v in best["model"].values())
+
+
+def test_a_nan_batch_counts_in_neither_the_loss_nor_the_samples_of_its_report():
+    from training.metrics import Window
+
+    window = Window()
+    window.update(torch.tensor(0.5), torch.eye(3), torch.tensor([0, 1, 0]), step=1)
+    window.update(torch.tensor(float("nan")), torch.eye(2), torch.tensor([0, 1]), step=2)
+    figures = window.drain(torch.device("cpu")).averages()
+    assert (figures.loss, figures.acc, figures.samples) == (0.5, 2 / 3, 3)
 
 
 def test_the_nonfinite_error_offers_only_fixes_that_work(tmp_path):

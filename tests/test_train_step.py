@@ -185,6 +185,9 @@ def test_a_checkpoint_saved_under_any_strategy_loads_under_any_other(process_gro
 def test_deterministic_turns_on_deterministic_kernels_and_off_cudnn_benchmark(monkeypatch):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     gpu, cudnn = make_context(0, 0, 1, 1, "gpu", use_process_group=False), torch.backends.cudnn
+    monkeypatch.setattr(cudnn, "benchmark", False)  # and back after the test
+    configure_kernels(TrainerConfig(), make_context(0, 0, 1, 1, "cpu", use_process_group=False))
+    assert not cudnn.benchmark  # a CPU run leaves cuDNN alone
     try:
         configure_kernels(TrainerConfig(deterministic=True), gpu)
         assert torch.are_deterministic_algorithms_enabled() and cudnn.deterministic and not cudnn.benchmark
@@ -193,7 +196,6 @@ def test_deterministic_turns_on_deterministic_kernels_and_off_cudnn_benchmark(mo
         assert not torch.are_deterministic_algorithms_enabled() and not cudnn.deterministic and cudnn.benchmark
     finally:
         configure_kernels(TrainerConfig(), make_context(0, 0, 1, 1, "cpu", use_process_group=False))
-        cudnn.benchmark = False
 
 
 def test_an_fp16_overflow_is_the_scalers_to_skip_not_a_nonfinite_skip(tmp_path, caplog):
