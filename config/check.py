@@ -257,7 +257,8 @@ def check_override_keys(overrides: Sequence[str]) -> None:
     for override in parsed:
         key = override.key_or_group
         path = key.split(".")
-        if override.is_add() or override.is_force_add() or override.is_delete() or "/" in key or len(path) < 2:
+        if override.is_add() or override.is_force_add() or override.is_delete() or "/" in key or "@" in key \
+                or len(path) < 2:
             continue  # group choices, +, ++ and ~ are Hydra's to judge
         cls = sections.get(path[0])
         for depth, part in enumerate(path[1:], start=1):

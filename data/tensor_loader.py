@@ -53,7 +53,8 @@ class TensorLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         generator = None
         if self.training:
-            # (seed, epoch, rank): a resumed run draws the same crops and flips as an unbroken one.
+            # (seed, epoch, rank): a resumed run draws the same crops and flips as an unbroken one. On a
+            # GPU the generator is CUDA's, whose stream is not the CPU's: a CPU rehearsal draws others.
             generator = torch.Generator(self.device).manual_seed(epoch_seed(self.seed, self.order.epoch, self.rank))
         indices = torch.as_tensor(list(self.order), dtype=torch.long).to(self.device, non_blocking=True)
         for batch in indices.split(self.batch_size)[: len(self)]:

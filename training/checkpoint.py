@@ -97,8 +97,11 @@ def _model_target(checkpoint: dict[str, Any]) -> str | None:
 
 def trained_config(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
     """The resolved config the checkpoint's run trained with, if it holds one that parses."""
+    text = checkpoint.get("config")
+    if not isinstance(text, str):
+        return None
     try:
-        config = yaml.safe_load(checkpoint.get("config") or "")
+        config = yaml.safe_load(text)
     except yaml.YAMLError:
         return None
     return config if isinstance(config, dict) else None

@@ -4,7 +4,8 @@ state bytes. Under DDP every rank holds all of them; under FSDP about 1/N each.
 Measured once, at the first optimizer step (hooks on the optimizer, removed after): gradients
 just before it, when they are reduced and this rank's, and optimizer state just after, once it
 exists. The gathered parameters of the block being computed (FSDP), activations and
-communication buffers come on top; on CUDA, peak_memory_mb has them all.
+communication buffers come on top; on CUDA, peak_memory_mb has all that torch's allocator gave out
+(not the CUDA context, nor NCCL's own buffers).
 """
 from __future__ import annotations
 

@@ -98,7 +98,8 @@ def reset_peak_memory(ctx: DistContext) -> None:
 
 
 def peak_memory_mb(ctx: DistContext) -> list[float] | None:
-    """Peak allocated CUDA memory of every device in the job, in MB; None on CPU.
+    """Peak allocated CUDA memory of every device in the job, in MB; None on CPU. What torch's caching
+    allocator gave out: the CUDA context and NCCL's buffers come on top (GPU-only).
 
     Rank r fills its own slots (DP: one per GPU it drives) and a sum over ranks gathers them.
     """
