@@ -419,10 +419,34 @@ def test_submitit_local_sweep_runs_two_jobs(tmp_path):
     assert losses[0] != losses[1]  # two jobs, two seeds: really two trainings
 
 
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver", "fork"])
+def test_the_start_method_and_port_reach_the_ranks(monkeypatch, start_method):
+    monkeypatch.setenv("MASTER_ADDR", "")  # launch sets them for ddp; monkeypatch puts them back
+    monkeypatch.setenv("MASTER_PORT", "")
+    started, port = [], free_port()
+
+    class Finished:
+        processes = []
+
+        def join(self, grace_period: float) -> bool:
+            return True
+
+    def start_processes(fn, args, nprocs, join, start_method):
+        started.append((start_method, args[3]["MASTER_PORT"]))  # the environment each rank starts in
+        return Finished()
+
+    monkeypatch.setattr(launching.mp, "start_processes", start_processes)
+    monkeypatch.setattr(launching.mp, "set_forkserver_preload", lambda modules: None)  # this process's server
+    cfg = typed_config("debug=ddp_cpu", "strategy=ddp", f"launcher.start_method={start_method}",
+                       f"launcher.master_port={port}")
+    launch(check(cfg), print)
+    assert started == [(start_method, str(port))]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("start_method", ["forkserver", "fork"])
-def test_ranks_forked_train_exactly_as_spawned_ones(run_dir, spawn_reference, start_method):
-    result = run_train(run_dir, "debug=ddp_cpu", "strategy=ddp", f"launcher.start_method={start_method}")
+def test_ranks_from_the_forkserver_train_exactly_as_spawned_ones(run_dir, spawn_reference):
+    # Fork's ranks train in nearly every end-to-end test here (tests/conftest.py's FORK_RANKS).
+    result = run_train(run_dir, "debug=ddp_cpu", "strategy=ddp", "launcher.start_method=forkserver")
     assert result.returncode == 0, result.stderr
     assert same_weights(run_dir, spawn_reference)
 
