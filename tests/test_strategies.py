@@ -67,7 +67,7 @@ def _train_and_dump(ctx: DistContext, jobs: list[tuple], out: str, check_sync_bn
     """Run each (name, cfg) in turn in this process group; keep every rank's final weights."""
     context.init(ctx, jobs[0][1].launcher.timeout_s)
     try:
-        if check_sync_bn:
+        if check_sync_bn and ctx.world_size == 2:  # two halves of one batch
             _compare_sync_bn_with_batchnorm(ctx, Path(out))
         for name, job in jobs:
             model = run_job.train(ctx, job)
@@ -185,6 +185,10 @@ SYNC_BN = (
 )
 
 
+def _floats(state: dict) -> dict:
+    return {k: v for k, v in state.items() if v.is_floating_point()}  # not num_batches_tracked
+
+
 def _bn_statistics(state: dict) -> dict:
     return {k: v for k, v in state.items() if k.endswith(("running_mean", "running_var"))}
 
@@ -192,6 +196,7 @@ def _bn_statistics(state: dict) -> dict:
 SYNC_BN_RUNS = {
     "sync": ("strategy.sync_batchnorm=true",),
     "local": ("strategy.sync_batchnorm=false", "trainer.ema_decay=0.999"),
+    "single": ("strategy=single", "trainer.devices=1"),  # the whole batch of 16 in one BatchNorm
 }
 
 
@@ -202,11 +207,15 @@ def sync_bn(tmp_path_factory) -> tuple[Path, dict[str, list[dict]]]:
     return out, _run_all(SYNC_BN_RUNS, SYNC_BN, out, check_sync_bn=True)
 
 
-def test_sync_batchnorm_keeps_resnet18_statistics_identical_across_ranks(sync_bn):
+def test_sync_batchnorm_trains_resnet18_as_one_process_on_the_global_batch(sync_bn):
+    # Each rank's BatchNorm normalises by the statistics of both ranks' halves: the weights and the
+    # running statistics are one process's on all 16 images; without it, each half's own.
     out, weights = sync_bn
-    synced = [_bn_statistics(rank) for rank in weights["sync"]]
-    assert len(synced[0]) == 2 * 20  # resnet18's 20 BatchNorm layers
+    (single,) = weights["single"]
+    assert len(_bn_statistics(single)) == 2 * 20  # resnet18's 20 BatchNorm layers
     _assert_replicas_identical(weights["sync"])
+    assert relative_error(_floats(weights["sync"][0]), _floats(single)) <= 1e-4
+    assert relative_error(_bn_statistics(weights["local"][0]), _bn_statistics(single)) > 1e-2
     for name in weights:
         assert _checkpoint(out / name)["step"] == 2
         assert math.isfinite(_metrics(out / name)["train_loss"])
