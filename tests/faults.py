@@ -63,11 +63,12 @@ class HangingNet(MnistNet):
 
 
 class NanNet(MnistNet):
-    """MnistNet whose output turns NaN from training forward `at_step` on, `times` forwards long."""
+    """MnistNet whose output turns NaN from training forward `at_step` on, `times` forwards long;
+    with `on_rank`, on that rank of a process group only."""
 
-    def __init__(self, *args, at_step: int = 3, times: int = 10**9, **kwargs) -> None:
+    def __init__(self, *args, at_step: int = 3, times: int = 10**9, on_rank: int | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.at_step, self.times = at_step, times
+        self.at_step, self.times, self.on_rank = at_step, times, on_rank
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -75,6 +76,8 @@ class NanNet(MnistNet):
         if not self.training:
             return out
         self.calls += 1
+        if self.on_rank is not None and not (dist.is_initialized() and dist.get_rank() == self.on_rank):
+            return out
         return out * float("nan") if self.at_step <= self.calls < self.at_step + self.times else out
 
 

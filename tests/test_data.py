@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
-from data import build_loaders
+import data
+from data import EpochSeeded, build_loaders
 from distributed.context import make_context
 from errors import ConfigError
 from tests.conftest import typed_config
@@ -101,3 +104,22 @@ def test_validation_takes_its_own_global_batch(tmp_path, source):
     loaders = build_loaders(cfg.dataset, cfg.data, ctx, global_batch=4, seed=0, global_val_batch=8)
     assert [len(y) for _, y in loaders.train][0] == 2
     assert [len(y) for _, y in loaders.val][0] == 4  # 8 over 2 ranks
+
+
+def test_each_dataloader_worker_augments_from_a_seed_of_its_own(monkeypatch):
+    draws = {}
+    for worker in (0, 1, 0):
+        monkeypatch.setattr(data, "get_worker_info", lambda: SimpleNamespace(id=worker))
+        seeded = EpochSeeded(_RandomItems(), seed=0, rank=0)
+        draws.setdefault(worker, []).append([seeded[i, 0].item() for i in range(3)])
+    assert draws[0][0] == draws[0][1] != draws[1][0]  # repeatable per worker, apart between workers
+
+
+class _RandomItems(torch.utils.data.Dataset):
+    """Each item a fresh draw, as a random crop or flip is."""
+
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.rand(())
