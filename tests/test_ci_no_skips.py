@@ -5,14 +5,15 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from tests.conftest import ROOT
 
 # A test module that uses test_slurm.py's cluster fixture, with local_cluster.sh swapped for a stub
-# that fails as the real one does where slurm cannot be installed (exit 3).
+# that fails as the real one does where slurm cannot be installed (exit 3), and CI as given.
 USES_CLUSTER = """
+import os
 from pathlib import Path
+
+import pytest
 
 import tests.test_slurm
 from tests.test_slurm import slurm_env  # noqa: F401
@@ -20,20 +21,30 @@ from tests.test_slurm import slurm_env  # noqa: F401
 tests.test_slurm.CLUSTER = Path({stub!r})
 
 
+@pytest.fixture(scope="module", autouse=True)
+def ci():
+    before = os.environ.pop("CI", None)
+    os.environ.update({env!r})
+    yield
+    os.environ.pop("CI", None)
+    os.environ.update({{"CI": before}} if before is not None else {{}})
+
+
 def test_needs_the_cluster(slurm_env):
     pass
 """
 
 
-@pytest.mark.parametrize("ci, outcome, code", [(None, "1 skipped", 0), ("true", "1 error", 1)])
-def test_a_cluster_that_cannot_start_skips_only_outside_ci(tmp_path, ci, outcome, code):
+def test_a_cluster_that_cannot_start_skips_only_outside_ci(tmp_path):
     stub = tmp_path / "local_cluster.sh"
     stub.write_text("echo 'slurm is not installed and installing it needs root' >&2\nexit 3\n")
-    test = tmp_path / "test_uses_cluster.py"
-    test.write_text(USES_CLUSTER.format(stub=str(stub)))
-    env = {key: value for key, value in os.environ.items() if key != "CI"} | ({"CI": ci} if ci else {})
+    for name, env in (("test_outside_ci.py", {}), ("test_in_ci.py", {"CI": "true"})):  # one pytest for both
+        (tmp_path / name).write_text(USES_CLUSTER.format(stub=str(stub), env=env))
     cmd = [sys.executable, "-m", "pytest", "-c", str(ROOT / "pytest.ini"), "-o", "addopts=", "-p", "no:xdist",
-           "-p", "no:cacheprovider", "-rA", str(test)]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == code and outcome in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "cannot install slurm here: slurm is not installed" in done.stdout
+           "-p", "no:cacheprovider", "-rA", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=120)
+    out = done.stdout
+    assert done.returncode == 1 and "1 skipped, 1 error" in out, out[-3000:] + done.stderr[-3000:]
+    assert "SKIPPED [1] " in out and "test_outside_ci.py" in out.split("SKIPPED [1] ")[1].splitlines()[0], out
+    assert "ERROR test_in_ci.py::test_needs_the_cluster" in out, out
+    assert out.count("cannot install slurm here: slurm is not installed") >= 2, out
