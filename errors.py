@@ -1,6 +1,7 @@
 """The exception types meant for people: train.py prints each as one line and exits non-zero."""
 from __future__ import annotations
 
+import re
 import signal
 
 
@@ -8,12 +9,20 @@ class ConfigError(Exception):
     """A bad config value or environment; the message names the key, the value and the fix."""
 
 
-def raised_elsewhere(traceback: str) -> ConfigError | None:
-    """The ConfigError another process raised, from the traceback it left, whose last line reads
-    `errors.ConfigError: <message>` (a spawned rank's error file, a DataLoader worker's re-raise)."""
+def raised_elsewhere(traceback: str) -> ConfigError | NonFiniteLoss | None:
+    """The error meant for people that another process raised, from the traceback it left: its last
+    line reads `errors.ConfigError: <message>` (a spawned rank's error file, a DataLoader worker's
+    re-raise) or `errors.NonFiniteLoss: ... at optimizer step <n>; ...` (every rank of a diverged run)."""
     lines = traceback.strip().splitlines()
-    prefix = f"{ConfigError.__module__}.{ConfigError.__qualname__}: "
-    return ConfigError(lines[-1].removeprefix(prefix)) if lines and lines[-1].startswith(prefix) else None
+    last = lines[-1] if lines else ""
+    if last.startswith(_prefix(ConfigError)):
+        return ConfigError(last.removeprefix(_prefix(ConfigError)))
+    diverged = re.match(rf"{re.escape(_prefix(NonFiniteLoss))}.* at optimizer step (\d+);", last)
+    return NonFiniteLoss(int(diverged[1])) if diverged else None
+
+
+def _prefix(kind: type[Exception]) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}: "
 
 
 class RankFailed(Exception):

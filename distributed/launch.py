@@ -237,10 +237,10 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
     except ProcessRaisedException:
         errors = _errors(ranks.error_files)
         # A rank's own check (the optimizer's options, rank 0's download) is the user's to fix, even
-        # when a peer's broken connection was written first.
-        config = next((error for _, _, reason in errors if (error := raised_elsewhere(reason))), None)
-        if config is not None:
-            raise config from None
+        # when a peer's broken connection was written first; a diverged loss stops every rank alike.
+        meant_for_people = next((error for _, _, reason in errors if (error := raised_elsewhere(reason))), None)
+        if meant_for_people is not None:
+            raise meant_for_people from None
         _, rank, reason = errors[0]
         hung = _hung_rank(ranks, reason)
         if hung is not None:
