@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 import torch
@@ -63,6 +64,7 @@ def test_ddp_on_cpu_writes_from_rank_zero_only(tmp_path):
     assert not any(key.startswith("module.") for key in _weights(run_dir / "checkpoints" / "last.pt"))
     log = (run_dir / "train.log").read_text()
     assert log.count("epoch 2/2") == 1 and "[rank 1]" not in log
+    assert f"ranks by host: {socket.gethostname()}: 0 cpu, 1 cpu\n" in log
 
 
 def test_resume_continues_as_if_never_stopped(tmp_path):

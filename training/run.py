@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from dataclasses import replace
 
@@ -12,6 +13,7 @@ from torch import nn
 from config.schema import RunConfig, TrainerConfig
 from data import build_loaders
 from distributed import context, strategies
+from distributed.collectives import all_gather_object
 from distributed.context import DistContext
 from errors import Preempted
 from training.checkpoint import Checkpointer, TrainState, find_resume
@@ -61,6 +63,16 @@ def configure_kernels(settings: TrainerConfig, ctx: DistContext) -> None:
         torch.backends.cudnn.benchmark = settings.cudnn_benchmark and not settings.deterministic
 
 
+def log_placement(ctx: DistContext) -> None:
+    """Where each rank runs, as seed 002 has every rank print it: one line from rank 0, by host."""
+    if ctx.world_size == 1:
+        return
+    hosts: dict[str, list[str]] = {}
+    for rank, (host, device) in enumerate(all_gather_object((socket.gethostname(), str(ctx.device)), ctx)):
+        hosts.setdefault(host, []).append(f"{rank} {device}")
+    log.info("ranks by host: %s", "; ".join(f"{host}: {', '.join(ranks)}" for host, ranks in hosts.items()))
+
+
 def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     """Build everything `job` names, train, report; return the trained (unwrapped) model."""
     start = time.perf_counter()
@@ -99,6 +111,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     resume = find_resume(settings.resume, job.run_dir)
     state = checkpointer.restore(resume) if resume else TrainState()
     memory = MemoryProbe(model, optimizer)  # after restore: loading a sharded checkpoint steps the optimizer once
+    log_placement(ctx)
     log.info(
         "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d%s",
         job.labels["model"], job.labels["dataset"], job.labels["strategy"], ctx.world_size, ctx.device.type,
