@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import sys
+import time
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ from training.metrics import Averages
 from training.precision import Precision
 from training.reporting import Reporter
 from training.run import configure_kernels
-from training.trainer import Trainer
+from training.trainer import Batches, Trainer
 from tests.conftest import typed_config
 
 CPU = torch.device("cpu")
@@ -180,6 +181,19 @@ def test_a_checkpoint_saved_under_any_strategy_loads_under_any_other(process_gro
             for name, value in target.state_dict().items():
                 key = name.replace("module.", "").replace("_orig_mod.", "")
                 assert torch.equal(value, saved[key]), (saved_by, loaded_by, name)
+
+
+def test_an_epochs_wait_for_its_batches_is_measured_and_the_steps_are_not(tmp_path):
+    # The ImageNet example's data time: what the loader costs the steps, apart from the steps.
+    def slow_loader():
+        for _ in range(3):
+            time.sleep(0.05)
+            yield _batch()
+
+    batches = Batches(CPU, None)
+    for _ in batches.take(slow_loader()):
+        time.sleep(0.1)  # a step: not a wait for data
+    assert 0.15 <= batches.waited < 0.35  # the steps' 0.3 s would make it 0.45
 
 
 def test_deterministic_turns_on_deterministic_kernels_and_off_cudnn_benchmark(monkeypatch):

@@ -36,24 +36,30 @@ _NO_BAD_STEP = 2**40  # a first non-finite step s is sent as _NO_BAD_STEP - s: a
 
 @dataclass
 class Batches:
-    """Where a batch goes and how many of them an epoch takes."""
+    """Where a batch goes and how many of them an epoch takes; `waited`: the seconds the last
+    `take` spent waiting for its loader (the ImageNet example's data time)."""
 
     device: torch.device
     limit: int | None
+    waited: float = 0.0
 
     def take(
         self, loader: Iterable, skip: int = 0, skipped: Callable[[], None] | None = None,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """`skipped` runs once the first `skip` batches are drawn, before the next one is: a
         DataLoader without workers draws its augmentations from the stream the steps draw from."""
+        self.waited, resumed = 0.0, time.perf_counter()
         for i, (x, y) in enumerate(loader):
+            self.waited += time.perf_counter() - resumed
             if self.limit is not None and i >= self.limit:
                 return
             if i < skip:  # resuming mid-epoch: drawn in the same order, trained before the stop
                 if i == skip - 1 and skipped is not None:
                     skipped()
+                resumed = time.perf_counter()
                 continue
             yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            resumed = time.perf_counter()
 
     def count(self, loader: Any) -> int:
         return len(loader) if self.limit is None else min(len(loader), self.limit)
@@ -116,6 +122,9 @@ class Trainer:
             epoch = state.epoch
             train, speed = self.train_epoch()
             self._raise_if_nonfinite()
+            # The slowest rank's wait for its batches: every rank's steps wait for that rank.
+            waited = torch.tensor(self.train_batches.waited, dtype=torch.float64, device=self.ctx.device)
+            data_s = all_reduce_max(waited, self.ctx).item()
             # trainer.max_steps may stop partway through: then the epoch stays unfinished and last.pt
             # is a mid-epoch checkpoint, as a preemption's is, so a resume trains the rest of it.
             batches = self.train_batches.count(self.loaders.train)
@@ -135,7 +144,7 @@ class Trainer:
                 state.step,
                 {
                     "val/loss": val.loss, "val/acc": val.acc, "val/acc5": val.acc5, "val/best_acc": state.best_val_acc,
-                    "throughput/samples_per_s": speed, "time/train_s": time.perf_counter() - started,
+                    "throughput/samples_per_s": speed, "time/train_s": time.perf_counter() - started, "time/data_s": data_s,
                     **({"val_ema/loss": ema.loss, "val_ema/acc": ema.acc, "val_ema/acc5": ema.acc5} if ema else {}),
                     **{f"memory/peak_mb/device{i}": mb for i, mb in enumerate(memory or [])},
                 },
@@ -147,10 +156,10 @@ class Trainer:
             )
             log.info(
                 "%s  train loss %.4f acc %.4f  val loss %.4f acc %.4f acc5 %.4f%s  best acc %.4f acc5 %.4f"
-                "  %.0f samples/s",
+                "  %.0f samples/s  data wait %.2f s",
                 where, train.loss, train.acc, val.loss, val.acc, val.acc5,
                 f"  ema loss {ema.loss:.4f} acc {ema.acc:.4f} acc5 {ema.acc5:.4f}" if ema else "",
-                state.best_val_acc, state.best_val_acc5, speed,
+                state.best_val_acc, state.best_val_acc5, speed, data_s,
             )
             self.checkpointer.save(state, best=improved)  # mid-epoch: every rank's random stream as training left it
             more = state.epoch < settings.epochs and not self._done()
