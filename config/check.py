@@ -118,11 +118,13 @@ def _check_recipe(cfg: Config) -> None:
 def _check_schedule(resume: str | None, trained: Mapping[str, Any] | None, scheduler: Mapping[str, Any]) -> None:
     """The schedule a resume asks for is the one it trained with: loading the scheduler's state puts
     back the saved T_max, step_size, ..., so a run resumed with `trainer.epochs` raised would train
-    its extra epochs on a cosine already at lr 0."""
+    its extra epochs on a cosine already at lr 0; a warmup of another length would change course
+    mid-run."""
     if trained is None or not isinstance(trained.get("scheduler"), dict):  # a checkpoint that does not say
         return
-    before = target_arguments(trained["scheduler"], ScheduleConfig)
-    keys = sorted({*before, *scheduler}, key=lambda k: (k != "_target_", k))  # the kind of schedule first
+    before = trained["scheduler"]
+    ours = [f.name for f in fields(ScheduleConfig)]  # the warmup, before what it changes (T_max)
+    keys = sorted({*before, *scheduler}, key=lambda k: (k != "_target_", k not in ours, k))
     key = next((k for k in keys if before.get(k) != scheduler.get(k)), None)
     if key is None:
         return
@@ -222,7 +224,7 @@ def _check_resume(cfg: Config, run_dir: Path | None) -> None:
                 f"{'without' if warmed else 'with'} one; resume with the scheduler.warmup_epochs it trained with"
             )
         if not test_only:
-            _check_schedule(resume, trained_config(checkpoint), target_arguments(cfg.scheduler, ScheduleConfig))
+            _check_schedule(resume, trained_config(checkpoint), cfg.scheduler)
     elif test_only and cfg.model.get("weights") is None:
         raise ConfigError(
             f"trainer.test_only=true evaluates trained weights, but trainer.resume={resume} names no checkpoint; "

@@ -370,6 +370,14 @@ def test_a_checkpoint_resumes_only_with_the_schedule_it_trained_with(tmp_path):
         check(typed_config(f"trainer.resume={path}", "scheduler=none"))
     check(typed_config(f"trainer.resume={path}", "trainer.epochs=2"))
     check(typed_config(f"trainer.resume={path}", "trainer.epochs=4", "trainer.test_only=true"))
+    # A warmup of another length: named before the T_max it also changes.
+    warm = tmp_path / "warm.pt"
+    config = OmegaConf.to_yaml(compose_config("trainer.epochs=4", "scheduler.warmup_epochs=1"), resolve=True)
+    save_checkpoint({"model": MnistNet(1, 10, 8).state_dict(), "optimizer": {}, "epoch": 1, "step": 23, "best": 0.5,
+                     "scheduler": {"target": [0.05], "epoch": 1, "last_step": 23, "after": {}}, "config": config}, warm)
+    with pytest.raises(ConfigError, match=r"warm.pt trained with scheduler.warmup_epochs=1, and this run asks for 2: "):
+        check(typed_config(f"trainer.resume={warm}", "trainer.epochs=4", "scheduler.warmup_epochs=2"))
+    check(typed_config(f"trainer.resume={warm}", "trainer.epochs=4", "scheduler.warmup_epochs=1"))
 
 
 @pytest.mark.parametrize("policy, name", [("ra", "RandAugment"), ("augmix", "AugMix")])
