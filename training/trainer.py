@@ -56,9 +56,8 @@ class Batches:
             if i < skip:  # resuming mid-epoch: drawn in the same order, trained before the stop
                 if i == skip - 1 and skipped is not None:
                     skipped()
-                resumed = time.perf_counter()
-                continue
-            yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            else:
+                yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             resumed = time.perf_counter()
 
     def count(self, loader: Any) -> int:
