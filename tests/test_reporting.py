@@ -117,3 +117,19 @@ def test_tensorboard_checksums_records_in_c_with_its_own_values(tmp_path):
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     assert [s.value for s in events.Scalars("x")] == [1.0]
+
+
+def test_the_grid_is_encoded_again_only_when_a_caption_changes(monkeypatch):
+    import training.reporting as reporting
+    from PIL import Image
+
+    encodings = []
+    monkeypatch.setattr(reporting, "image_summary", lambda tag, hwc: encodings.append(tag) or image_summary(tag, hwc))
+    images, targets = torch.randn(4, 1, 8, 8), torch.arange(4)
+    grid = SampleGrid(images, targets)
+    first = grid.summary("val/samples", targets)
+    assert grid.summary("val/samples", targets.clone()) is first and len(encodings) == 1
+    changed = grid.summary("val/samples", torch.tensor([0, 1, 2, 0]))
+    assert len(encodings) == 2
+    png = changed.value[0].image.encoded_image_string
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(png))), SampleGrid(images, targets).draw(torch.tensor([0, 1, 2, 0])))

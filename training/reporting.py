@@ -121,7 +121,7 @@ class Reporter:
         predicted = net(images.to(self.device)).argmax(dim=1).cpu()
         net.train(training)
         if grid is not None:
-            self._writer.file_writer.add_summary(image_summary("val/samples", grid.draw(predicted)), step)
+            self._writer.file_writer.add_summary(grid.summary("val/samples", predicted), step)
 
     def hparams(self, options: dict[str, Any], metrics: dict[str, Any], swept: dict[str, Any] | None = None) -> None:
         """One row in the HParams tab: this job's options against its final figures.
@@ -184,8 +184,9 @@ class SampleGrid:
     """An HWC uint8 grid of the same images each epoch, each scaled to its own min..max and captioned
     predicted / true label, green when right, red when wrong.
 
-    The tiles are drawn once and a caption only when its prediction changes: redrawing the whole
-    grid took ~2 ms an epoch, the PNG encoding after it ~2 ms. A caption is cut at its tile's width."""
+    The tiles are drawn once, a caption only when its prediction changes, and the PNG encoded only
+    when a caption did: redrawing the whole grid took ~2 ms an epoch, encoding it ~2 ms, and once a
+    model has learnt its samples most epochs change no caption. A caption is cut at its tile's width."""
 
     CAPTION, GAP = 14, 2
 
@@ -204,6 +205,14 @@ class SampleGrid:
         for i, hwc in enumerate(pixels.permute(0, 2, 3, 1).numpy()):
             self._grid.paste(Image.fromarray(hwc).resize((tile, tile), Image.NEAREST), self._corner(i))
         self._shown: list[int | None] = [None] * len(images)
+        self._summary: tuple[tuple[str, list[int]], Summary] | None = None  # the last one, by (tag, predictions)
+
+    def summary(self, tag: str, predicted: torch.Tensor) -> Summary:
+        """The grid's image summary for these predictions."""
+        key = tag, predicted.tolist()
+        if self._summary is None or self._summary[0] != key:
+            self._summary = key, image_summary(tag, self.draw(predicted))
+        return self._summary[1]
 
     def draw(self, predicted: torch.Tensor) -> np.ndarray:
         for i, (p, t) in enumerate(zip(predicted.tolist(), self.targets)):
