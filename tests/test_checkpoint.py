@@ -200,6 +200,26 @@ def test_a_failed_background_write_raises_at_a_later_save_or_at_close(tmp_path, 
     assert not (tmp_path / "last.pt").exists()
 
 
+def test_a_whole_file_last_pt_deletes_the_sharded_one_it_replaces(tmp_path):
+    # An fsdp run's sharded last.pt, resumed in its run dir under single or ddp: the whole file that
+    # replaces its link leaves no directory behind; until then a failed save leaves it in place.
+    from training.sharded_checkpoint import _commit
+
+    directory = tmp_path / "checkpoints"
+    for step in (3, 6):  # the second commit deletes the first version, as every fsdp save does
+        (directory / ".last.pt.shards.tmp").mkdir(parents=True)
+        (directory / ".last.pt.shards.tmp" / ".metadata").write_bytes(b"shards")
+        _commit(directory / ".last.pt.shards.tmp", directory / "last.pt", f"last.pt.step{step}.abc123")
+    assert sorted(p.name for p in directory.iterdir()) == ["last.pt", "last.pt.step6.abc123"]
+    with pytest.raises(Exception):
+        save_checkpoint({"bad": lambda: None}, directory / "last.pt")
+    assert (directory / "last.pt" / ".metadata").read_bytes() == b"shards"
+    save_checkpoint({"epoch": 2}, directory / "best.pt")
+    save_checkpoint({"epoch": 2}, directory / "last.pt")
+    assert sorted(p.name for p in directory.iterdir()) == ["best.pt", "last.pt"]
+    assert load_checkpoint(directory / "last.pt") == {"epoch": 2}
+
+
 def test_resume_auto_finds_last_pt_or_starts_fresh(tmp_path):
     assert find_resume("auto", tmp_path) is None
     save_checkpoint({"epoch": 1}, tmp_path / "checkpoints" / "last.pt")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,15 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+    drop_unnamed_versions(path)  # an fsdp run's sharded last.pt, now that this file replaced its link
+
+
+def drop_unnamed_versions(path: Path, named: str | None = None) -> None:
+    """Delete strategy=fsdp's sharded versions of `path` (its `last.pt.step120.3fa9c1/` directories)
+    but the one `path` names now, if any: once `path` no longer names them nothing reads them."""
+    for old in path.parent.glob(f"{path.name}.*"):
+        if old.name != named and old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from torch import nn
 
 from distributed.collectives import all_gather_object, barrier
 from distributed.context import DistContext
-from training.checkpoint import Checkpointer, TrainState, _gather_rng, save_checkpoint
+from training.checkpoint import Checkpointer, TrainState, _gather_rng, drop_unnamed_versions, save_checkpoint
 
 
 class ShardedCheckpointer(Checkpointer):
@@ -91,9 +91,7 @@ def _commit(tmp: Path, final: Path, version: str) -> None:
     os.symlink(version, link)  # relative: the run dir can be moved or copied whole
     os.replace(link, final)
     _fsync(directory)
-    for old in directory.glob(f"{final.name}.*"):
-        if old.name != version and old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
+    drop_unnamed_versions(final, named=version)
 
 
 def _fsync(directory: Path) -> None:
