@@ -50,7 +50,7 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
 def drop_unnamed_versions(path: Path, named: str | None = None) -> None:
     """Delete strategy=fsdp's sharded versions of `path` (its `last.pt.step120.3fa9c1/` directories)
     but the one `path` names now, if any: once `path` no longer names them nothing reads them."""
-    for old in path.parent.glob(f"{path.name}.*"):
+    for old in path.parent.glob(f"{path.name}.step*"):
         if old.name != named and old.is_dir() and not old.is_symlink():
             shutil.rmtree(old, ignore_errors=True)
 
