@@ -13,12 +13,15 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from config.setup import compose
+from config.setup import CONF_DIR, compose, register
 from hydra_plugins.optuna_study_sweeper import _study
 from hydra_plugins.optuna_study_sweeper.optuna_study_sweeper import ExitIsFailure
 from tests import train_server
@@ -284,3 +287,82 @@ def test_train_py_returns_the_metric_optimized_metric_names_to_the_sweeper(tmp_p
     (trial,) = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}").get_trials()
     metrics = yaml.safe_load((sweep / trial.user_attrs["job"] / "metrics.json").read_text())
     assert trial.value == metrics["val_loss"] != metrics["best_val_acc"]
+
+
+def test_a_trials_value_goes_back_to_hydra_as_that_value():
+    space, _ = _study.search_space(["a=choice('b,c','x y',plain,3,1.5e-5,true)"])
+    parser = OverridesParser.create()
+    for value in space["a"].choices:
+        parsed = parser.parse_override(_study.override_of("a", value))
+        assert not parsed.is_sweep_override() and parsed.value() == value  # 'b,c' was a sweep of b and c
+
+
+def test_glob_searches_a_config_groups_options():
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        space, _ = _study.search_space(["model=glob([simple_cnn,mnist_net,none_such])"],
+                                       GlobalHydra.instance().config_loader())
+    assert space["model"].choices == ("mnist_net", "simple_cnn")
+
+
+@pytest.mark.parametrize("override, error", [
+    ("a=shuffle(1,2,3)", "a=shuffle(1,2,3): a search draws its own order, drop shuffle(...)"),
+    ("a=shuffle(range(1,4))", "a=shuffle(range(1,4)): a search draws its own order, drop shuffle(...)"),
+    ("lr=tag(log,interval(0,1))", "lr=tag(log,interval(0,1)): `low > 0` must hold for `log=True`"),
+    ("lr=interval(0.1,0.01)", "lr=interval(0.1,0.01): `low <= high` must hold"),
+])
+def test_a_space_optuna_cannot_search_is_one_line_naming_the_override(override, error):
+    with pytest.raises(_study.SearchError) as refused:
+        _study.search_space([override])
+    assert str(refused.value).startswith(error) and "\n" not in str(refused.value)
+
+
+def test_a_runs_seed_differs_from_every_other_machines_run():
+    # seed + earlier gave the run with seed 1 on an empty study and seed 0 after one trial the same seed.
+    assert _study._reseeded(1, 0) == {} and _study._reseeded(None, 5) == {}
+    seeds = {(seed, earlier): _study._reseeded(seed, earlier)["seed"] for seed in range(4) for earlier in range(1, 5)}
+    assert len(set(seeds.values())) == len(seeds) and not set(seeds.values()) & set(range(4))
+
+
+@pytest.mark.parametrize("storage, sampler, error", [
+    ("sqlite:////no/such/dir/optuna.db", SAMPLER, "hydra.sweeper.storage=sqlite:////no/such/dir/optuna.db: OperationalError"),
+    ("nosuchdb://host/db", SAMPLER, "hydra.sweeper.storage=nosuchdb://host/db: NoSuchModuleError"),
+    (None, OmegaConf.create({"_target_": "optuna.samplers.RandomSampler", "constant_liar": True}),
+     "hydra.sweeper.sampler: RandomSampler.__init__() got an unexpected keyword argument 'constant_liar'; drop"),
+])
+def test_a_storage_or_sampler_that_cannot_be_made_is_one_line(storage, sampler, error):
+    with pytest.raises(_study.SearchError) as refused:
+        _study.open_study("s", storage, "maximize", sampler, COMMAND, 10, None)
+    assert str(refused.value).startswith(error) and "\n" not in str(refused.value), refused.value
+
+
+def test_a_new_study_refuses_a_dir_holding_another_searchs_jobs(tmp_path):
+    study, _ = _study.open_study("s", None, "maximize", SAMPLER, COMMAND, 10, None)  # in memory: gone with its process
+    (tmp_path / "optuna.db").touch()
+    (tmp_path / "runs").mkdir()  # a job's dir is named by its number, then _ and its overrides if any
+    _study.check_new_study_has_its_own_dir(study, None, tmp_path)
+    (tmp_path / "0_optimizer.lr-0.01").mkdir()
+    with pytest.raises(_study.SearchError, match=f"{tmp_path} holds another search's job dirs \\(0_optimizer.lr-0.01, "
+                                                 "...\\) and study s in memory has no trials"):
+        _study.check_new_study_has_its_own_dir(study, None, tmp_path)
+    study.add_trial(optuna.create_trial(params={}, distributions={}, value=1.0))  # the study that ran them: goes on
+    _study.check_new_study_has_its_own_dir(study, None, tmp_path)
+
+
+def test_a_refused_search_leaves_the_record_of_the_one_in_its_dir(tmp_path):
+    sweep = tmp_path / "search"
+    args = ["-m", "hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=1", "debug=fdr",
+            "trainer.progress_bar=false"]
+    done = train_server.run(args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = (sweep / "multirun.yaml").read_text()
+    for refused, error in [
+        (["trainer.epochs=2"], "error: study digits in sqlite:///"),  # another search under the same name
+        (["hydra.sweeper.storage=null"], f"error: {sweep} holds another search's job dirs (0_"),
+        (["hydra.sweeper.n_jobs=0"], "error: hydra.sweeper: n_jobs must be 1 or more"),
+    ]:
+        again = train_server.run([*args, *refused])
+        # The last line, one line: Optuna logs to stderr before it (a study created, or loaded).
+        assert again.returncode == 2 and again.stderr.splitlines()[-1].startswith(error), again.stderr
+        assert "Traceback" not in again.stderr and "HYDRA_FULL_ERROR" not in again.stderr, again.stderr
+        assert (sweep / "multirun.yaml").read_text() == record

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -20,7 +21,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
+from hydra.core.config_loader import ConfigLoader
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep, Transformer
 from hydra.core.utils import JobReturn
@@ -44,14 +47,17 @@ class SearchError(Exception):
     """A search that cannot start or go on as asked; the message says what to change."""
 
 
-def search_space(overrides: Sequence[str]) -> tuple[dict[str, BaseDistribution], list[str]]:
+def search_space(
+    overrides: Sequence[str], config_loader: ConfigLoader | None = None
+) -> tuple[dict[str, BaseDistribution], list[str]]:
     """Hydra sweep overrides as Optuna distributions; the plain ones pass to every trial as they are.
 
     A later override of a key replaces an earlier one: the command line beats hparams_search's params.
+    `config_loader` lists a config group's options for glob(...).
     """
     space: dict[str, BaseDistribution] = {}
     fixed: dict[str, str] = {}
-    for override in OverridesParser.create().parse_overrides(list(overrides)):
+    for override in OverridesParser.create(config_loader=config_loader).parse_overrides(list(overrides)):
         key = override.get_key_element()
         space.pop(key, None)
         fixed.pop(key, None)
@@ -66,8 +72,17 @@ def search_space(overrides: Sequence[str]) -> tuple[dict[str, BaseDistribution],
 def distribution(override: Override) -> BaseDistribution:
     """choice(...) and a,b,c: categorical; interval(a, b): uniform floats, tag(log, ...) log-uniform;
     range(a, b, step): every step-th value, b excluded as in Hydra's basic sweeper."""
+    if getattr(override.value(), "shuffle", False):  # a new order at each parse: the study could not be continued
+        raise SearchError(f"{override.input_line}: a search draws its own order, drop shuffle(...)")
+    try:
+        return _distribution(override)
+    except ValueError as e:  # Optuna's own checks: low above high, a log scale from 0
+        raise SearchError(f"{override.input_line}: {str(e).splitlines()[0]}") from None
+
+
+def _distribution(override: Override) -> BaseDistribution:
     value = override.value()
-    if override.is_choice_sweep() or (isinstance(value, RangeSweep) and value.shuffle):
+    if override.is_choice_sweep():
         return CategoricalDistribution(list(override.sweep_iterator(transformer=Transformer.encode)))
     if isinstance(value, RangeSweep):
         values = sorted(override.sweep_iterator())  # a descending range(10, 0, -2) holds the same values
@@ -85,7 +100,8 @@ def distribution(override: Override) -> BaseDistribution:
 
 
 def override_of(key: str, value: Any) -> str:
-    return f"{key}={value}"
+    """A trial's value as an override Hydra reads back as that value: a choice such as 'b,c' escaped."""
+    return f"{key}={Transformer.str(value)}"
 
 
 class _Storage(RDBStorage):
@@ -120,23 +136,41 @@ def open_study(
 ) -> tuple[optuna.Study, RDBStorage | None]:
     """Create the study, or load it if the storage holds one of this name run by the same command;
     with the storage it is in, for heartbeats (the study's own handle on it is private)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeats: experimental since Optuna 2.9
-        rdb = _Storage(
-            storage,
-            heartbeat_interval=heartbeat_interval,
-            grace_period=grace_period,
-            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
-        ) if storage else None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeats: experimental since Optuna 2.9
+            rdb = _Storage(
+                storage,
+                heartbeat_interval=heartbeat_interval,
+                grace_period=grace_period,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
+            ) if storage else None
+    except Exception as e:  # SQLAlchemy's errors, a missing database driver, Optuna's own checks
+        raise SearchError(f"hydra.sweeper.storage={storage}: {type(e).__name__}: {_first_line(e)}") from None
     earlier = _trial_count(rdb, name)
-    seed = sampler.get("seed")
-    # The first run's seed again would propose the first run's parameters again.
-    reseed = {"seed": seed + earlier} if seed is not None and earlier else {}
-    study = optuna.create_study(
-        study_name=name, storage=rdb, sampler=instantiate(sampler, **reseed), direction=direction, load_if_exists=True
-    )
+    try:
+        built = instantiate(sampler, **_reseeded(sampler.get("seed"), earlier))
+    except Exception as e:  # e.g. another sampler's _target_ with TPESampler's constant_liar still set
+        raise SearchError(
+            f"hydra.sweeper.sampler: {_first_line(e.__cause__ or e)}; drop the keys the sampler does not take "
+            "(~hydra.sweeper.sampler.constant_liar)"
+        ) from None
+    study = optuna.create_study(study_name=name, storage=rdb, sampler=built, direction=direction, load_if_exists=True)
     _check_same_search(study, storage, direction, command)
     return study, rdb
+
+
+def _reseeded(seed: int | None, earlier: int) -> dict[str, int]:
+    """The sampler's seed for a run of the study that `earlier` trials came before: the first run's
+    seed again would propose the first run's parameters again, and seed + earlier would give two
+    machines' runs (seed 1 on an empty study, seed 0 after one trial) the same one."""
+    if seed is None or not earlier:
+        return {}
+    return {"seed": int(np.random.SeedSequence([seed, earlier]).generate_state(1)[0])}
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
 
 
 def _trial_count(storage: RDBStorage | None, name: str) -> int:
@@ -167,6 +201,20 @@ def _check_same_search(study: optuna.Study, storage: str | None, direction: str,
         f"{' '.join(new) or 'nothing more'}; run the same search to continue it, or start another with "
         "hydra.sweeper.study_name=NAME"
     )
+
+
+def check_new_study_has_its_own_dir(study: optuna.Study, storage: str | None, sweep_dir: Path) -> None:
+    """A study with no trials numbers its jobs from 0 again: into the job dirs another search left
+    here (a study in memory, a deleted database), each of which would refuse its job."""
+    if study.get_trials(deepcopy=False):
+        return
+    taken = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir() and re.fullmatch(r"\d+(_.*)?", p.name))
+    if taken:
+        raise SearchError(
+            f"{sweep_dir} holds another search's job dirs ({taken[0]}, ...) and study {study.study_name} in "
+            f"{storage or 'memory'} has no trials: give this search hydra.sweep.dir of its own, or the storage "
+            "that holds its study"
+        )
 
 
 def _flatten(command: dict[str, Any]) -> list[str]:
@@ -228,18 +276,17 @@ def run(
         if failures and (len(failures) / len(trials) > max_failure_rate or failed >= n_trials):
             raise SearchError(
                 f"{len(failures)} of {len(trials)} trial(s) failed ({failed} in this search, "
-                f"hydra.sweeper.max_failure_rate={max_failure_rate}), the first with {type(failures[0]).__name__}: "
-                f"{failures[0]}; see its job's log"
+                f"hydra.sweeper.max_failure_rate={max_failure_rate}), the first {failures[0]}"
             )
 
 
 def _run_batch(
     study: optuna.Study, trials: list[Trial], fixed: list[str], launch: Launch, sweep_dir: Path,
     heartbeat: RDBStorage | None,
-) -> list[Exception]:
-    """Launch the trials, tell the study how each went; the exceptions of those that failed."""
+) -> list[str]:
+    """Launch the trials, tell the study how each went; what went wrong in those that failed."""
     overrides = [[*fixed, *(override_of(k, v) for k, v in trial.params.items())] for trial in trials]
-    failures: list[Exception] = []
+    failures: list[str] = []
     told: set[int] = set()
     with _Heartbeat(heartbeat, trials):
         try:
@@ -258,10 +305,12 @@ def _run_batch(
     return failures
 
 
-def _tell(study: optuna.Study, trial: Trial, ret: JobReturn, sweep_dir: Path) -> Exception | None:
-    """Tell the study what the job returned; the job's exception if it failed."""
+def _tell(study: optuna.Study, trial: Trial, ret: JobReturn, sweep_dir: Path) -> str | None:
+    """Tell the study what the job returned; if it failed, which job and its exception."""
+    job = None
     if ret.hydra_cfg is not None:
-        trial.set_user_attr("job", os.path.relpath(ret.hydra_cfg.hydra.runtime.output_dir, sweep_dir))
+        job = Path(ret.hydra_cfg.hydra.runtime.output_dir)
+        trial.set_user_attr("job", os.path.relpath(job, sweep_dir))
     try:
         value = ret.return_value  # re-raises the job's exception if it failed
         if value is None:
@@ -272,7 +321,7 @@ def _tell(study: optuna.Study, trial: Trial, ret: JobReturn, sweep_dir: Path) ->
     except Exception as e:
         log.warning("trial %d failed: %s: %s", trial.number, type(e).__name__, e)
         study.tell(trial, state=TrialState.FAIL)
-        return e
+        return f"(trial {trial.number}) with {type(e).__name__}: {e}" + (f"; its log: {job / 'train.log'}" if job else "")
     study.tell(trial, value)
     return None
 
@@ -378,16 +427,31 @@ def sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any]
         sys.exit(2)
 
 
-def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any]:
+def check_options(sweeper: Any) -> None:
+    if sweeper.direction not in ("maximize", "minimize"):
+        raise SearchError(f"hydra.sweeper.direction={sweeper.direction}: choose maximize or minimize")
     check_direction(sweeper.metric, sweeper.direction)
-    space, fixed = search_space([*(override_of(k, v) for k, v in sweeper.params.items()), *arguments])
+    if sweeper.n_jobs < 1 or sweeper.n_trials < 0 or not 0.0 <= sweeper.max_failure_rate <= 1.0:
+        raise SearchError("hydra.sweeper: n_jobs must be 1 or more, n_trials 0 or more, max_failure_rate in [0, 1]")
+    if sweeper.heartbeat_interval < 1:
+        raise SearchError(f"hydra.sweeper.heartbeat_interval={sweeper.heartbeat_interval}: give 1 s or more")
+
+
+def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any]:
+    check_options(sweeper)
+    params = [f"{key}={sweep}" for key, sweep in sweeper.params.items()]
+    space, fixed = search_space([*params, *arguments], sweeper.hydra_context.config_loader)
     if not space:
         raise SearchError("nothing to search: give hydra.sweeper.params (or pick one with hparams_search=...)")
     command = {"overrides": sorted(fixed), "search_space": {k: repr(d) for k, d in sorted(space.items())}}
+    sweep_dir.mkdir(parents=True, exist_ok=True)  # the default storage's database is in it
     study, storage = open_study(
         sweeper.study_name, sweeper.storage, sweeper.direction, sweeper.sampler, command,
         sweeper.heartbeat_interval, sweeper.grace_period,
     )
+    check_new_study_has_its_own_dir(study, sweeper.storage, sweep_dir)
+    # Only now: a refused command leaves the record of the search the dir holds as it was.
+    OmegaConf.save(sweeper.config, sweep_dir / "multirun.yaml")
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     log.info(
         "Study %s (%s %s) in %s: %d of %d trials complete; after a kill, run the same command again to go on",

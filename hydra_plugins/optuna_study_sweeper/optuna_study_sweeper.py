@@ -9,7 +9,7 @@ from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 
 class ExitIsFailure:
@@ -45,12 +45,6 @@ class OptunaStudySweeper(Sweeper):
         sampler: DictConfig,
         params: Optional[DictConfig],
     ) -> None:
-        if direction not in ("maximize", "minimize"):
-            raise ValueError(f"hydra.sweeper.direction={direction}: choose maximize or minimize")
-        if n_jobs < 1 or n_trials < 0 or not 0.0 <= max_failure_rate <= 1.0:
-            raise ValueError(
-                "hydra.sweeper: n_jobs must be 1 or more, n_trials 0 or more, max_failure_rate in [0, 1]"
-            )
         self.metric = metric
         self.direction = direction
         self.study_name = study_name
@@ -77,7 +71,4 @@ class OptunaStudySweeper(Sweeper):
         from hydra_plugins.optuna_study_sweeper import _study
 
         assert self.config is not None and self.launcher is not None
-        sweep_dir = Path(self.config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        return _study.sweep(self, arguments, sweep_dir)
+        return _study.sweep(self, arguments, Path(self.config.hydra.sweep.dir))
