@@ -35,14 +35,23 @@ COMMAND = {"overrides": ["trainer.epochs=1"], "search_space": {k: repr(d) for k,
 class FakeLauncher:
     """Hydra's launcher as the sweeper sees it: each job returns lr x 10 (or raises)."""
 
-    def __init__(self, sweep_dir: Path, fail: bool = False, interrupt: bool = False, value: float | None = None) -> None:
-        self.sweep_dir, self.fail, self.interrupt, self.value = sweep_dir, fail, interrupt, value
+    def __init__(self, sweep_dir: Path, fail: bool = False, interrupt: bool | int = False, value: float | None = None,
+                 lost: int | None = None, together: int = 1) -> None:
+        """interrupt: Ctrl-C in every job (True) or in job N's; lost: job N dies unseen (the launcher
+        raises, as submitit does for a SLURM job killed for memory); together: jobs 0 to N - 1 must all
+        be in flight at once before any returns."""
+        self.sweep_dir, self.fail, self.interrupt, self.value, self.lost = sweep_dir, fail, interrupt, value, lost
+        self.together = threading.Barrier(together, timeout=30) if together > 1 else None
         self.calls: list[tuple[list[list[str]], int]] = []
 
     def __call__(self, batch: list[list[str]], first: int) -> list[JobReturn]:
         self.calls.append((batch, first))
-        if self.interrupt:
+        if self.together is not None and first < self.together.parties:
+            self.together.wait()
+        if self.interrupt is True or self.interrupt == first > 0:
             raise KeyboardInterrupt
+        if first == self.lost:
+            raise RuntimeError(f"Job {first} (task: 0) with path .submitit/{first}_0 has state OUT_OF_MEMORY")
         return [self._job(overrides, first + i) for i, overrides in enumerate(batch)]
 
     def _job(self, overrides: list[str], num: int) -> JobReturn:
@@ -92,16 +101,17 @@ def test_a_study_is_topped_up_to_n_trials_in_batches_of_n_jobs(tmp_path):
     study, storage = _open(tmp_path)
     launch = FakeLauncher(tmp_path)
     _study.run(study, SPACE, ["trainer.epochs=1"], launch, tmp_path, n_trials=3, n_jobs=2, heartbeat=storage)
-    assert [(len(batch), first) for batch, first in launch.calls] == [(2, 0), (1, 2)]  # job number = trial number
+    # A launch per trial (one job's failure is its own), its job numbered by the trial.
+    assert [(len(batch), first) for batch, first in launch.calls] == [(1, 0), (1, 1), (1, 2)]
     assert all(o[0] == "trainer.epochs=1" for batch, _ in launch.calls for o in batch)
     assert _states(study) == ["COMPLETE"] * 3
     assert [t.user_attrs["job"] for t in study.get_trials()] == ["0", "1", "2"]
 
     study, storage = _open(tmp_path)  # the same command again: nothing left to do
     _study.run(study, SPACE, ["trainer.epochs=1"], launch, tmp_path, n_trials=3, n_jobs=2, heartbeat=storage)
-    assert len(launch.calls) == 2
+    assert len(launch.calls) == 3
     _study.run(study, SPACE, ["trainer.epochs=1"], launch, tmp_path, n_trials=4, n_jobs=2, heartbeat=storage)
-    assert [first for _, first in launch.calls] == [0, 2, 3] and _states(study) == ["COMPLETE"] * 4
+    assert [first for _, first in launch.calls] == [0, 1, 2, 3] and _states(study) == ["COMPLETE"] * 4
 
 
 def test_a_trial_left_running_by_a_killed_sweep_runs_again_with_its_parameters(tmp_path):
@@ -179,6 +189,25 @@ def test_a_failed_trial_stops_the_search_and_an_interrupted_one_is_queued_again(
     interrupted, queued = study.get_trials()[1:]
     assert (interrupted.state, queued.state) == (TrialState.FAIL, TrialState.WAITING)
     assert queued.params == interrupted.params and queued.system_attrs["failed_trial"] == interrupted.number
+
+
+def test_trials_launched_together_run_at_once_and_a_lost_job_fails_its_trial_alone(tmp_path):
+    study, storage = _open(tmp_path)
+    launch = FakeLauncher(tmp_path, lost=1, together=3)  # the first 3 wait until all 3 are in flight
+    _study.run(study, SPACE, [], launch, tmp_path, n_trials=3, n_jobs=3, heartbeat=storage, max_failure_rate=0.5,
+               parallel=True)
+    assert _states(study) == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]  # the lost one's place taken by a 4th
+    assert sorted(first for _, first in launch.calls) == [0, 1, 2, 3]
+    with pytest.raises(_study.SearchError, match=r"the first \(trial 4\) with RuntimeError: Job 4 .* OUT_OF_MEMORY"):
+        _study.run(study, SPACE, [], FakeLauncher(tmp_path, lost=4), tmp_path, n_trials=4, n_jobs=1, heartbeat=storage)
+
+
+def test_ctrl_c_keeps_the_trials_that_ended_before_it(tmp_path):
+    study, storage = _open(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        _study.run(study, SPACE, [], FakeLauncher(tmp_path, interrupt=1), tmp_path, n_trials=2, n_jobs=2,
+                   heartbeat=storage)
+    assert _states(study) == ["COMPLETE", "FAIL", "WAITING"]  # trial 1 queued again; trial 0's value kept
 
 
 def test_a_search_whose_trials_all_fail_ends_even_when_failures_are_tolerated(tmp_path):

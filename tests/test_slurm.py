@@ -122,8 +122,8 @@ def test_search_runs_two_trials_at_once_as_slurm_jobs(slurm_env, tmp_path):
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
     jobs = [sweep / t.user_attrs["job"] for t in trials]
     assert [json.loads((job / "metrics.json").read_text())["best_val_acc"] for job in jobs] == [t.value for t in trials]
-    # Both in flight at once: asked together, told after one array ran both. (When SLURM starts each
-    # task is its scheduler's business: on a loaded node a 3-step job may end before the other starts.)
+    # Both in flight at once: asked together, each a SLURM job of its own (a job killed for memory or
+    # time fails its trial alone), told as each ends. (When SLURM starts each is its scheduler's
+    # business: on a loaded node a 3-step job may end before the other starts.)
     assert max(t.datetime_start for t in trials) < min(t.datetime_complete for t in trials)
-    tasks = [p.name.split("_") for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", p.name)]
-    assert sorted(task for _, task in tasks) == ["0", "1"] and len({job for job, _ in tasks}) == 1  # one array
+    assert len([p for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)]) == 2

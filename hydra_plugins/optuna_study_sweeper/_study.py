@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import queue
 import re
 import sys
 import threading
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import optuna
+from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra.core.config_loader import ConfigLoader
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep, Transformer
@@ -244,8 +246,10 @@ def run(
     max_failure_rate: float = 0.0,
     poll_s: float = 10.0,
     after_batch: Callable[[], None] = lambda: None,
+    parallel: bool = False,
 ) -> None:
-    """Launch batches of up to n_jobs trials until the study holds n_trials complete ones."""
+    """Launch batches of up to n_jobs trials until the study holds n_trials complete ones; with
+    `parallel` (a launcher whose jobs run outside this process) a batch's trials run at once."""
     waiting_for = 0
     failed = 0
     while True:
@@ -269,7 +273,7 @@ def run(
             # Optuna expects heartbeats from Study.optimize; with ask/tell, _Heartbeat beats instead.
             warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")
             trials = [study.ask(space) for _ in range(size)]
-        failures = _run_batch(study, trials, fixed, launch, sweep_dir, heartbeat)
+        failures = _run_batch(study, trials, fixed, launch, sweep_dir, heartbeat, parallel)
         after_batch()
         failed += len(failures)
         # Failed trials do not count towards n_trials: a space that always fails must still end.
@@ -282,36 +286,74 @@ def run(
 
 def _run_batch(
     study: optuna.Study, trials: list[Trial], fixed: list[str], launch: Launch, sweep_dir: Path,
-    heartbeat: RDBStorage | None,
+    heartbeat: RDBStorage | None, parallel: bool,
 ) -> list[str]:
-    """Launch the trials, tell the study how each went; what went wrong in those that failed."""
+    """Launch the trials, tell the study how each went as it ends; what went wrong in those that failed."""
     overrides = [[*fixed, *(override_of(k, v) for k, v in trial.params.items())] for trial in trials]
     failures: list[str] = []
     told: set[int] = set()
     with _Heartbeat(heartbeat, trials):
         try:
-            # Job numbers are trial numbers, so a job's dir stays unique in the study even when
-            # another sweeper's asks interleave with ours.
-            for run_of in _consecutive(trials):
-                returns = launch([overrides[i] for i in run_of], trials[run_of[0]].number)
-                for i, ret in zip(run_of, returns):
-                    error = _tell(study, trials[i], ret, sweep_dir)
-                    told.add(i)
-                    if error is not None:
-                        failures.append(error)
+            for i, outcome in _launched(launch, overrides, [t.number for t in trials], parallel):
+                error = _tell(study, trials[i], outcome, sweep_dir)
+                told.add(i)
+                if error is not None:
+                    failures.append(error)
         except BaseException as e:
             _abandon(study, [t for i, t in enumerate(trials) if i not in told], retry=_interrupted(e))
             raise
     return failures
 
 
-def _tell(study: optuna.Study, trial: Trial, ret: JobReturn, sweep_dir: Path) -> str | None:
-    """Tell the study what the job returned; if it failed, which job and its exception."""
+def _launched(
+    launch: Launch, overrides: list[list[str]], numbers: list[int], parallel: bool
+) -> Iterator[tuple[int, JobReturn | Exception]]:
+    """Each trial a launch of its own, its job numbered by the trial (a job's dir stays unique in
+    the study when another sweeper's asks interleave with ours): (index, its JobReturn, or what the
+    launcher raised for it: a SLURM job killed for memory or time), as they end. One job's failure
+    is its trial's alone; launched together, a batch would have failed whole.
+
+    `parallel`: each launch waits in a thread of its own, so that the launcher's jobs (SLURM's,
+    submitit's local processes) run at once; else one after another, in this thread."""
+
+    def one(i: int) -> JobReturn | Exception:
+        try:
+            (ret,) = launch([overrides[i]], numbers[i])
+            return ret
+        except Exception as e:
+            return e
+
+    if not parallel or len(overrides) == 1:
+        for i in range(len(overrides)):
+            yield i, one(i)
+        return
+    ended: queue.SimpleQueue[tuple[int, JobReturn | BaseException]] = queue.SimpleQueue()
+
+    def wait_for(i: int) -> None:
+        try:
+            ended.put((i, one(i)))
+        except BaseException as e:  # KeyboardInterrupt, SystemExit: for this thread to raise
+            ended.put((i, e))
+
+    for i in range(len(overrides)):
+        # Daemons: after Ctrl-C the search ends without waiting for jobs that run elsewhere.
+        threading.Thread(target=wait_for, args=(i,), name=f"trial-{numbers[i]}", daemon=True).start()
+    for _ in overrides:
+        i, outcome = ended.get()
+        if not isinstance(outcome, (JobReturn, Exception)):
+            raise outcome
+        yield i, outcome
+
+
+def _tell(study: optuna.Study, trial: Trial, ret: JobReturn | Exception, sweep_dir: Path) -> str | None:
+    """Tell the study what the job returned (or the launcher raised); if it failed, which job and why."""
     job = None
-    if ret.hydra_cfg is not None:
+    if isinstance(ret, JobReturn) and ret.hydra_cfg is not None:
         job = Path(ret.hydra_cfg.hydra.runtime.output_dir)
         trial.set_user_attr("job", os.path.relpath(job, sweep_dir))
     try:
+        if isinstance(ret, Exception):
+            raise ret
         value = ret.return_value  # re-raises the job's exception if it failed
         if value is None:
             raise ValueError("the job returned no value to optimise")
@@ -321,18 +363,10 @@ def _tell(study: optuna.Study, trial: Trial, ret: JobReturn, sweep_dir: Path) ->
     except Exception as e:
         log.warning("trial %d failed: %s: %s", trial.number, type(e).__name__, e)
         study.tell(trial, state=TrialState.FAIL)
-        return f"(trial {trial.number}) with {type(e).__name__}: {e}" + (f"; its log: {job / 'train.log'}" if job else "")
+        said = " ".join(str(e).split())  # submitit's messages run over lines
+        return f"(trial {trial.number}) with {type(e).__name__}: {said}" + (f"; its log: {job / 'train.log'}" if job else "")
     study.tell(trial, value)
     return None
-
-
-def _consecutive(trials: list[Trial]) -> Iterator[list[int]]:
-    """Indices of the trials in runs of consecutive trial numbers."""
-    start = 0
-    for i in range(1, len(trials) + 1):
-        if i == len(trials) or trials[i].number != trials[i - 1].number + 1:
-            yield list(range(start, i))
-            start = i
 
 
 def _interrupted(e: BaseException) -> bool:
@@ -467,6 +501,8 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
         study, space, fixed, launch, sweep_dir, n_trials=sweeper.n_trials, n_jobs=sweeper.n_jobs, heartbeat=storage,
         max_failure_rate=sweeper.max_failure_rate, poll_s=sweeper.heartbeat_interval,
         after_batch=lambda: write_results(path, results(study, sweeper.metric, sweeper.n_trials)),
+        # Hydra's basic launcher runs each job in this process: one at a time.
+        parallel=not isinstance(sweeper.launcher, BasicLauncher),
     )
     summary = results(study, sweeper.metric, sweeper.n_trials)
     write_results(path, summary)
