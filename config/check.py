@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import os
 import sys
 import typing
@@ -14,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, ValidationError
 
@@ -151,9 +152,14 @@ def _check_model(node: Mapping[str, Any]) -> None:
     weights = node.get("weights")
     if weights is not None and not Path(weights).is_file():
         raise ConfigError(f"model.weights={weights}: no such file; give a state_dict file saved with torch.save")
+    arguments = {k: v for k, v in node.items() if not k.startswith("_")}
+    try:
+        inspect.signature(get_object(node["_target_"])).bind_partial(**arguments)
+    except TypeError as e:  # a typo'd model.* key, or one added with + that the builder does not take
+        raise ConfigError(f"model: {node['_target_']} refuses these options ({e}); fix the model.* keys") from None
     module = importlib.import_module(node["_target_"].rsplit(".", 1)[0])
     if hasattr(module, "check"):
-        module.check(**{k: v for k, v in node.items() if not k.startswith("_")})
+        module.check(**arguments)
 
 
 def _check_forward(cfg: Config) -> None:
@@ -247,7 +253,8 @@ def factory(node: Any) -> Callable[..., Any]:
 
 def check_override_keys(overrides: Sequence[str]) -> None:
     """A key the typed config lacks, in one line with the nearest one it has. Hydra says it in five
-    lines and suggests `+key=value`, which the typed config refuses as well."""
+    lines and suggests `+key=value`, which the typed config drops unread (a free-form node such as
+    model or optimizer takes new keys: its target judges them)."""
     overrides = [o for o in overrides if "=" in o]  # not the flags (-m, --cfg job)
     if not overrides:
         return
@@ -259,9 +266,8 @@ def check_override_keys(overrides: Sequence[str]) -> None:
     for override in parsed:
         key = override.key_or_group
         path = key.split(".")
-        if override.is_add() or override.is_force_add() or override.is_delete() or "/" in key or "@" in key \
-                or len(path) < 2:
-            continue  # group choices, +, ++ and ~ are Hydra's to judge
+        if override.is_delete() or "/" in key or "@" in key or len(path) < 2:
+            continue  # group choices and ~ are Hydra's to judge
         cls = sections.get(path[0])
         for depth, part in enumerate(path[1:], start=1):
             if not is_dataclass(cls):
