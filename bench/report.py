@@ -65,7 +65,11 @@ def load_runs(root: Path) -> list[Run]:
     runs = []
     for path in sorted(root.rglob("metrics.json"), key=lambda p: _natural(str(p.parent.relative_to(root)))):
         try:
-            runs.append(_run(str(path.parent.relative_to(root)), json.loads(path.read_text()), path.parent))
+            metrics = json.loads(path.read_text())
+            if "weights" in metrics:  # trainer.test_only's: what it evaluated, with no training to compare
+                print(f"skipped {path}: a trainer.test_only evaluation, not a training run", file=sys.stderr)
+                continue
+            runs.append(_run(str(path.parent.relative_to(root)), metrics, path.parent))
         except (json.JSONDecodeError, KeyError) as e:
             print(f"skipped {path}: not a metrics.json written by train.py ({type(e).__name__}: {e})", file=sys.stderr)
     return runs

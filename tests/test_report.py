@@ -64,7 +64,7 @@ def test_rows_compute_speedup_per_workload(tmp_path):
     assert (rows["2"].speedup, rows["2"].efficiency) == (None, None)
 
 
-def test_old_and_new_metrics_files_both_load(tmp_path):
+def test_old_and_new_metrics_files_both_load(tmp_path, capsys):
     # Before devices/batch_size were recorded: devices from world_size, batch unknown.
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "metrics.json").write_text(json.dumps(
@@ -73,8 +73,17 @@ def test_old_and_new_metrics_files_both_load(tmp_path):
     _write(tmp_path, "new", strategy="dp", devices=4, world_size=1, train_samples_per_s=1.0, peak_memory_mb=[900, 1200])
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "metrics.json").write_text('{"val_acc": 0.5}')
+    (tmp_path / "evaluated").mkdir()  # trainer.test_only's metrics.json, as training/evaluation.py writes it
+    (tmp_path / "evaluated" / "metrics.json").write_text(json.dumps(
+        {"val_acc": 0.5, "val_acc5": 0.9, "val_loss": 1.0, "val_samples": 360, "weights": "model", "model": "m",
+         "dataset": "d", "world_size": 1, "batch_size": 64, "wall_s": 1.0}))
     runs = {run.name: run for run in report.load_runs(tmp_path)}
     assert sorted(runs) == ["new", "old"]
+    skipped = capsys.readouterr().err.splitlines()
+    assert skipped == [f"skipped {tmp_path / 'broken' / 'metrics.json'}: not a metrics.json written by train.py "
+                       "(KeyError: 'train_samples_per_s')",
+                       f"skipped {tmp_path / 'evaluated' / 'metrics.json'}: a trainer.test_only evaluation, not a "
+                       "training run"]
     assert (runs["old"].devices, runs["old"].batch_size, runs["old"].peak_memory_mb) == (2, None, None)
     assert (runs["new"].devices, runs["new"].batch_size, runs["new"].peak_memory_mb) == (4, 64, 1200)
 
