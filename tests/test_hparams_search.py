@@ -210,6 +210,35 @@ def test_ctrl_c_keeps_the_trials_that_ended_before_it(tmp_path):
     assert _states(study) == ["COMPLETE", "FAIL", "WAITING"]  # trial 1 queued again; trial 0's value kept
 
 
+def test_ctrl_c_while_trials_run_elsewhere_ends_the_search_at_once(tmp_path):
+    # A parallel launcher's jobs (SLURM's) run on: the search stops waiting for them, keeps what ended.
+    study, storage = _open(tmp_path)
+    released = threading.Event()
+    launch = FakeLauncher(tmp_path)
+    finish = launch.__call__
+
+    def slow_second(batch, first):
+        if first == 1:
+            released.wait(30)
+        return finish(batch, first)
+
+    def ctrl_c(signum, frame):
+        raise KeyboardInterrupt
+
+    # A real signal, as Ctrl-C is: it wakes the main thread where it waits for the trials.
+    previous = signal.signal(signal.SIGUSR2, ctrl_c)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR2)).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _study.run(study, SPACE, [], slow_second, tmp_path, n_trials=2, n_jobs=2, heartbeat=storage, parallel=True)
+        assert time.monotonic() - started < 10
+        assert _states(study) == ["COMPLETE", "FAIL", "WAITING"]
+    finally:
+        released.set()
+        signal.signal(signal.SIGUSR2, previous)
+
+
 def test_a_search_whose_trials_all_fail_ends_even_when_failures_are_tolerated(tmp_path):
     study, storage = _open(tmp_path)
     with pytest.raises(_study.SearchError, match="RuntimeError: diverged"):
