@@ -127,6 +127,24 @@ def test_an_unknown_key_names_the_nearest_in_its_section(override, error):
         check_override_keys([override])
 
 
+@pytest.mark.parametrize("overrides, error", [
+    # Set without +, a key the node's file lacks: Hydra's five lines suggested + for what is a typo.
+    (["optimizer.lrr=0.1"], r"^optimizer.lrr: no such key; did you mean optimizer.lr\? \(python train.py --cfg job "
+                            r"lists them all; \+optimizer.lrr=... adds an argument of its class\)$"),
+    (["model=resnet18", "model.stemm=cifar"], r"^model.stemm: no such key; did you mean model.stem\?"),
+    (["scheduler.warmup_epoch=1"], r"^scheduler.warmup_epoch: no such key; did you mean scheduler.warmup_epochs\?"),
+])
+def test_a_model_optimizer_or_scheduler_key_its_file_lacks_names_the_nearest(overrides, error):
+    with pytest.raises(ConfigError, match=error):
+        check_override_keys(overrides)
+
+
+def test_keys_an_experiment_or_group_choice_brings_pass_the_key_check():
+    # seed001 picks its own model (conf/experiment/seed001.yaml): its keys are the composed node's.
+    check_override_keys(["experiment=seed001", "model.arch=resnet18", "optimizer.lr=0.1", "scheduler.step_size=3"])
+    check_override_keys(["model=simple_cnn,mnist_net", "model.nope=1"])  # a sweep of choices: Hydra's to judge
+
+
 def test_a_model_key_its_builder_does_not_take_is_one_line():
     with pytest.raises(ConfigError, match=r"^model: models.resnet.resnet refuses these options \(got an unexpected "
                                           r"keyword argument 'stemm'\); fix the model.\* keys"):
