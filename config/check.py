@@ -270,8 +270,8 @@ def check_override_keys(overrides: Sequence[str]) -> None:
         if override.is_delete() or "/" in key or "@" in key or len(path) < 2 or path[0] not in sections:
             continue  # group choices, ~ and hydra.* are Hydra's to judge
         if not is_dataclass(sections[path[0]]):
-            if not (override.is_add() or override.is_force_add()):
-                free_form.append(path)
+            if not (override.is_add() or override.is_force_add() or path[-1].startswith("_")):
+                free_form.append(path)  # _target_, _partial_: Hydra's keys, in every such node
             continue
         cls = sections[path[0]]
         for depth, part in enumerate(path[1:], start=1):
