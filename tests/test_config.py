@@ -133,6 +133,7 @@ def test_an_unknown_key_names_the_nearest_in_its_section(override, error):
                             r"lists them all; \+optimizer.lrr=... adds an argument of its class\)$"),
     (["model=resnet18", "model.stemm=cifar"], r"^model.stemm: no such key; did you mean model.stem\?"),
     (["scheduler.warmup_epoch=1"], r"^scheduler.warmup_epoch: no such key; did you mean scheduler.warmup_epochs\?"),
+    (["-m", "trainer.seed=1,2", "optimizer.lrr=0.1,0.2"], r"^optimizer.lrr: no such key"),  # in a sweep too
 ])
 def test_a_model_optimizer_or_scheduler_key_its_file_lacks_names_the_nearest(overrides, error):
     with pytest.raises(ConfigError, match=error):
