@@ -205,14 +205,13 @@ class SampleGrid:
         for i, hwc in enumerate(pixels.permute(0, 2, 3, 1).numpy()):
             self._grid.paste(Image.fromarray(hwc).resize((tile, tile), Image.NEAREST), self._corner(i))
         self._shown: list[int | None] = [None] * len(images)
-        self._summary: tuple[tuple[str, list[int]], Summary] | None = None  # the last one, by (tag, predictions)
+        self._summary: Summary | None = None  # of the grid as last drawn
 
     def summary(self, tag: str, predicted: torch.Tensor) -> Summary:
-        """The grid's image summary for these predictions."""
-        key = tag, predicted.tolist()
-        if self._summary is None or self._summary[0] != key:
-            self._summary = key, image_summary(tag, self.draw(predicted))
-        return self._summary[1]
+        """The grid's image summary for these predictions (a grid is written under one tag)."""
+        if self._summary is None or predicted.tolist() != self._shown:
+            self._summary = image_summary(tag, self.draw(predicted))
+        return self._summary
 
     def draw(self, predicted: torch.Tensor) -> np.ndarray:
         for i, (p, t) in enumerate(zip(predicted.tolist(), self.targets)):
