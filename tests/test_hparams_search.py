@@ -35,9 +35,9 @@ COMMAND = {"overrides": ["trainer.epochs=1"], "search_space": {k: repr(d) for k,
 class FakeLauncher:
     """Hydra's launcher as the sweeper sees it: each job returns lr x 10 (or raises)."""
 
-    def __init__(self, sweep_dir: Path, fail: bool = False, interrupt: bool | int = False, value: float | None = None,
+    def __init__(self, sweep_dir: Path, fail: bool = False, interrupt: int | None = None, value: float | None = None,
                  lost: int | None = None, together: int = 1) -> None:
-        """interrupt: Ctrl-C in every job (True) or in job N's; lost: job N dies unseen (the launcher
+        """interrupt: Ctrl-C in job N; lost: job N dies unseen (the launcher
         raises, as submitit does for a SLURM job killed for memory); together: jobs 0 to N - 1 must all
         be in flight at once before any returns."""
         self.sweep_dir, self.fail, self.interrupt, self.value, self.lost = sweep_dir, fail, interrupt, value, lost
@@ -48,7 +48,7 @@ class FakeLauncher:
         self.calls.append((batch, first))
         if self.together is not None and first < self.together.parties:
             self.together.wait()
-        if self.interrupt is True or self.interrupt == first > 0:
+        if first == self.interrupt:
             raise KeyboardInterrupt
         if first == self.lost:
             raise RuntimeError(f"Job {first} (task: 0) with path .submitit/{first}_0 has state OUT_OF_MEMORY")
@@ -184,7 +184,7 @@ def test_a_failed_trial_stops_the_search_and_an_interrupted_one_is_queued_again(
                    heartbeat=storage)
     assert _states(study) == ["FAIL"]
     with pytest.raises(KeyboardInterrupt):
-        _study.run(study, SPACE, [], FakeLauncher(tmp_path, interrupt=True), tmp_path, n_trials=2, n_jobs=1,
+        _study.run(study, SPACE, [], FakeLauncher(tmp_path, interrupt=1), tmp_path, n_trials=2, n_jobs=1,
                    heartbeat=storage)
     interrupted, queued = study.get_trials()[1:]
     assert (interrupted.state, queued.state) == (TrialState.FAIL, TrialState.WAITING)
