@@ -5,6 +5,12 @@ import re
 import signal
 
 
+def first_line(e: BaseException) -> str:
+    """An exception's message cut to its first line, for a one-line error that quotes it."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
 class ConfigError(Exception):
     """A bad config value or environment; the message names the key, the value and the fix."""
 

@@ -23,7 +23,7 @@ import data
 from config.schema import PRECISIONS, Accelerator, Config, LrScaling, OptimConfig, RunConfig, ScheduleConfig
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
-from errors import ConfigError
+from errors import ConfigError, first_line
 from training.checkpoint import check_resumable, find_resume, load_checkpoint, trained_config
 from training.optim import scaled_lr
 from training.preemption import parse_signals
@@ -187,7 +187,7 @@ def _check_forward(cfg: Config) -> None:
         except Exception as e:
             if _needs_values(e):
                 return
-            raise ConfigError(f"{where}: {str(e).strip().splitlines()[0]}; {fix}") from None
+            raise ConfigError(f"{where}: {first_line(e)}; {fix}") from None
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, dataset.num_classes):
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise ConfigError(
@@ -335,7 +335,7 @@ def typed_part(node: Mapping[str, Any], cls: type[T], prefix: str) -> T:
             part[f.name] = value
         except ValidationError as e:
             shown = value.name if hasattr(value, "name") else value
-            raise ConfigError(f"{prefix}.{f.name}={shown}: {str(e).splitlines()[0]}") from None
+            raise ConfigError(f"{prefix}.{f.name}={shown}: {first_line(e)}") from None
     return OmegaConf.to_object(part)
 
 

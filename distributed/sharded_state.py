@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from distributed.context import DistContext
-from errors import ConfigError
+from errors import ConfigError, first_line
 
 METADATA = ".metadata"  # DCP writes it last, once every rank's shards are written
 _TRAIN_STATE = "train_state"  # epoch, step, RNG states, scheduler...: one torch.save blob, from rank 0
@@ -84,7 +84,7 @@ def describe(path: Path) -> dict[str, Any]:
         try:
             dcp.load(state, storage_reader=_Reader(path), planner=_Planner(), no_dist=True)
         except Exception as e:  # a shard file missing or cut short
-            raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({_first_line(e)}); {_FIX}") from None
+            raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({first_line(e)}); {_FIX}") from None
     optimizer = {key for key in metadata.state_dict_metadata if key.startswith("optimizer.")}
     model = _model_tensors(metadata)
     return {**_train_state(state[_TRAIN_STATE]), "model": model, **({"optimizer": optimizer} if optimizer else {})}
@@ -124,7 +124,7 @@ def read_metadata(path: Path | str) -> Metadata:
     except pickle.UnpicklingError as e:
         raise ConfigError(f"trainer.resume={path}: refused, {e}; {_FIX}") from None
     except Exception as e:
-        raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({_first_line(e)}); {_FIX}") from None
+        raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({first_line(e)}); {_FIX}") from None
     if not isinstance(metadata, Metadata):
         raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({METADATA} holds no DCP metadata); {_FIX}")
     return metadata
@@ -186,11 +186,6 @@ def gathered_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _train_state(blob: bytes) -> dict[str, Any]:
     return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-
-
-def _first_line(e: Exception) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
 
 
 class _Planner(DefaultLoadPlanner):

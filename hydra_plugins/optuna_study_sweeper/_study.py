@@ -38,6 +38,8 @@ from optuna.storages._rdb import models
 from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.trial import Trial, TrialState
 
+from errors import first_line
+
 log = logging.getLogger(__name__)
 
 # (overrides of each job, number of the first job) -> one JobReturn per job, in order
@@ -79,7 +81,7 @@ def distribution(override: Override) -> BaseDistribution:
     try:
         return _distribution(override)
     except ValueError as e:  # Optuna's own checks: low above high, a log scale from 0
-        raise SearchError(f"{override.input_line}: {str(e).splitlines()[0]}") from None
+        raise SearchError(f"{override.input_line}: {first_line(e)}") from None
 
 
 def _distribution(override: Override) -> BaseDistribution:
@@ -148,13 +150,13 @@ def open_study(
                 heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
             ) if storage else None
     except Exception as e:  # SQLAlchemy's errors, a missing database driver, Optuna's own checks
-        raise SearchError(f"hydra.sweeper.storage={storage}: {type(e).__name__}: {_first_line(e)}") from None
+        raise SearchError(f"hydra.sweeper.storage={storage}: {type(e).__name__}: {first_line(e)}") from None
     earlier = _trial_count(rdb, name)
     try:
         built = instantiate(sampler, **_reseeded(sampler.get("seed"), earlier))
     except Exception as e:  # e.g. another sampler's _target_ with TPESampler's constant_liar still set
         raise SearchError(
-            f"hydra.sweeper.sampler: {_first_line(e.__cause__ or e)}; drop the keys the sampler does not take "
+            f"hydra.sweeper.sampler: {first_line(e.__cause__ or e)}; drop the keys the sampler does not take "
             "(~hydra.sweeper.sampler.constant_liar)"
         ) from None
     study = optuna.create_study(study_name=name, storage=rdb, sampler=built, direction=direction, load_if_exists=True)
@@ -169,10 +171,6 @@ def _reseeded(seed: int | None, earlier: int) -> dict[str, int]:
     if seed is None or not earlier:
         return {}
     return {"seed": int(np.random.SeedSequence([seed, earlier]).generate_state(1)[0])}
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0]
 
 
 def _trial_count(storage: RDBStorage | None, name: str) -> int:
