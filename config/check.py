@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, ValidationError
 
 import data
-from config.schema import PRECISIONS, Accelerator, Config, LrScaling, OptimConfig, RunConfig, ScheduleConfig
+from config.schema import COMPILE_MODES, PRECISIONS, Accelerator, Config, LrScaling, OptimConfig, RunConfig, ScheduleConfig
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError, first_line
@@ -65,6 +65,10 @@ def check(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> L
             "trainer.precision=16-mixed needs CUDA (fp16 autocast with a GradScaler); "
             "on CPU use trainer.precision=bf16-mixed or 32"
         )
+    if trainer.compile_mode not in COMPILE_MODES:
+        raise ConfigError(f"trainer.compile_mode={trainer.compile_mode}: choose {', '.join(COMPILE_MODES)}")
+    if trainer.compile_mode != "default" and not trainer.compile:
+        raise ConfigError(f"trainer.compile_mode={trainer.compile_mode} compiles nothing alone; add trainer.compile=true")
     if trainer.accumulate_grad_batches < 1:
         raise ConfigError(
             f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}: use 1 (no accumulation) or more"

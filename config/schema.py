@@ -69,6 +69,7 @@ class LrScaling(Enum):
 
 
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
 
 
 def devices_per_node(gpus: Optional[int], devices: int) -> int:
@@ -99,6 +100,10 @@ class TrainerConfig:
     grad_clip: Optional[float] = None  # max gradient norm (all parameters together); None: no clipping
     channels_last: bool = False  # NHWC memory format for model and images (faster convs on tensor cores)
     compile: bool = False  # torch.compile the model before DDP wraps it
+    # torch.compile's mode: default | reduce-overhead (each step's kernels replayed as CUDA graphs: for
+    # GPU steps too short to hide the CPU's kernel launches, e.g. 32x32 images) | max-autotune |
+    # max-autotune-no-cudagraphs. CPU runs compile without the graphs.
+    compile_mode: str = "default"
     cudnn_benchmark: bool = True  # let cuDNN time its conv algorithms once per input shape (CUDA only)
     # Bitwise-repeatable GPU runs (the ImageNet example's --seed): deterministic kernels only (an op
     # without one raises), cuDNN benchmark off; slower. CPU runs here are deterministic already.

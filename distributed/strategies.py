@@ -49,13 +49,14 @@ class Strategy:
     def check_model(self, build: Callable[[], nn.Module]) -> None:
         """Raise a one-line ConfigError if this strategy's options do not fit the model `build` makes."""
 
-    def wrap(self, model: nn.Module, ctx: DistContext, compile: bool, precision_dtype: torch.dtype | None) -> nn.Module:
-        """`model` is on ctx.device. compile comes after module swaps and before DDP wraps, as
+    def wrap(self, model: nn.Module, ctx: DistContext, compile: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
+        """`model` is on ctx.device; `compile`: torch.compile's mode, None to leave it eager. compile
+        comes after module swaps and before DDP wraps, as
         nanoGPT and timm do: DDP runs the compiled module inside its forward, where dynamo's
         DDPOptimizer splits the graph at DDP's bucket boundaries so that each bucket's all-reduce
         overlaps the rest of the backward (GPU-relevant; torch/_dynamo/convert_frame.py,
         DistributedDataParallel._get_active_ddp_module)."""
-        return torch.compile(model) if compile else model
+        return compiled(model, compile)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """A micro-batch that is not the last of its accumulation group: no gradient all-reduce."""
@@ -118,7 +119,7 @@ class DataParallel(Strategy):
                 "or trainer.compile=false"
             )
 
-    def wrap(self, model: nn.Module, ctx: DistContext, compile: bool, precision_dtype: torch.dtype | None) -> nn.Module:
+    def wrap(self, model: nn.Module, ctx: DistContext, compile: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
         model = super().wrap(model, ctx, compile, precision_dtype)
         if ctx.device.type != "cuda" or len(ctx.devices) == 1:
             return model  # one device: DataParallel would call the module as it is
@@ -165,7 +166,7 @@ class DDP(Strategy):
             )
         _warn_if_sync_batchnorm_compiled(self.config, trainer)
 
-    def wrap(self, model: nn.Module, ctx: DistContext, compile: bool, precision_dtype: torch.dtype | None) -> nn.Module:
+    def wrap(self, model: nn.Module, ctx: DistContext, compile: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
         if self.config.sync_batchnorm:
             model = convert_sync_batchnorm(model, ctx.device)
         model = super().wrap(model, ctx, compile, precision_dtype)
@@ -232,7 +233,7 @@ class FSDP(Strategy):
                 f"model; choose from {', '.join(present)}, or null for its repeated blocks"
             )
 
-    def wrap(self, model: nn.Module, ctx: DistContext, compile: bool, precision_dtype: torch.dtype | None) -> nn.Module:
+    def wrap(self, model: nn.Module, ctx: DistContext, compile: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
         if self.config.sync_batchnorm:
             model = convert_sync_batchnorm(model, ctx.device)
         # fully_shard takes contiguous parameters only; channels-last inputs alone still make the
@@ -240,10 +241,18 @@ class FSDP(Strategy):
         model = model.to(memory_format=torch.contiguous_format)
         model = fsdp.shard(model, ctx, self.config, precision_dtype)
         # Compiled after sharding: dynamo leaves FSDP's hooks eager and compiles the blocks between them.
-        return torch.compile(model) if compile else model
+        return compiled(model, compile)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         return fsdp.accumulating(unwrap(model))
+
+
+def compiled(model: nn.Module, mode: str | None) -> nn.Module:
+    """torch.compile in trainer.compile_mode. reduce-overhead and max-autotune also replay each
+    forward's and backward's kernels as one CUDA graph (GPU-only: inductor skips the graphs on CPU,
+    torch/_inductor/cudagraph_utils.py), which pays where launching the kernels takes the CPU longer
+    than the GPU takes to run them: small images, small models."""
+    return model if mode is None else torch.compile(model, mode=mode)
 
 
 _STRATEGIES: dict[StrategyName, type[Strategy]] = {

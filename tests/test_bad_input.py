@@ -132,6 +132,10 @@ CHECKS = {  # config.check.check's ConfigErrors: the one line train.py prints af
     "fewer samples than ranks": ([*DDP, "trainer.batch_size=1"], ["trainer.batch_size=1", "use 2 or more"]),
     "no training batches": (["trainer.limit_train_batches=0"], ["trainer.limit_train_batches=0", "positive"]),
     "no overfit batches": (["trainer.overfit_batches=0"], ["trainer.overfit_batches=0", "use a positive number"]),
+    "an unknown compile mode": (["trainer.compile=true", "trainer.compile_mode=fast"],
+                                ["trainer.compile_mode=fast", "reduce-overhead"]),
+    "a compile mode without compiling": (
+        ["trainer.compile_mode=reduce-overhead"], ["trainer.compile_mode=reduce-overhead", "trainer.compile=true"]),
     "clipping to a zero norm": (["trainer.grad_clip=0"], ["trainer.grad_clip=0", "positive max norm", "null"]),
     "an EMA never updated": (
         ["trainer.ema_decay=0.99", "trainer.ema_every_n_steps=0"], ["trainer.ema_every_n_steps=0", "1 or more"]),

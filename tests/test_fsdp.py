@@ -150,7 +150,7 @@ def test_the_strategy_options_reach_fully_shard(tmp_path, monkeypatch, overrides
     try:
         model = SimpleCNN(1, 10, 8)
         units = shard_units(model, None)
-        strategies.get(cfg.strategy).wrap(model, ctx, False, Precision.of(cfg.trainer.precision, ctx.device).dtype)
+        strategies.get(cfg.strategy).wrap(model, ctx, None, Precision.of(cfg.trainer.precision, ctx.device).dtype)
     finally:
         dist.destroy_process_group()
     assert [module for module, _ in calls] == [*units, model]  # every block, then the root
@@ -173,7 +173,7 @@ def test_batchnorm_stays_fp32_when_fsdp_computes_in_bf16(tmp_path):
     ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=True)
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
-        model = strategies.get(cfg.strategy).wrap(resnet("resnet18", 3, 10, stem="cifar"), ctx, False, precision.dtype)
+        model = strategies.get(cfg.strategy).wrap(resnet("resnet18", 3, 10, stem="cifar"), ctx, None, precision.dtype)
         with precision.autocast():
             logits = model(torch.randn(4, 3, 8, 8))
         torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 2, 3])).backward()
@@ -198,7 +198,7 @@ def test_a_whole_file_state_loads_into_an_offloaded_model_with_buffers(tmp_path)
     ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=True)
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
-        model = strategies.get(cfg.strategy).wrap(resnet("resnet18", 3, 10, stem="cifar"), ctx, False, None)
+        model = strategies.get(cfg.strategy).wrap(resnet("resnet18", 3, 10, stem="cifar"), ctx, None, None)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         sharded_state.load_full(model, optimizer, saved.state_dict(), saved_optimizer.state_dict())
         loaded = sharded_state.gathered_model_state(model)

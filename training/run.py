@@ -95,7 +95,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         net = net.to(memory_format=torch.channels_last)
     strategy = strategies.get(job.strategy)
     precision = Precision.of(settings.precision, ctx.device)
-    model = strategy.wrap(net, ctx, settings.compile, precision.dtype)
+    model = strategy.wrap(net, ctx, settings.compile_mode if settings.compile else None, precision.dtype)
     check_arguments(job.optimizer, job.scheduler)
     optimizer = job.optimizer(parameter_groups(model, job.optim.norm_weight_decay))
     scheduler = job.scheduler(optimizer) if job.scheduler is not None else None
