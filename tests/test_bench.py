@@ -122,9 +122,10 @@ def test_data_loaders_ratios_are_each_batched_loader_over_the_per_sample_one():
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="on a GPU this is the real benchmark, not a smoke run")
-def test_gpu_benchmark_skips_cleanly_without_cuda():
-    done = subprocess.run([sys.executable, "-m", "bench.gpu", "--quick"], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0 and "skipped, no CUDA" in done.stdout, done.stderr
+@pytest.mark.parametrize("name", ["gpu", "gpu_profile"])
+def test_gpu_benchmarks_skip_cleanly_without_cuda(name):
+    done = subprocess.run([sys.executable, "-m", f"bench.{name}"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and f"bench.{name}: skipped, no CUDA" in done.stdout, done.stderr
 
 
 @pytest.mark.slow
