@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata, plugin_data_pb2
@@ -133,3 +134,15 @@ def test_the_grid_is_encoded_again_only_when_a_caption_changes(monkeypatch):
     assert len(encodings) == 2
     png = changed.value[0].image.encoded_image_string
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(png))), SampleGrid(images, targets).draw(torch.tensor([0, 1, 2, 0])))
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_the_writer_is_made_on_a_thread_or_at_once(tmp_path, background):
+    reporter = Reporter(DistContext(0, 0, 1, 1, torch.device("cpu"), None), tmp_path, LoggerConfig(), background)
+    assert (reporter._making is not None) is background  # at once: made before the constructor returns
+    assert background or reporter._made is not None
+    reporter.scalars(1, {"lr": 0.1})
+    reporter.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [e.value for e in events.Scalars("lr")] == [pytest.approx(0.1)]

@@ -66,7 +66,11 @@ class Reporter:
     """TensorBoard scalars, hparams and sample images (logger=tensorboard), and the final
     metrics.json; silent on every rank but 0."""
 
-    def __init__(self, ctx: DistContext, run_dir: Path, logger: LoggerConfig) -> None:
+    def __init__(self, ctx: DistContext, run_dir: Path, logger: LoggerConfig, background: bool = True) -> None:
+        """`background`: make TensorBoard's writer on a thread beside the first steps. Not where the
+        loaders fork worker processes: a fork while that thread imports (tensorboard, protobuf's C
+        extension) hands the child the import and dynamic-loader locks that thread held, and a child
+        that needs one waits forever (os.fork's documentation: forking a multi-threaded process)."""
         self.is_main = ctx.is_main
         self.enabled = ctx.is_main and logger.tensorboard  # TensorBoard
         self.run_dir = run_dir
@@ -76,11 +80,13 @@ class Reporter:
         self._samples: tuple[torch.Tensor, SampleGrid | None] | None = None
         self._made: SummaryWriter | None = None
         self._making: threading.Thread | None = None
-        if self.enabled:
+        if self.enabled and background:
             # TensorBoard's imports take ~0.1 s: made beside the first steps (whose kernels release
             # the GIL), not before them; the first write waits for it.
             self._making = threading.Thread(target=self._make_writer, name="tensorboard", daemon=True)
             self._making.start()
+        elif self.enabled:
+            self._make_writer()
 
     def _make_writer(self) -> None:
         from torch.utils.tensorboard import SummaryWriter

@@ -117,7 +117,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         job.labels["model"], job.labels["dataset"], job.labels["strategy"], ctx.world_size, ctx.device.type,
         settings.batch_size, state.epoch + 1, f" batch {state.batch + 1} ({resume})" if resume else "",
     )
-    reporter = Reporter(ctx, job.run_dir, job.logger)
+    reporter = Reporter(ctx, job.run_dir, job.logger, background=not loaders.start_processes)
     trainer = Trainer(
         model, strategy, optimizer, scheduler, loaders, checkpointer, reporter, scaler, ctx, settings, state,
         preemption, ema, Mixing.of(settings, job.dataset.num_classes, ctx.rank),
