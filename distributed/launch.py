@@ -100,7 +100,7 @@ def plan_launch(
         )
     if accelerator == Accelerator.gpu:
         bound = env_rank is not None and processes == devices and _bound_to_one_gpu(env_rank)
-        _check_gpus(devices, visible, bound, strategy.name)
+        _check_gpus(devices, visible, bound, strategy.name, shorthand=trainer.gpus is not None)
     strategy.check(trainer, accelerator, devices, num_nodes)
     if launcher.start_method == StartMethod.fork and accelerator == Accelerator.gpu:
         raise ConfigError(
@@ -128,16 +128,18 @@ def plan_launch(
     )
 
 
-def _check_gpus(devices: int, visible: int, one_process_per_gpu_started: bool, strategy: str) -> None:
+def _check_gpus(devices: int, visible: int, one_process_per_gpu_started: bool, strategy: str, shorthand: bool) -> None:
     """Enough GPUs for the processes here, unless each was started bound to its own GPU: then
-    this process sees one, cuda:0, and so does every other rank on the node."""
+    this process sees one, cuda:0, and so does every other rank on the node. `shorthand`: the
+    count came as trainer.gpus, which also chooses the GPU, so the CPU rehearsal replaces it."""
     if one_process_per_gpu_started and visible == 1:
         return
     if devices > visible:
         rehearsal = " strategy=ddp" if strategy == "dp" else ""  # DataParallel splits over GPUs only
+        key = "trainer.gpus" if shorthand else "trainer.devices"
         raise ConfigError(
-            f"trainer.devices={devices} asks for {devices} GPU(s) per node but {visible} are visible; "
-            f"rehearse on CPU with trainer.accelerator=cpu trainer.devices={devices}{rehearsal}"
+            f"{key}={devices} asks for {devices} GPU(s) per node but {visible} are visible; rehearse on CPU with "
+            f"trainer.accelerator=cpu trainer.devices={devices}{rehearsal}{' in place of ' + key if shorthand else ''}"
         )
 
 

@@ -102,7 +102,10 @@ COMPOSITION = {  # Hydra's errors: the same words train.py prints (exit 1)
     "unknown key": (["trainer.epoch=3"], ["trainer.epoch"]),
 }
 CHECKS = {  # config.check.check's ConfigErrors: the one line train.py prints after "error: " (exit 2)
-    "more GPUs than visible": (["trainer.gpus=2", "strategy=ddp"], ["trainer.devices=2", "trainer.accelerator=cpu"]),
+    "more GPUs than visible": (["trainer.devices=2", "trainer.accelerator=gpu", "strategy=ddp"],
+                               ["trainer.devices=2 asks for 2 GPU(s)", "trainer.accelerator=cpu trainer.devices=2"]),
+    "more GPUs than visible, as trainer.gpus": (  # gpus=N also picks the GPU: the rehearsal replaces it
+        ["trainer.gpus=2", "strategy=ddp"], ["trainer.gpus=2 asks for 2 GPU(s)", "trainer.devices=2 in place of trainer.gpus"]),
     "zero epochs": (["trainer.epochs=0"], ["trainer.epochs=0"]),
     "resume path missing": (["trainer.resume={root}/nope.pt"], ["trainer.resume=", "nope.pt", "no such file"]),
     "corrupt checkpoint": (["trainer.resume={root}/corrupt.pt"], ["corrupt.pt", "not a loadable checkpoint"]),

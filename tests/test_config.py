@@ -50,7 +50,7 @@ def test_a_closed_choice_outside_its_values_fails_at_composition_naming_them(ove
 @pytest.mark.parametrize(
     "overrides, words",
     [
-        (["trainer.gpus=4"], ["trainer.devices=4", "0 are visible", "trainer.accelerator=cpu"]),
+        (["trainer.gpus=4"], ["trainer.gpus=4", "0 are visible", "trainer.accelerator=cpu trainer.devices=4"]),
         (["trainer.accelerator=gpu"], ["trainer.devices=1", "trainer.accelerator=cpu"]),
         (["trainer.accelerator=cpu", "trainer.devices=2"], ["strategy=single", "strategy=ddp"]),
         (["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=3"], ["trainer.batch_size=64", "multiple of 3"]),
@@ -96,7 +96,7 @@ def test_train_py_rejects_more_gpus_than_visible_in_one_line(run_dir):
     result = run_train(run_dir, "trainer.gpus=4")
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: trainer.devices=4"), result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: trainer.gpus=4 asks for 4 GPU(s)"), result.stderr
     assert not (run_dir / "checkpoints").exists()
 
 

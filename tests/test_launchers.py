@@ -212,7 +212,7 @@ def test_torchrun_workers_on_one_gpu_are_refused_unless_torchrun_bound_them(monk
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     gpus = ("strategy=ddp", "trainer.gpus=2")
     worker = {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "1"}
-    with pytest.raises(ConfigError, match="^trainer.devices=2 asks for 2 GPU"):
+    with pytest.raises(ConfigError, match="^trainer.gpus=2 asks for 2 GPU"):
         _plan(worker | {"RANK": "1", "LOCAL_RANK": "1"}, *gpus)
     bound = _plan(worker | {"RANK": "1", "LOCAL_RANK": "0"}, *gpus)  # torchrun --virtual-local-rank
     assert bound.context(bound.env_rank.rank, bound.env_rank.local_rank).device == torch.device("cuda", 0)
@@ -342,7 +342,7 @@ def test_a_rank_takes_its_own_cpus_as_threads(monkeypatch, env, threads, acceler
 def test_too_few_gpus_names_a_cpu_rehearsal_of_the_same_strategy(strategy, rehearsal):
     with pytest.raises(ConfigError) as error:
         check(typed_config("trainer.gpus=2", f"strategy={strategy}"))
-    assert str(error.value).endswith(f"rehearse on CPU with trainer.accelerator=cpu {rehearsal}")
+    assert str(error.value).endswith(f"rehearse on CPU with trainer.accelerator=cpu {rehearsal} in place of trainer.gpus")
 
 
 def _abort(ctx) -> None:
