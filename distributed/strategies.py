@@ -49,14 +49,13 @@ class Strategy:
     def check_model(self, build: Callable[[], nn.Module]) -> None:
         """Raise a one-line ConfigError if this strategy's options do not fit the model `build` makes."""
 
-    def wrap(self, model: nn.Module, ctx: DistContext, compile: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
-        """`model` is on ctx.device; `compile`: torch.compile's mode, None to leave it eager. compile
-        comes after module swaps and before DDP wraps, as
-        nanoGPT and timm do: DDP runs the compiled module inside its forward, where dynamo's
-        DDPOptimizer splits the graph at DDP's bucket boundaries so that each bucket's all-reduce
-        overlaps the rest of the backward (GPU-relevant; torch/_dynamo/convert_frame.py,
-        DistributedDataParallel._get_active_ddp_module)."""
-        return compiled(model, compile)
+    def wrap(self, model: nn.Module, ctx: DistContext, compile_mode: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
+        """`model` is on ctx.device; `compile_mode`: torch.compile's, None to leave it eager. Compiling
+        comes after module swaps and before DDP wraps, as nanoGPT and timm do: DDP runs the compiled
+        module inside its forward, where dynamo's DDPOptimizer splits the graph at DDP's bucket
+        boundaries so that each bucket's all-reduce overlaps the rest of the backward (GPU-relevant;
+        torch/_dynamo/convert_frame.py, DistributedDataParallel._get_active_ddp_module)."""
+        return compiled(model, compile_mode)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """A micro-batch that is not the last of its accumulation group: no gradient all-reduce."""
@@ -119,8 +118,8 @@ class DataParallel(Strategy):
                 "or trainer.compile=false"
             )
 
-    def wrap(self, model: nn.Module, ctx: DistContext, compile: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
-        model = super().wrap(model, ctx, compile, precision_dtype)
+    def wrap(self, model: nn.Module, ctx: DistContext, compile_mode: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
+        model = super().wrap(model, ctx, compile_mode, precision_dtype)
         if ctx.device.type != "cuda" or len(ctx.devices) == 1:
             return model  # one device: DataParallel would call the module as it is
         if precision_dtype is not None:
@@ -166,10 +165,10 @@ class DDP(Strategy):
             )
         _warn_if_sync_batchnorm_compiled(self.config, trainer)
 
-    def wrap(self, model: nn.Module, ctx: DistContext, compile: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
+    def wrap(self, model: nn.Module, ctx: DistContext, compile_mode: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
         if self.config.sync_batchnorm:
             model = convert_sync_batchnorm(model, ctx.device)
-        model = super().wrap(model, ctx, compile, precision_dtype)
+        model = super().wrap(model, ctx, compile_mode, precision_dtype)
         options = self.config
         return DistributedDataParallel(
             model,
@@ -233,7 +232,7 @@ class FSDP(Strategy):
                 f"model; choose from {', '.join(present)}, or null for its repeated blocks"
             )
 
-    def wrap(self, model: nn.Module, ctx: DistContext, compile: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
+    def wrap(self, model: nn.Module, ctx: DistContext, compile_mode: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
         if self.config.sync_batchnorm:
             model = convert_sync_batchnorm(model, ctx.device)
         # fully_shard takes contiguous parameters only; channels-last inputs alone still make the
@@ -241,7 +240,7 @@ class FSDP(Strategy):
         model = model.to(memory_format=torch.contiguous_format)
         model = fsdp.shard(model, ctx, self.config, precision_dtype)
         # Compiled after sharding: dynamo leaves FSDP's hooks eager and compiles the blocks between them.
-        return compiled(model, compile)
+        return compiled(model, compile_mode)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         return fsdp.accumulating(unwrap(model))

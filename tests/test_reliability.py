@@ -93,7 +93,7 @@ def test_dp_on_two_gpus_puts_autocast_inside_each_replica_under_mixed_precision(
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     ctx = make_context(0, 0, 1, 1, "gpu", use_process_group=False, devices_per_process=2)
     net = nn.Linear(4, 2)
-    model = strategies.get(StrategyConfig(StrategyName.dp)).wrap(net, ctx, compile=None, precision_dtype=dtype)
+    model = strategies.get(StrategyConfig(StrategyName.dp)).wrap(net, ctx, compile_mode=None, precision_dtype=dtype)
     assert isinstance(model, nn.DataParallel)
     if dtype is None:
         assert model.module is net
@@ -156,7 +156,7 @@ def test_the_compile_mode_reaches_torch_compile(monkeypatch, strategy, mode):
     modes = []
     monkeypatch.setattr(torch, "compile", lambda model, mode: modes.append(mode) or model)
     ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
-    strategies.get(StrategyConfig(strategy)).wrap(nn.Linear(2, 2), ctx, compile=mode, precision_dtype=None)
+    strategies.get(StrategyConfig(strategy)).wrap(nn.Linear(2, 2), ctx, compile_mode=mode, precision_dtype=None)
     assert modes == ([] if mode is None else [mode])
 
 

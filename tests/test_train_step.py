@@ -60,7 +60,7 @@ def _trainer(
     `step_lr` the learning rate halves every epoch; with `resume`, from tmp_path's last.pt."""
     ctx = ctx or make_context(0, 0, 1, 1, "cpu", use_process_group=False)
     chosen = strategies.get(strategy or StrategyConfig())
-    wrapped = chosen.wrap(model, ctx, compile=None, precision_dtype=None)
+    wrapped = chosen.wrap(model, ctx, compile_mode=None, precision_dtype=None)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5) if step_lr else None
     options = TrainerConfig(**{"progress_bar": False, **settings})
@@ -341,4 +341,4 @@ def test_sync_batchnorm_swaps_every_batchnorm_and_keeps_its_statistics(process_g
 
 
 def _wrap(model: nn.Module, strategy: StrategyConfig, ctx: DistContext) -> nn.Module:
-    return strategies.get(strategy).wrap(model, ctx, compile=None, precision_dtype=None)
+    return strategies.get(strategy).wrap(model, ctx, compile_mode=None, precision_dtype=None)
