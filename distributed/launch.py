@@ -135,11 +135,14 @@ def _check_gpus(devices: int, visible: int, one_process_per_gpu_started: bool, s
     if one_process_per_gpu_started and visible == 1:
         return
     if devices > visible:
-        rehearsal = " strategy=ddp" if strategy == "dp" else ""  # DataParallel splits over GPUs only
         key = "trainer.gpus" if shorthand else "trainer.devices"
+        rehearsal = f"trainer.accelerator=cpu trainer.devices={devices}"
+        if strategy == "dp":
+            rehearsal += " strategy=ddp"  # DataParallel splits over GPUs only
+        if shorthand:
+            rehearsal += f" in place of {key}"
         raise ConfigError(
-            f"{key}={devices} asks for {devices} GPU(s) per node but {visible} are visible; rehearse on CPU with "
-            f"trainer.accelerator=cpu trainer.devices={devices}{rehearsal}{' in place of ' + key if shorthand else ''}"
+            f"{key}={devices} asks for {devices} GPU(s) per node but {visible} are visible; rehearse on CPU with {rehearsal}"
         )
 
 

@@ -7,6 +7,7 @@ CI has no GPU: there every test here skips. On a machine with one CUDA device ru
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -25,15 +26,17 @@ JOB = ["trainer.accelerator=gpu", "model=resnet18", "model.stem=cifar", "dataset
        "dataset.val_size=256", "trainer.batch_size=64", "trainer.epochs=2", "logger=none"]
 
 
-def _train(run_dir, *overrides, cold=True):
-    result = run_train(run_dir, *JOB, *overrides, cold=cold)
+def _train(run_dir, *overrides):
+    result = run_train(run_dir, *JOB, *overrides, cold=True)  # the server adds launcher.start_method=fork, refused on GPUs
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((run_dir / "metrics.json").read_text())
 
 
-def _trained_on_gpu(metrics, devices=1):
-    assert metrics["steps"] == 16 and metrics["train_loss"] == pytest.approx(metrics["train_loss"])  # not NaN
-    assert len(metrics["peak_memory_mb"]) == devices and all(mb > 0 for mb in metrics["peak_memory_mb"]), metrics
+def _trained_on_gpu(metrics):
+    """Both epochs' 16 steps, a finite loss, and the one GPU's peak memory counted."""
+    assert metrics["steps"] == 16 and math.isfinite(metrics["train_loss"]), metrics
+    (peak,) = metrics["peak_memory_mb"]
+    assert peak > 0, metrics
 
 
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed", "16-mixed"])
