@@ -137,6 +137,10 @@ class StrategyConfig:
     find_unused_parameters: bool = False  # true only for models that skip parameters in some forwards
     static_graph: bool = False
     bucket_cap_mb: Optional[float] = None  # None: DDP's default, 25
+    # Copy rank 0's buffers (BatchNorm statistics) to every rank before each forward. false skips
+    # it and changes nothing saved or reported: rank 0 only ever receives its own, and evaluation
+    # and checkpoints take rank 0's. Keep true for a model whose training forward reads buffers.
+    forward_sync_buffers: bool = True
     sync_batchnorm: bool = False  # BatchNorm statistics over the global batch (on CPU ranks too; ddp and fsdp)
     # FSDP2's options (strategy=fsdp; the others ignore them)
     reshard_after_forward: bool = True  # free a block's gathered parameters after its forward (ZeRO-3); false: ZeRO-2

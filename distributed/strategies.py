@@ -7,6 +7,7 @@ Chosen once, by `get`; nothing else compares strategy names.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from dataclasses import dataclass
 from typing import Callable, ClassVar
@@ -23,6 +24,12 @@ from distributed.sync_batchnorm import convert_sync_batchnorm
 from errors import ConfigError
 
 log = logging.getLogger("train")
+
+# torch 2.14 renamed DistributedDataParallel's broadcast_buffers; older releases know only that name.
+SYNC_BUFFERS_ARG = (
+    "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    else "broadcast_buffers"
+)
 
 
 @dataclass(frozen=True)
@@ -177,6 +184,7 @@ class DDP(Strategy):
             find_unused_parameters=options.find_unused_parameters,
             static_graph=options.static_graph,
             bucket_cap_mb=options.bucket_cap_mb,
+            **{SYNC_BUFFERS_ARG: options.forward_sync_buffers},
         )
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:

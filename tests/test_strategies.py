@@ -192,6 +192,7 @@ def _bn_statistics(state: dict) -> dict:
 SYNC_BN_RUNS = {
     "sync": ("strategy.sync_batchnorm=true",),
     "local": ("strategy.sync_batchnorm=false", "trainer.ema_decay=0.999"),
+    "local_unsynced": ("strategy.sync_batchnorm=false", "trainer.ema_decay=0.999", "strategy.forward_sync_buffers=false"),
     "single": ("strategy=single", "trainer.devices=1"),  # the whole batch of 16 in one BatchNorm
 }
 
@@ -233,6 +234,19 @@ def test_ddp_reports_the_figures_of_the_model_and_ema_it_saves(sync_bn):
         shards = [_evaluate_shard(model, job, rank) for rank in range(2)]
         loss = sum(shard.loss * shard.samples for shard in shards) / sum(shard.samples for shard in shards)
         assert metrics[f"{prefix}_loss"] == pytest.approx(loss, rel=1e-9, abs=0), prefix
+
+
+def test_skipping_ddps_buffer_broadcast_changes_nothing_saved_or_reported(sync_bn):
+    """Without it, rank 1 trains on BatchNorm statistics of its own, not rank 0's: rank 0, which
+    only ever receives its own, trains the same, and evaluation and checkpoints take its buffers."""
+    out, weights = sync_bn
+    _assert_replicas_identical([weights["local"][0], *weights["local_unsynced"]])
+    synced, unsynced = _checkpoint(out / "local"), _checkpoint(out / "local_unsynced")
+    for part in ("model", "ema"):
+        assert synced[part].keys() == unsynced[part].keys()
+        assert all(torch.equal(synced[part][k], unsynced[part][k]) for k in synced[part]), part
+    figures = ("val_loss", "val_acc", "val_ema_loss", "train_loss")
+    assert [_metrics(out / "local")[f] for f in figures] == [_metrics(out / "local_unsynced")[f] for f in figures]
 
 
 def _evaluate_shard(model: nn.Module, job, rank: int) -> Averages:

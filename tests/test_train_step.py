@@ -312,6 +312,9 @@ def test_ddp_options_reach_distributed_data_parallel(process_group):
     model = _wrap(TinyNet(), strategy, process_group)
     assert (model.find_unused_parameters, model.static_graph, model.gradient_as_bucket_view) == (True, False, False)
     assert model.bucket_bytes_cap == 1024 * 1024
+    assert model.forward_sync_buffers
+    unsynced = typed_config("strategy=ddp", "strategy.forward_sync_buffers=false").strategy
+    assert not _wrap(TinyNet(), unsynced, process_group).forward_sync_buffers
     # static_graph finds unused parameters itself, so it goes without find_unused_parameters.
     model = _wrap(TinyNet(), typed_config("strategy=ddp", "strategy.static_graph=true").strategy, process_group)
     assert (model.static_graph, model.gradient_as_bucket_view) == (True, True)
