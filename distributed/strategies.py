@@ -68,11 +68,6 @@ class Strategy:
         """A micro-batch that is not the last of its accumulation group: no gradient all-reduce."""
         return contextlib.nullcontext()
 
-    @property
-    def zero_grad_to_none(self) -> bool:
-        """Free the gradients between steps (the default), unless a strategy aliases them."""
-        return True
-
 
 class Single(Strategy):
     name = "single"
@@ -189,12 +184,6 @@ class DDP(Strategy):
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         return model.no_sync()
-
-    @property
-    def zero_grad_to_none(self) -> bool:
-        # set_to_none would drop the gradients' views into the buckets; the next backward would
-        # allocate fresh tensors and DDP would copy into its buckets again.
-        return not self.config.gradient_as_bucket_view
 
 
 class FSDP(Strategy):
