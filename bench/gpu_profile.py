@@ -3,37 +3,71 @@
 python -m bench.gpu_profile [--steps 20]
 
 bench.gpu's job, one step at a time (ResNet-50, 128 CIFAR-shaped images, bf16 autocast, channels
-last, SGD), eager, compiled, and compiled with CUDA graphs: the wall time per step against the
-time the GPU spends in kernels per step (torch.profiler), and the kernels launched per step. A
-wall time well above the GPU's: the CPU launching kernels sets the pace, not the GPU running them.
+last, SGD): eager, and compiled with CUDA graphs (also with SGD's fused kernel); then under DDP
+at world size 1 over NCCL (wrapped as train.py does: compiled inside, gradients as bucket views),
+with the views zeroed or freed between steps, with and without the per-forward buffer broadcast
+(strategy.forward_sync_buffers). For each: the
+wall time per step against the time the GPU spends in kernels per step (torch.profiler), and the
+kernels launched per step. A wall time well above the GPU's: the CPU launching kernels sets the
+pace, not the GPU running them. Then the CPU operators whose time DDP adds to the eager step.
 """
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 import torchvision
 from torch.autograd import DeviceType
+from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import ProfilerActivity, profile
 
 from bench.common import table
+from distributed.strategies import SYNC_BUFFERS_ARG
 
-MODES = {"eager": None, "compiled": "default", "compiled + CUDA graphs": "reduce-overhead"}
+
+@dataclass(frozen=True)
+class Setup:
+    name: str
+    mode: str | None = None  # torch.compile's, None: eager
+    ddp: bool = False
+    forward_sync_buffers: bool = True
+    fused: bool = False  # SGD's fused CUDA kernel in place of its foreach default
+    zeroed: bool = False  # zero_grad zeroes DDP's bucket views in place of freeing the gradients
+
+
+GRAPHED = "reduce-overhead"
+SETUPS = [
+    Setup("eager"),
+    Setup("compiled + CUDA graphs", GRAPHED),
+    Setup("compiled + CUDA graphs, fused SGD", GRAPHED, fused=True),
+    Setup("DDP eager, bucket views zeroed", ddp=True, zeroed=True),
+    Setup("DDP eager", ddp=True),
+    Setup("DDP eager, forward_sync_buffers=False", ddp=True, forward_sync_buffers=False),
+    Setup("DDP compiled + CUDA graphs, bucket views zeroed", GRAPHED, ddp=True, zeroed=True),
+    Setup("DDP compiled + CUDA graphs", GRAPHED, ddp=True),
+    Setup("DDP compiled + CUDA graphs, forward_sync_buffers=False", GRAPHED, ddp=True, forward_sync_buffers=False),
+    Setup("DDP compiled + CUDA graphs, forward_sync_buffers=False, fused SGD", GRAPHED, ddp=True,
+          forward_sync_buffers=False, fused=True),
+]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="steps timed, and steps profiled")
+    parser.add_argument("--only", default="", help="the setups whose name holds this text")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench.gpu_profile: skipped, no CUDA device visible")
         return
     torch.backends.cudnn.benchmark = True
-    rows = []
-    for name, mode in MODES.items():
-        step = training_step(mode)
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", 0))
+    rows, cpu_ms = [], {}
+    for setup in [s for s in SETUPS if args.only in s.name]:
+        step = training_step(setup)
         for _ in range(10):  # compiles, records the graphs, lets cuDNN pick its algorithms
             step()
         torch.cuda.synchronize()
@@ -48,17 +82,28 @@ def main() -> None:
             torch.cuda.synchronize()
         kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
         busy_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / args.steps
-        rows.append([name, wall_ms, busy_ms, busy_ms / wall_ms, len(kernels) / args.steps, 128 / wall_ms * 1e3])
+        rows.append([setup.name, wall_ms, busy_ms, busy_ms / wall_ms, len(kernels) / args.steps, 128 / wall_ms * 1e3])
+        if setup.mode is None and setup.forward_sync_buffers and not setup.zeroed:
+            cpu_ms[setup.ddp] = {e.key: e.self_cpu_time_total / 1e3 / args.steps for e in prof.key_averages()}
+    dist.destroy_process_group()
     print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; {args.steps} steps each\n")
     print(table(["ResNet-50, batch 128, bf16, channels_last", "wall ms/step", "GPU kernel ms/step", "GPU busy",
                  "kernels/step", "samples/s"], rows))
+    if len(cpu_ms) < 2:
+        return
+    added = sorted(((ms - cpu_ms[False].get(op, 0.0), op) for op, ms in cpu_ms[True].items()), reverse=True)[:12]
+    print("\nCPU operators DDP adds to the eager step (self time, profiled):\n")
+    print(table(["operator", "ms/step added", "ms/step under DDP"], [[op, ms, cpu_ms[True][op]] for ms, op in added]))
 
 
-def training_step(mode: str | None):
+def training_step(setup: Setup):
     """A fresh model and optimizer; returns one training step on fixed random data."""
     net = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
-    model = net if mode is None else torch.compile(net, mode=mode)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    model = net if setup.mode is None else torch.compile(net, mode=setup.mode)
+    if setup.ddp:
+        model = DistributedDataParallel(model, device_ids=[0], gradient_as_bucket_view=True,
+                                        **{SYNC_BUFFERS_ARG: setup.forward_sync_buffers})
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, fused=setup.fused or None)
     x = torch.randn(128, 3, 32, 32, device="cuda").contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (128,), device="cuda")
 
@@ -67,7 +112,7 @@ def training_step(mode: str | None):
             loss = F.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=not setup.zeroed)
 
     return step
 
