@@ -7,8 +7,8 @@ python -m bench.gpu [--quick] [--cifar-root DIR]
    train.py with bf16-mixed, channels_last, data.loader=device and compile, in torch.compile's
    default mode and with CUDA graphs (trainer.compile_mode=reduce-overhead). Steady-state training
    samples/s. Target: ours / seed ≥ 2.
-2. DDP over NCCL at world size 1 against single, same config, eager and with CUDA graphs.
-   Target: overhead ≤ 3 %.
+2. DDP over NCCL at world size 1 against single, same config, eager and with CUDA graphs, each
+   with and without DDP's per-forward buffer broadcast. Target: overhead ≤ 3 %.
 3. With --cifar-root holding the real CIFAR-10: ResNet-18 (CIFAR stem) to 94 % validation
    accuracy, timed from the command to the first epoch that reaches it (read back from
    TensorBoard's event file). Target: ≤ 60 s on one H100.
@@ -36,6 +36,12 @@ FAST = ["trainer.precision=bf16-mixed", "trainer.channels_last=true", "data.load
 COMPILED = ["trainer.compile=true"]
 GRAPHED = [*COMPILED, "trainer.compile_mode=reduce-overhead"]
 DDP1 = ["strategy=ddp", "trainer.devices=1"]
+UNSYNCED = ["strategy.forward_sync_buffers=false"]
+RUNS = {  # train.py's runs, after seed 000's, in this order
+    "compiled": COMPILED, "graphed": GRAPHED, "single": [], "ddp": DDP1, "ddp_unsynced": [*DDP1, *UNSYNCED],
+    "ddp_graphed": [*GRAPHED, *DDP1], "ddp_graphed_unsynced": [*GRAPHED, *DDP1, *UNSYNCED],
+    "graphed_fused": [*GRAPHED, "+optimizer.fused=true"],
+}
 
 
 def main() -> None:
@@ -53,19 +59,26 @@ def main() -> None:
         write_cifar_shaped(Path(root), images)
         data = ["dataset=cifar10", f"dataset.root={root}", "dataset.download=false", f"trainer.epochs={epochs}"]
         seed = python_json("-m", "bench.plain_seed000", "--root", root, "--epochs", str(epochs))["samples_per_s"]
-        speed = lambda *overrides: samples_per_s(*SEED000, *data, *FAST, *overrides)  # noqa: E731
-        compiled, graphed = speed(*COMPILED), speed(*GRAPHED)
-        single, ddp = speed(), speed(*DDP1)
-        ddp_graphed = speed(*GRAPHED, *DDP1)
+        print(f"seed 000: {seed:.0f} samples/s", flush=True)
+        speed = {}
+        for name, overrides in RUNS.items():  # each figure as it comes: a call cut short keeps the others
+            speed[name] = samples_per_s(*SEED000, *data, *FAST, *overrides)
+            print(f"{name}: {speed[name]} samples/s", flush=True)
+    compiled, graphed, single = speed["compiled"], speed["graphed"], speed["single"]
     print(table(
         ["ResNet-50, CIFAR-shaped, batch 128", "samples/s", "ratio", "target"],
         [
             ["seed 000 as written (fp32, PIL workers)", seed, "", ""],
             ["train.py bf16 + channels_last + device loader + compile", compiled, *speedup(compiled, seed)],
             ["the same with CUDA graphs (compile_mode=reduce-overhead)", graphed, *speedup(graphed, seed)],
+            ["the same with SGD's fused kernel (+optimizer.fused=true)", speed["graphed_fused"],
+             *speedup(speed["graphed_fused"], seed)],
             ["train.py single (bf16, channels_last, device loader)", single, "", ""],
-            ["train.py DDP, NCCL, world size 1 (same)", ddp, *overhead(ddp, single)],
-            ["train.py DDP, NCCL, world size 1, with CUDA graphs", ddp_graphed, *overhead(ddp_graphed, graphed)],
+            ["train.py DDP, NCCL, world size 1 (same)", speed["ddp"], *overhead(speed["ddp"], single)],
+            ["the same, strategy.forward_sync_buffers=false", speed["ddp_unsynced"], *overhead(speed["ddp_unsynced"], single)],
+            ["train.py DDP, NCCL, world size 1, with CUDA graphs", speed["ddp_graphed"], *overhead(speed["ddp_graphed"], graphed)],
+            ["the same, strategy.forward_sync_buffers=false", speed["ddp_graphed_unsynced"],
+             *overhead(speed["ddp_graphed_unsynced"], graphed)],
         ],
     ))
     if args.cifar_root is not None:
