@@ -1,13 +1,18 @@
 """Every benchmark runs end to end at a tiny size and prints a consistent table (no timing asserts)."""
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import json
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from bench.common import FORKSERVER_RANKS
+from tests.conftest import ROOT, run_train
 
 LIGHTNING = importlib.util.find_spec("lightning") is not None  # bench-only: requirements-bench.txt
 
@@ -17,7 +22,30 @@ def bench(name: str, *args: str) -> list[dict[str, str]]:
         [sys.executable, "-m", f"bench.{name}", *args], cwd=ROOT, capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    lines = [line for line in done.stdout.splitlines() if line.startswith("|")]
+    return table_rows(done.stdout)
+
+
+def bench_here(name: str, *args: str, monkeypatch, capsys) -> list[dict[str, str]]:
+    """bench.<name> in this process, each of its train.py runs forked from the train server (as
+    run_train's are): for the benchmarks whose figures a run reports (bytes, steady-state
+    samples/s), not its start-up, which those run by `bench` pay for. The runs' ranks fork from
+    them too, where the benchmark's forkserver would import everything once more."""
+    module = importlib.import_module(f"bench.{name}")
+
+    def train(*overrides: str) -> dict:
+        with tempfile.TemporaryDirectory() as run_dir:
+            done = run_train(Path(run_dir), *(o for o in overrides if o != FORKSERVER_RANKS))
+            assert done.returncode == 0, done.stderr[-2000:]
+            return json.loads((Path(run_dir) / "metrics.json").read_text())
+
+    monkeypatch.setattr(module, "train", train)
+    monkeypatch.setattr(sys, "argv", [f"bench.{name}", *args])
+    module.main()
+    return table_rows(capsys.readouterr().out)
+
+
+def table_rows(out: str) -> list[dict[str, str]]:
+    lines = [line for line in out.splitlines() if line.startswith("|")]
     headers = [h.strip() for h in lines[0].strip("|").split("|")]
     return [dict(zip(headers, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
 
@@ -27,8 +55,8 @@ def number(cell: str) -> float:
 
 
 @pytest.mark.slow
-def test_overhead_ratio_is_ours_over_plain():
-    rows = bench("overhead", "--quick")
+def test_overhead_ratio_is_ours_over_plain(monkeypatch, capsys):
+    rows = bench_here("overhead", "--quick", monkeypatch=monkeypatch, capsys=capsys)
     assert [r["case"] for r in rows] == ["simple_cnn 3x32x32"]  # --quick: the first case only
     for row in rows:
         ours, plain = number(row["train.py samples/s (median)"]), number(row["plain loop samples/s (median)"])
@@ -38,8 +66,8 @@ def test_overhead_ratio_is_ours_over_plain():
 
 
 @pytest.mark.slow
-def test_ddp_says_it_compares_two_ways_to_use_the_same_cores():
-    (row,) = bench("ddp", "--quick")
+def test_ddp_says_it_compares_two_ways_to_use_the_same_cores(monkeypatch, capsys):
+    (row,) = bench_here("ddp", "--quick", monkeypatch=monkeypatch, capsys=capsys)
     single = number(next(v for k, v in row.items() if k.startswith("1 process x ")))
     ddp = number(next(v for k, v in row.items() if k.startswith("ddp: 2 processes x ")))
     assert number(row["ratio (median of per-round ratios)"]) == pytest.approx(ddp / single, rel=0.01)
@@ -129,16 +157,16 @@ def test_gpu_benchmarks_skip_cleanly_without_cuda(name):
 
 
 @pytest.mark.slow
-def test_memory_shows_an_fsdp_rank_holding_half_of_a_ddp_rank():
-    ddp, fsdp = bench("memory", "--quick")  # --quick: ddp(2) and fsdp(2)
+def test_memory_shows_an_fsdp_rank_holding_half_of_a_ddp_rank(monkeypatch, capsys):
+    ddp, fsdp = bench_here("memory", "--quick", monkeypatch=monkeypatch, capsys=capsys)  # --quick: ddp(2) and fsdp(2)
     for column in ("params MB/rank", "grads MB/rank", "optimizer MB/rank", "total MB/rank"):
         assert number(fsdp[column]) == pytest.approx(number(ddp[column]) / 2, rel=0.01), column
     assert number(fsdp["× ddp"]) == pytest.approx(0.5, abs=0.01) and fsdp["target ≤ 1.05 × ideal"] == "meets target"
 
 
 @pytest.mark.slow
-def test_fsdp_ratio_is_fsdp_over_ddp():
-    ddp, fsdp = bench("fsdp", "--quick")  # --quick: ddp(2) and fsdp(2); ZeRO-2 is fsdp(2) with one option more
+def test_fsdp_ratio_is_fsdp_over_ddp(monkeypatch, capsys):
+    ddp, fsdp = bench_here("fsdp", "--quick", monkeypatch=monkeypatch, capsys=capsys)  # --quick: ddp(2) and fsdp(2); ZeRO-2 is fsdp(2) with one option more
     assert (ddp["system"], fsdp["system"]) == ("ddp(2)", "fsdp(2)")
     assert number(ddp["ratio to ddp(2) (median of pairs)"]) == 1
     # One repeat: the median ratio is the ratio of the medians.

@@ -10,7 +10,7 @@ each child (os.register_at_fork).
 
 What this cannot show, a cold interpreter's imports, the tests that start `sys.executable
 train.py` themselves still do: the default job, the background launch, torchrun, SLURM and the
-benchmarks.
+benchmarks that time whole processes (start-up, peers, time to accuracy).
 """
 from __future__ import annotations
 
