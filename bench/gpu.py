@@ -40,7 +40,7 @@ UNSYNCED = ["strategy.forward_sync_buffers=false"]
 RUNS = {  # train.py's runs, after seed 000's, in this order
     "compiled": COMPILED, "graphed": GRAPHED, "single": [], "ddp": DDP1, "ddp_unsynced": [*DDP1, *UNSYNCED],
     "ddp_graphed": [*GRAPHED, *DDP1], "ddp_graphed_unsynced": [*GRAPHED, *DDP1, *UNSYNCED],
-    "graphed_fused": [*GRAPHED, "+optimizer.fused=true"],
+    "graphed_fused": [*GRAPHED, "optimizer.fused=true"],
 }
 
 
@@ -71,7 +71,7 @@ def main() -> None:
             ["seed 000 as written (fp32, PIL workers)", seed, "", ""],
             ["train.py bf16 + channels_last + device loader + compile", compiled, *speedup(compiled, seed)],
             ["the same with CUDA graphs (compile_mode=reduce-overhead)", graphed, *speedup(graphed, seed)],
-            ["the same with SGD's fused kernel (+optimizer.fused=true)", speed["graphed_fused"],
+            ["the same with SGD's fused kernel (optimizer.fused=true)", speed["graphed_fused"],
              *speedup(speed["graphed_fused"], seed)],
             ["train.py single (bf16, channels_last, device loader)", single, "", ""],
             ["train.py DDP, NCCL, world size 1 (same)", speed["ddp"], *overhead(speed["ddp"], single)],

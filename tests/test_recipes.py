@@ -121,6 +121,14 @@ def test_the_optimizers_and_schedulers_own_checks_are_one_line_naming_the_keys(o
         assert word in str(error.value), error.value
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_optimizer_fused_reaches_the_optimizer(optimizer):
+    for value, fused in (("true", True), ("null", None)):
+        cfg = typed_config(f"optimizer={optimizer}", f"optimizer.fused={value}")
+        build = factory(target_arguments(cfg.optimizer, OptimConfig))
+        assert build([nn.Parameter(torch.zeros(1))]).defaults["fused"] is fused
+
+
 def test_norm_weight_decay_takes_normalisation_layers_and_biases_out_of_the_decayed_group():
     model = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(2))
     model(torch.zeros(1, 3, 5, 5))
