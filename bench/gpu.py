@@ -62,8 +62,8 @@ def main() -> None:
         print(f"seed 000: {seed:.0f} samples/s", flush=True)
         speed = {}
         for name, overrides in RUNS.items():  # each figure as it comes: a call cut short keeps the others
-            speed[name] = samples_per_s(*SEED000, *data, *FAST, *overrides)
-            print(f"{name}: {speed[name]} samples/s", flush=True)
+            figure = speed[name] = samples_per_s(*SEED000, *data, *FAST, *overrides)
+            print(f"{name}: {figure:.0f} samples/s" if isinstance(figure, float) else f"{name}: {figure}", flush=True)
     compiled, graphed, single = speed["compiled"], speed["graphed"], speed["single"]
     print(table(
         ["ResNet-50, CIFAR-shaped, batch 128", "samples/s", "ratio", "target"],
