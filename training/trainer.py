@@ -309,9 +309,9 @@ class Trainer:
             self.scaler.update()
         else:
             self.optimizer.step()
-        # Freed, not zeroed, under DDP too: zeroing its bucket views costs a zero_ for each, then an
-        # add_ and a div_ per gradient in the next backward where a freed one costs DDP one mul_out
-        # into its bucket (bench.gpu_profile: GPU steps are launch-bound).
+        # Freed under DDP too: its reducer copies a fresh gradient into the bucket as it divides it
+        # (one mul_out), where a kept bucket view costs a zero_, an add_ and a div_: kernels that a
+        # launch-bound GPU step pays for (bench.gpu_profile).
         self.optimizer.zero_grad()
 
     def evaluate(self, loader: Iterable, model: nn.Module | None = None) -> Averages:
