@@ -158,7 +158,8 @@ def test_gpu_benchmarks_skip_cleanly_without_cuda(name):
 
 @pytest.mark.slow
 def test_memory_shows_an_fsdp_rank_holding_half_of_a_ddp_rank(monkeypatch, capsys):
-    ddp, fsdp = bench_here("memory", "--quick", monkeypatch=monkeypatch, capsys=capsys)  # --quick: ddp(2) and fsdp(2)
+    # --quick: ddp(2) and fsdp(2)
+    ddp, fsdp = bench_here("memory", "--quick", monkeypatch=monkeypatch, capsys=capsys)
     for column in ("params MB/rank", "grads MB/rank", "optimizer MB/rank", "total MB/rank"):
         assert number(fsdp[column]) == pytest.approx(number(ddp[column]) / 2, rel=0.01), column
     assert number(fsdp["× ddp"]) == pytest.approx(0.5, abs=0.01) and fsdp["target ≤ 1.05 × ideal"] == "meets target"
@@ -166,7 +167,8 @@ def test_memory_shows_an_fsdp_rank_holding_half_of_a_ddp_rank(monkeypatch, capsy
 
 @pytest.mark.slow
 def test_fsdp_ratio_is_fsdp_over_ddp(monkeypatch, capsys):
-    ddp, fsdp = bench_here("fsdp", "--quick", monkeypatch=monkeypatch, capsys=capsys)  # --quick: ddp(2) and fsdp(2); ZeRO-2 is fsdp(2) with one option more
+    # --quick: ddp(2) and fsdp(2); ZeRO-2 is fsdp(2) with one option more
+    ddp, fsdp = bench_here("fsdp", "--quick", monkeypatch=monkeypatch, capsys=capsys)
     assert (ddp["system"], fsdp["system"]) == ("ddp(2)", "fsdp(2)")
     assert number(ddp["ratio to ddp(2) (median of pairs)"]) == 1
     # One repeat: the median ratio is the ratio of the medians.
