@@ -1,6 +1,6 @@
 """GPU figures, CUDA only (elsewhere it says so and exits 0).
 
-python -m bench.gpu [--quick] [--cifar-root DIR]
+python -m bench.gpu [--quick] [--rows NAME ...] [--cifar-root DIR]
 
 1. ResNet-50 on CIFAR-10-shaped data (random images written in CIFAR-10's format): seed 000's
    configuration as written (bench/plain_seed000.py: fp32, PIL transforms in 8 workers) against
@@ -47,6 +47,8 @@ RUNS = {  # train.py's runs, after seed 000's, in this order
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a small smoke run; its figures mean nothing")
+    parser.add_argument("--rows", nargs="+", choices=RUNS, default=list(RUNS),
+                        help="train.py's runs to measure after seed 000's (default: all); the others read 'not run'")
     parser.add_argument("--cifar-root", type=Path, help="a root holding the real cifar-10-batches-py/")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -60,9 +62,9 @@ def main() -> None:
         data = ["dataset=cifar10", f"dataset.root={root}", "dataset.download=false", f"trainer.epochs={epochs}"]
         seed = python_json("-m", "bench.plain_seed000", "--root", root, "--epochs", str(epochs))["samples_per_s"]
         print(f"seed 000: {seed:.0f} samples/s", flush=True)
-        speed = {}
-        for name, overrides in RUNS.items():  # each figure as it comes: a call cut short keeps the others
-            figure = speed[name] = samples_per_s(*SEED000, *data, *FAST, *overrides)
+        speed = dict.fromkeys(RUNS, "not run")
+        for name in args.rows:  # each figure as it comes: a call cut short keeps the others
+            figure = speed[name] = samples_per_s(*SEED000, *data, *FAST, *RUNS[name])
             print(f"{name}: {figure:.0f} samples/s" if isinstance(figure, float) else f"{name}: {figure}", flush=True)
     compiled, graphed, single = speed["compiled"], speed["graphed"], speed["single"]
     print(table(
