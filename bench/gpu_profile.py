@@ -1,6 +1,6 @@
 """Where a GPU training step's time goes, CUDA only (elsewhere it says so and exits 0).
 
-python -m bench.gpu_profile [--steps 20]
+python -m bench.gpu_profile [--steps 20] [--only REGEX]
 
 bench.gpu's job, one step at a time (ResNet-50, 128 CIFAR-shaped images, bf16 autocast, channels
 last, SGD): eager, and compiled with CUDA graphs (also with SGD's fused kernel); then under DDP
@@ -9,11 +9,13 @@ with the views zeroed or freed between steps, with and without the per-forward b
 (strategy.forward_sync_buffers). For each: the wall time per step against the time the GPU
 spends in kernels per step (torch.profiler), and the kernels launched per step. A wall time well
 above the GPU's: the CPU launching kernels sets the pace, not the GPU running them. Then the CPU
-operators whose time DDP adds to the eager step.
+operators whose time DDP adds to the eager step, and the CPU operators and GPU kernels whose time
+it adds to the graphed step without the buffer broadcast.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from dataclasses import dataclass
 
@@ -58,15 +60,15 @@ SETUPS = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="steps timed, and steps profiled")
-    parser.add_argument("--only", default="", help="the setups whose name holds this text")
+    parser.add_argument("--only", default="", help="the setups whose name this regular expression matches")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench.gpu_profile: skipped, no CUDA device visible")
         return
     torch.backends.cudnn.benchmark = True
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", 0))
-    rows, cpu_ms = [], {}
-    for setup in [s for s in SETUPS if args.only in s.name]:
+    rows, cpu_ms, gpu_ms = [], {}, {}
+    for setup in [s for s in SETUPS if re.search(args.only, s.name)]:
         step = training_step(setup)
         for _ in range(10):  # compiles, records the graphs, lets cuDNN pick its algorithms
             step()
@@ -80,20 +82,32 @@ def main() -> None:
             for _ in range(args.steps):
                 step()
             torch.cuda.synchronize()
-        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        # GPU user annotations (DDP's "DistributedDataParallel.forward" range) are spans, not kernels
+        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
         busy_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / args.steps
         rows.append([setup.name, wall_ms, busy_ms, busy_ms / wall_ms, len(kernels) / args.steps, 128 / wall_ms * 1e3])
-        if setup.mode is None and setup.forward_sync_buffers and not setup.zeroed:
-            cpu_ms[setup.ddp] = {e.key: e.self_cpu_time_total / 1e3 / args.steps for e in prof.key_averages()}
+        cpu_ms[setup.name] = {e.key: e.self_cpu_time_total / 1e3 / args.steps for e in prof.key_averages()}
+        gpu_ms[setup.name] = {}
+        for e in kernels:
+            gpu_ms[setup.name][e.name] = gpu_ms[setup.name].get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / args.steps
     dist.destroy_process_group()
     print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; {args.steps} steps each\n")
     print(table(["ResNet-50, batch 128, bf16, channels_last", "wall ms/step", "GPU kernel ms/step", "GPU busy",
                  "kernels/step", "samples/s"], rows))
-    if len(cpu_ms) < 2:
+    print_added("CPU operators DDP adds to the eager step (self time)", cpu_ms, "eager", "DDP eager")
+    graphed_pair = ("compiled + CUDA graphs", "DDP compiled + CUDA graphs, forward_sync_buffers=False")
+    print_added("CPU operators DDP adds to the graphed step (self time)", cpu_ms, *graphed_pair)
+    print_added("GPU kernels DDP adds to the graphed step", gpu_ms, *graphed_pair)
+
+
+def print_added(title: str, ms_per_step: dict[str, dict[str, float]], base: str, under: str) -> None:
+    """The dozen names (operators or kernels) whose time per step grows most from setup base to setup under."""
+    if base not in ms_per_step or under not in ms_per_step:
         return
-    added = sorted(((ms - cpu_ms[False].get(op, 0.0), op) for op, ms in cpu_ms[True].items()), reverse=True)[:12]
-    print("\nCPU operators DDP adds to the eager step (self time, profiled):\n")
-    print(table(["operator", "ms/step added", "ms/step under DDP"], [[op, ms, cpu_ms[True][op]] for ms, op in added]))
+    ms = ms_per_step[under]
+    added = sorted(((t - ms_per_step[base].get(name, 0.0), name) for name, t in ms.items()), reverse=True)[:12]
+    print(f"\n{title} (profiled):\n")
+    print(table(["name", "ms/step added", f"ms/step, {under}"], [[name[:90], t, ms[name]] for t, name in added]))
 
 
 def training_step(setup: Setup):
