@@ -15,6 +15,7 @@ it adds to the graphed step without the buffer broadcast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import time
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ class Setup:
     forward_sync_buffers: bool = True
     fused: bool = False  # SGD's fused CUDA kernel in place of its foreach default
     zeroed: bool = False  # zero_grad zeroes DDP's bucket views in place of freeing the gradients
+    compiled_autograd: bool = False  # the backward traced and compiled too, DDP's reducer hooks with it
 
 
 GRAPHED = "reduce-overhead"
@@ -54,6 +56,8 @@ SETUPS = [
     Setup("DDP compiled + CUDA graphs, forward_sync_buffers=False", GRAPHED, ddp=True, forward_sync_buffers=False),
     Setup("DDP compiled + CUDA graphs, forward_sync_buffers=False, fused SGD", GRAPHED, ddp=True,
           forward_sync_buffers=False, fused=True),
+    Setup("DDP compiled + CUDA graphs, forward_sync_buffers=False, compiled autograd", GRAPHED, ddp=True,
+          forward_sync_buffers=False, compiled_autograd=True),
 ]
 
 
@@ -114,17 +118,29 @@ def training_step(setup: Setup):
     """A fresh model and optimizer; returns one training step on fixed random data."""
     net = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
     model = net if setup.mode is None else torch.compile(net, mode=setup.mode)
+
+    def ddp_mode():  # DDP reads it when built, dynamo when it compiles: both under it
+        if setup.compiled_autograd:  # DDP all-reduces from Python hooks that compiled autograd traces
+            return torch._dynamo.config.patch(optimize_ddp="python_reducer")
+        return contextlib.nullcontext()
+
     if setup.ddp:
-        model = DistributedDataParallel(model, device_ids=[0], gradient_as_bucket_view=True,
-                                        **{SYNC_BUFFERS_ARG: setup.forward_sync_buffers})
+        with ddp_mode():
+            model = DistributedDataParallel(model, device_ids=[0], gradient_as_bucket_view=True,
+                                            **{SYNC_BUFFERS_ARG: setup.forward_sync_buffers})
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, fused=setup.fused or None)
     x = torch.randn(128, 3, 32, 32, device="cuda").contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (128,), device="cuda")
 
     def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
+        with ddp_mode():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y)
+            if setup.compiled_autograd:
+                with torch._dynamo.compiled_autograd._enable(torch.compile(mode=setup.mode)):
+                    loss.backward()
+            else:
+                loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=not setup.zeroed)
 
