@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.conftest import FORK_RANKS
 from tests.test_resume_preempt import DDP, TINY, Run
 
 pytestmark = pytest.mark.slow
@@ -35,7 +36,9 @@ def ended(tmp_path_factory) -> dict[str, Ended]:
     runs = {}
     for hang in ("sleep", "sigstop"):
         fault = ["model._target_=tests.faults.HangingNet", "+model.at_step=3", f"+model.stop={hang == 'sigstop'}"]
-        runs[hang] = Run(tmp_path_factory.mktemp(hang) / "run", *DDP, *TINY, f"launcher.timeout_s={TIMEOUT_S}", *fault)
+        # Ranks forked (FORK_RANKS): the hang, the timeout and the clean-up are what is under test.
+        runs[hang] = Run(tmp_path_factory.mktemp(hang) / "run", *DDP, *TINY, f"launcher.timeout_s={TIMEOUT_S}", *fault,
+                         FORK_RANKS)
     try:
         started, deadline = {}, time.monotonic() + 180
         while len(started) < len(runs):  # training starts; rank 1 hangs in its 3rd forward
