@@ -344,9 +344,9 @@ def _committed_step(run_dir: Path) -> int:
 
 
 @pytest.mark.slow
-def test_torchrun_two_processes_train_fsdp_like_spawn(tmp_path, fsdp_spawn_reference):
+def test_torchrun_two_processes_train_fsdp_like_spawn(tmp_path, fsdp_reference):
     code, stderr = _finish(_torchrun(tmp_path, ["--standalone", "--nproc_per_node=2"], "strategy=fsdp", "trainer.devices=2"))
     assert code == 0, stderr
     run_dir = _one_run_dir(tmp_path)
     assert _metrics(run_dir)["strategy"] == "fsdp" and _shard_files(run_dir) == SHARDS_OF_2  # each rank wrote its shards
-    assert same_weights(run_dir, fsdp_spawn_reference)
+    assert same_weights(run_dir, fsdp_reference)

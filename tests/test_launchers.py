@@ -361,18 +361,18 @@ def test_a_rank_aborted_under_nccl_is_named_as_the_one_that_waited(accelerator):
 
 
 @pytest.mark.slow
-def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(tmp_path, spawn_reference):
+def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(tmp_path, ddp_reference):
     code, stderr = _finish(_torchrun(tmp_path, ["--standalone", "--nproc_per_node=2"], "trainer.devices=2"))
     assert code == 0, stderr
     run_dir = _one_run_dir(tmp_path)
     assert run_dir.name.startswith("torchrun-")
     _assert_rank_zero_wrote(run_dir, 2)
     # Ranks from torchrun's env shard the data exactly as spawn's ranks do: the same weights.
-    assert same_weights(run_dir, spawn_reference)
+    assert same_weights(run_dir, ddp_reference)
 
 
 @pytest.mark.slow
-def test_two_torchrun_agents_rendezvous_as_two_nodes(tmp_path, spawn_reference):
+def test_two_torchrun_agents_rendezvous_as_two_nodes(tmp_path, ddp_reference):
     rendezvous = ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
                   f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--rdzv_id=two-nodes"]
     agents = [_torchrun(tmp_path, rendezvous, "trainer.num_nodes=2") for _ in range(2)]
@@ -381,7 +381,7 @@ def test_two_torchrun_agents_rendezvous_as_two_nodes(tmp_path, spawn_reference):
     run_dir = _one_run_dir(tmp_path)
     assert run_dir.name == "torchrun-two-nodes"
     _assert_rank_zero_wrote(run_dir, 2)
-    assert same_weights(run_dir, spawn_reference)
+    assert same_weights(run_dir, ddp_reference)
 
 
 @pytest.mark.slow
@@ -438,11 +438,13 @@ def test_the_start_method_and_port_reach_the_ranks(monkeypatch, start_method):
 
 
 @pytest.mark.slow
-def test_ranks_from_the_forkserver_train_exactly_as_spawned_ones(run_dir, spawn_reference):
-    # Fork's ranks train in nearly every end-to-end test here (tests/conftest.py's FORK_RANKS).
-    result = run_train(run_dir, "debug=ddp_cpu", "strategy=ddp", "launcher.start_method=forkserver")
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_spawned_and_forkserver_ranks_train_exactly_as_forked_ones(run_dir, ddp_reference, start_method):
+    # Fork's ranks train in nearly every end-to-end test here (tests/conftest.py's FORK_RANKS), the
+    # reference's included; spawn is the default.
+    result = run_train(run_dir, "debug=ddp_cpu", "strategy=ddp", f"launcher.start_method={start_method}")
     assert result.returncode == 0, result.stderr
-    assert same_weights(run_dir, spawn_reference)
+    assert same_weights(run_dir, ddp_reference)
 
 
 def test_fork_cannot_start_gpu_ranks(monkeypatch):

@@ -54,15 +54,15 @@ def _assert_one_ddp_run(run_dir: Path, reference: Path) -> None:
     assert same_weights(run_dir, reference)
 
 
-def test_srun_two_tasks_share_one_run_dir(slurm_env, tmp_path, spawn_reference):
+def test_srun_two_tasks_share_one_run_dir(slurm_env, tmp_path, ddp_reference):
     result = _run(["srun", "-n2", "--cpus-per-task=1", sys.executable, str(ROOT / "train.py"), *TINY], slurm_env, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "outputs").iterdir()
     assert run_dir.name.startswith("slurm-") and run_dir.name.endswith(".0")
-    _assert_one_ddp_run(run_dir, spawn_reference)
+    _assert_one_ddp_run(run_dir, ddp_reference)
 
 
-def test_srun_two_tasks_train_fsdp_like_spawn(slurm_env, tmp_path, fsdp_spawn_reference):
+def test_srun_two_tasks_train_fsdp_like_spawn(slurm_env, tmp_path, fsdp_reference):
     # Another cluster on this machine may run a job with our job id: a free port, not one from the id.
     fsdp = ["strategy=fsdp", f"launcher.master_port={free_port()}"]
     result = _run(["srun", "-n2", "--cpus-per-task=1", sys.executable, str(ROOT / "train.py"), *TINY, *fsdp],
@@ -73,7 +73,7 @@ def test_srun_two_tasks_train_fsdp_like_spawn(slurm_env, tmp_path, fsdp_spawn_re
     last = run_dir / "checkpoints" / "last.pt"
     assert sorted(p.name for p in last.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert json.loads((run_dir / "metrics.json").read_text())["strategy"] == "fsdp"
-    assert same_weights(run_dir, fsdp_spawn_reference)
+    assert same_weights(run_dir, fsdp_reference)
 
 
 def test_srun_tasks_that_disagree_with_devices_fail_in_one_line(slurm_env, tmp_path):
@@ -84,7 +84,7 @@ def test_srun_tasks_that_disagree_with_devices_fail_in_one_line(slurm_env, tmp_p
     assert errors and all("2 process(es) per node on 1 node(s) but trainer.devices=1" in e for e in errors)
 
 
-def test_sbatch_template_trains_two_tasks(slurm_env, tmp_path, spawn_reference):
+def test_sbatch_template_trains_two_tasks(slurm_env, tmp_path, ddp_reference):
     # The template runs `python train.py` from the submit dir (the repo); keep its output in tmp,
     # named by the same resolver that names the default run dir.
     run_dirs = tmp_path / "outputs"
@@ -95,16 +95,16 @@ def test_sbatch_template_trains_two_tasks(slurm_env, tmp_path, spawn_reference):
     assert result.returncode == 0, (tmp_path / "slurm.out").read_text()[-3000:]
     (run_dir,) = run_dirs.iterdir()
     assert run_dir.name.startswith("slurm-")
-    _assert_one_ddp_run(run_dir, spawn_reference)
+    _assert_one_ddp_run(run_dir, ddp_reference)
 
 
-def test_submitit_slurm_sweep_job_is_a_ddp_job(slurm_env, tmp_path, spawn_reference):
+def test_submitit_slurm_sweep_job_is_a_ddp_job(slurm_env, tmp_path, ddp_reference):
     sweep = tmp_path / "multirun"
     cmd = [sys.executable, "train.py", "-m", "hydra/launcher=submitit_slurm", "hydra.launcher.tasks_per_node=2",
            "hydra.launcher.cpus_per_task=1", f"hydra.sweep.dir={sweep}", *TINY]
     result = _run(cmd, slurm_env, ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
-    _assert_one_ddp_run(sweep / "0", spawn_reference)
+    _assert_one_ddp_run(sweep / "0", ddp_reference)
 
 
 def test_search_runs_two_trials_at_once_as_slurm_jobs(slurm_env, tmp_path):
