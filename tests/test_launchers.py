@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import faulthandler
+import gc
 import json
 import os
 import resource
@@ -336,6 +337,20 @@ def test_a_rank_takes_its_own_cpus_as_threads(monkeypatch, env, threads, acceler
         assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_rank_freezes_what_it_imported_so_leaving_the_group_walks_only_what_it_made_since(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    ctx = context.make_context(0, 0, 1, 1, "cpu", use_process_group=True)
+    gc.unfreeze()  # whatever this test process froze before
+    try:
+        context.init(ctx, timeout_s=10)
+        # The imports, dynamo's too, frozen: more objects than the collection still walks.
+        assert "torch._dynamo" in sys.modules and gc.get_freeze_count() > len(gc.get_objects())
+    finally:
+        context.shutdown(ctx, clean=True)
+        gc.unfreeze()
 
 
 @pytest.mark.parametrize("strategy, rehearsal", [("fsdp", "trainer.devices=2"), ("dp", "trainer.devices=2 strategy=ddp")])
