@@ -6,11 +6,12 @@ bench.gpu's job, one step at a time (ResNet-50, 128 CIFAR-shaped images, bf16 au
 last, SGD): eager, and compiled with CUDA graphs (also with SGD's fused kernel); then under DDP
 at world size 1 over NCCL (wrapped as train.py does: compiled inside, gradients as bucket views),
 with the views zeroed or freed between steps, with and without the per-forward buffer broadcast
-(strategy.forward_sync_buffers), and with compiled autograd taking DDP's reducer into the trace. For each: the wall time per step against the time the GPU
-spends in kernels per step (torch.profiler), and the kernels launched per step. A wall time well
-above the GPU's: the CPU launching kernels sets the pace, not the GPU running them. Then the CPU
-operators whose time DDP adds to the eager step, and the CPU operators and GPU kernels whose time
-it adds to the graphed step without the buffer broadcast.
+(strategy.forward_sync_buffers), and with compiled autograd taking DDP's reducer into the trace.
+For each: the wall time per step against the time the GPU spends in kernels per step
+(torch.profiler), and the kernels launched per step. A wall time well above the GPU's: the CPU
+launching kernels sets the pace, not the GPU running them. Then the CPU operators whose time DDP
+adds to the eager step, and the CPU operators and GPU kernels whose time it adds to the graphed
+step without the buffer broadcast.
 """
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ def training_step(setup: Setup):
         with ddp_mode():
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = F.cross_entropy(model(x), y)
-            if setup.compiled_autograd:
+            if setup.compiled_autograd:  # a private entry point, in torch 2.11 and 2.14 alike
                 with torch._dynamo.compiled_autograd._enable(torch.compile(mode=setup.mode)):
                     loss.backward()
             else:
