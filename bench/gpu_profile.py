@@ -92,9 +92,9 @@ def main() -> None:
         busy_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / args.steps
         rows.append([setup.name, wall_ms, busy_ms, busy_ms / wall_ms, len(kernels) / args.steps, 128 / wall_ms * 1e3])
         cpu_ms[setup.name] = {e.key: e.self_cpu_time_total / 1e3 / args.steps for e in prof.key_averages()}
-        gpu_ms[setup.name] = {}
+        per_kernel = gpu_ms[setup.name] = {}
         for e in kernels:
-            gpu_ms[setup.name][e.name] = gpu_ms[setup.name].get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / args.steps
+            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / args.steps
     dist.destroy_process_group()
     print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; {args.steps} steps each\n")
     print(table(["ResNet-50, batch 128, bf16, channels_last", "wall ms/step", "GPU kernel ms/step", "GPU busy",
