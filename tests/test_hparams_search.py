@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import threading
 import time
@@ -25,7 +24,6 @@ from config.setup import CONF_DIR, compose, register
 from hydra_plugins.optuna_study_sweeper import _study
 from hydra_plugins.optuna_study_sweeper.optuna_study_sweeper import ExitIsFailure
 from tests import train_server
-from tests.conftest import ROOT
 
 SAMPLER = OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 0})
 SPACE = {"lr": FloatDistribution(1e-4, 1e-1, log=True), "batch": CategoricalDistribution([16, 32, 64])}
@@ -307,19 +305,19 @@ def _complete(db: Path) -> int:
 
 @pytest.mark.slow
 def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
-    sweep = tmp_path / "search"
-    cmd = [sys.executable, "train.py", "hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=4",
-           "hydra.sweeper.heartbeat_interval=1", "trainer.epochs=1", "trainer.limit_train_batches=3",
-           "trainer.limit_val_batches=1", "trainer.progress_bar=false"]
-    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    sweep, output = tmp_path / "search", tmp_path / "first.out"
+    args = ["hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=4",
+            "hydra.sweeper.heartbeat_interval=1", "trainer.epochs=1", "trainer.limit_train_batches=3",
+            "trainer.limit_val_batches=1", "trainer.progress_bar=false"]
+    first = train_server.start(args, output)  # leads a session of its own, as a node's job does
     deadline = time.monotonic() + 120
     while _complete(sweep / "optuna.db") < 2 and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    assert _complete(sweep / "optuna.db") == 2, first.stderr.read().decode()[-3000:]
+    assert _complete(sweep / "optuna.db") == 2, output.read_text()[-3000:]
 
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    again = train_server.run(args)
     assert again.returncode == 0, again.stderr[-3000:]
     study = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}")
     trials = study.get_trials()
