@@ -1,9 +1,9 @@
 """bench.report: runs named by their overrides, speed-up only between runs that differ in devices alone."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from bench import report
 from tests import train_server
-from tests.conftest import FORK_RANKS, ROOT
+from tests.conftest import FORK_RANKS
 
 TINY = ("trainer.accelerator=cpu", "trainer.epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
         "trainer.progress_bar=false")
@@ -165,11 +165,11 @@ def _sweep_and_report(sweep: Path, *overrides: str) -> list[str]:
     """Run `python train.py -m` (job dirs as conf/config.yaml names them), then bench.report on it: the table's lines."""
     result = train_server.run(["-m", FORK_RANKS, f"hydra.sweep.dir={sweep}", *TINY, *overrides])
     assert result.returncode == 0, result.stderr[-3000:]
-    result = subprocess.run([sys.executable, "-m", "bench.report", str(sweep)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    # bench.report in this process (tests/test_sweeps.py runs it as `python -m bench.report`).
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert report.main([str(sweep)]) == 0
     assert (sweep / "report.png").stat().st_size > 0
-    return [line for line in result.stdout.splitlines() if line.startswith("|")]
+    return [line for line in out.getvalue().splitlines() if line.startswith("|")]
 
 
 @pytest.fixture(scope="module")
