@@ -309,7 +309,7 @@ def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
     args = ["hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=4",
             "hydra.sweeper.heartbeat_interval=1", "trainer.epochs=1", "trainer.limit_train_batches=3",
             "trainer.limit_val_batches=1", "trainer.progress_bar=false"]
-    first = train_server.start(args, output)  # leads a session of its own, as a node's job does
+    first = train_server.start(args, output)  # a session of its own: killpg ends the search and its trials
     deadline = time.monotonic() + 120
     while _complete(sweep / "optuna.db") < 2 and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
