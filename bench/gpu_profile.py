@@ -74,27 +74,9 @@ def main() -> None:
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", 0))
     rows, cpu_ms, gpu_ms = [], {}, {}
     for setup in [s for s in SETUPS if re.search(args.only, s.name)]:
-        step = training_step(setup)
-        for _ in range(10):  # compiles, records the graphs, lets cuDNN pick its algorithms
-            step()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        torch.cuda.synchronize()
-        wall_ms = (time.perf_counter() - start) * 1e3 / args.steps
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.steps):
-                step()
-            torch.cuda.synchronize()
-        # GPU user annotations (DDP's "DistributedDataParallel.forward" range) are spans, not kernels
-        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
-        busy_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / args.steps
-        rows.append([setup.name, wall_ms, busy_ms, busy_ms / wall_ms, len(kernels) / args.steps, 128 / wall_ms * 1e3])
-        cpu_ms[setup.name] = {e.key: e.self_cpu_time_total / 1e3 / args.steps for e in prof.key_averages()}
-        per_kernel = gpu_ms[setup.name] = {}
-        for e in kernels:
-            per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / args.steps
+        with dynamo_config(setup):
+            row, cpu_ms[setup.name], gpu_ms[setup.name] = measure(setup, args.steps)
+        rows.append(row)
     dist.destroy_process_group()
     print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; {args.steps} steps each\n")
     print(table(["ResNet-50, batch 128, bf16, channels_last", "wall ms/step", "GPU kernel ms/step", "GPU busy",
@@ -103,6 +85,40 @@ def main() -> None:
     graphed_pair = ("compiled + CUDA graphs", "DDP compiled + CUDA graphs, forward_sync_buffers=False")
     print_added("CPU operators DDP adds to the graphed step (self time)", cpu_ms, *graphed_pair)
     print_added("GPU kernels DDP adds to the graphed step", gpu_ms, *graphed_pair)
+
+
+def measure(setup: Setup, steps: int) -> tuple[list, dict[str, float], dict[str, float]]:
+    """The setup's table row, and its CPU operators' and GPU kernels' ms per step."""
+    step = training_step(setup)
+    for _ in range(10):  # compiles, records the graphs, lets cuDNN pick its algorithms
+        step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - start) * 1e3 / steps
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    # GPU user annotations (DDP's "DistributedDataParallel.forward" range) are spans, not kernels
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+    busy_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps
+    per_kernel: dict[str, float] = {}
+    for e in kernels:
+        per_kernel[e.name] = per_kernel.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3 / steps
+    per_operator = {e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()}
+    row = [setup.name, wall_ms, busy_ms, busy_ms / wall_ms, len(kernels) / steps, 128 / wall_ms * 1e3]
+    return row, per_operator, per_kernel
+
+
+def dynamo_config(setup: Setup) -> contextlib.AbstractContextManager:
+    """Compiled autograd's DDP all-reduces from Python hooks that the trace takes in. DDP reads
+    optimize_ddp when it is built, dynamo when it compiles: the whole setup runs under it."""
+    if setup.compiled_autograd:
+        return torch._dynamo.config.patch(optimize_ddp="python_reducer")
+    return contextlib.nullcontext()
 
 
 def print_added(title: str, ms_per_step: dict[str, dict[str, float]], base: str, under: str) -> None:
@@ -119,29 +135,21 @@ def training_step(setup: Setup):
     """A fresh model and optimizer; returns one training step on fixed random data."""
     net = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
     model = net if setup.mode is None else torch.compile(net, mode=setup.mode)
-
-    def ddp_mode():  # DDP reads it when built, dynamo when it compiles: both under it
-        if setup.compiled_autograd:  # DDP all-reduces from Python hooks that compiled autograd traces
-            return torch._dynamo.config.patch(optimize_ddp="python_reducer")
-        return contextlib.nullcontext()
-
     if setup.ddp:
-        with ddp_mode():
-            model = DistributedDataParallel(model, device_ids=[0], gradient_as_bucket_view=True,
-                                            **{SYNC_BUFFERS_ARG: setup.forward_sync_buffers})
+        model = DistributedDataParallel(model, device_ids=[0], gradient_as_bucket_view=True,
+                                        **{SYNC_BUFFERS_ARG: setup.forward_sync_buffers})
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, fused=setup.fused or None)
     x = torch.randn(128, 3, 32, 32, device="cuda").contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (128,), device="cuda")
 
     def step() -> None:
-        with ddp_mode():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = F.cross_entropy(model(x), y)
-            if setup.compiled_autograd:  # a private entry point, in torch 2.11 and 2.14 alike
-                with torch._dynamo.compiled_autograd._enable(torch.compile(mode=setup.mode)):
-                    loss.backward()
-            else:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        if setup.compiled_autograd:  # a private entry point, in torch 2.11 and 2.14 alike
+            with torch._dynamo.compiled_autograd._enable(torch.compile(mode=setup.mode)):
                 loss.backward()
+        else:
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=not setup.zeroed)
 
