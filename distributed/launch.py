@@ -18,7 +18,7 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from config.schema import Accelerator, Backend, LauncherConfig, StartMethod, TrainerConfig
 from distributed import environment
-from distributed.context import DistContext, make_context
+from distributed.context import OPTIMIZER_IMPORT, DistContext, make_context
 from distributed.environment import EnvRank
 from distributed.strategies import Strategy
 from errors import ConfigError, Preempted, RankFailed, raised_elsewhere
@@ -258,10 +258,10 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
 
 def forkserver_preload(worker: Callable[..., Any]) -> list[str]:
     """What the forkserver imports once, so that no rank forked from it imports it again (~2.5 s of
-    CPU each): train.py (`__main__`), the worker's module and torch._dynamo (the first optimizer
-    step's). CUDA allows forkserver as it does spawn (not fork) as long as the server never
-    initializes CUDA, and none of these imports does (tests/test_launchers.py checks)."""
-    return ["__main__", "torch._dynamo", worker.__module__]
+    CPU each): train.py (`__main__`), the worker's module and the first optimizer step's import.
+    CUDA allows forkserver as it does spawn (not fork) as long as the server never initializes
+    CUDA, and none of these imports does (tests/test_launchers.py checks)."""
+    return ["__main__", OPTIMIZER_IMPORT, worker.__module__]
 
 
 def _hung_rank(ranks: mp.ProcessContext, first_error: str) -> int | None:
