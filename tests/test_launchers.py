@@ -353,6 +353,16 @@ def test_a_rank_freezes_what_it_imported_so_leaving_the_group_walks_only_what_it
         gc.unfreeze()
 
 
+def test_train_py_imports_without_a_full_collection_and_leaves_its_imports_frozen():
+    """As every rank imports it (spawned ranks as __mp_main__): what the imports make is walked by
+    no full collection, while they run or after."""
+    code = ('import gc, runpy; runpy.run_path("train.py", run_name="__mp_main__"); '
+            'print(gc.get_stats()[2]["collections"], gc.isenabled(), gc.get_freeze_count() > 10 * len(gc.get_objects()))')
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "True", "True"]
+
+
 @pytest.mark.parametrize("strategy, rehearsal", [("fsdp", "trainer.devices=2"), ("dp", "trainer.devices=2 strategy=ddp")])
 def test_too_few_gpus_names_a_cpu_rehearsal_of_the_same_strategy(strategy, rehearsal):
     with pytest.raises(ConfigError) as error:
