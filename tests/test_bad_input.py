@@ -16,7 +16,8 @@ from distributed import sharded_state
 from distributed.context import make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
-from tests.conftest import run_train, typed_config
+from tests.configs import typed_config
+from tests.runs import run_train
 from tests.dataset_files import write_image_folder
 from training.checkpoint import save_checkpoint
 

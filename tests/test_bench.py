@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.common import FORKSERVER_RANKS
-from tests.conftest import ROOT, run_train
+from config.setup import ROOT
+from tests.runs import run_train
 
 LIGHTNING = importlib.util.find_spec("lightning") is not None  # bench-only: requirements-bench.txt
 

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from config.setup import ROOT
 
 # A test module that uses test_slurm.py's cluster fixture, with local_cluster.sh swapped for a stub
 # that fails as the real one does where slurm cannot be installed (exit 3), and CI as given.

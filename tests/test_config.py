@@ -10,7 +10,8 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from errors import ConfigError
 from config.check import check, check_override_keys
 from training.preemption import parse_signals
-from tests.conftest import compose_config, run_train, typed_config
+from tests.configs import compose_config, typed_config
+from tests.runs import run_train
 
 
 def test_default_config_composes_to_the_embedded_dataset():

@@ -14,7 +14,8 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT, last_weights, run_train, same_weights
+from config.setup import ROOT
+from tests.runs import last_weights, run_train, same_weights
 
 pytestmark = [
     pytest.mark.slow,

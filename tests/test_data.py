@@ -12,7 +12,7 @@ import data
 from data import EpochSeeded, build_loaders
 from distributed.context import make_context
 from errors import ConfigError
-from tests.conftest import typed_config
+from tests.configs import typed_config
 from tests.dataset_files import write_image_folder
 
 

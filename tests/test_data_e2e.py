@@ -12,10 +12,11 @@ from omegaconf import OmegaConf
 
 from config.check import factory
 from config.schema import Config, Loader
+from config.setup import ROOT
 from data import build_loaders, cifar10
 from distributed.context import make_context
-from tests.conftest import ROOT, run_train
 from tests.dataset_files import write_cifar, write_image_folder, write_mnist
+from tests.runs import run_train
 from training.trainer import Batches, evaluate
 
 pytestmark = pytest.mark.slow

@@ -16,11 +16,12 @@ import pytest
 import torch
 
 from config.schema import DatasetConfig
+from config.setup import ROOT
 from data import check, cifar10, download, imagefolder, mnist
 from distributed.context import make_context
 from errors import ConfigError
 from tests import train_server
-from tests.conftest import ROOT, typed_config
+from tests.configs import typed_config
 from tests.dataset_files import class_images, write_cifar, write_image_folder, write_mnist
 
 

@@ -12,7 +12,7 @@ from data.sampler import RepeatedAugmentationSampler
 from data.transforms import random_crop_flip
 from distributed.context import make_context
 from errors import ConfigError
-from tests.conftest import typed_config
+from tests.configs import typed_config
 from tests.dataset_files import write_cifar
 
 

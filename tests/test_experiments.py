@@ -8,7 +8,8 @@ import torch
 
 from config.check import optim_config, schedule_config
 from config.schema import LauncherName, LrScaling, OptimConfig, ScheduleConfig, StrategyName
-from tests.conftest import compose_config, run_train
+from tests.configs import compose_config
+from tests.runs import run_train
 from tests.dataset_files import write_cifar, write_image_folder, write_mnist
 
 EXPERIMENTS = ("seed000", "seed001", "seed002", "seed003", "tv_resnet50")

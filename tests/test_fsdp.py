@@ -26,7 +26,8 @@ from distributed.fsdp import block_classes, shard_units
 from models.mnist_net import MnistNet
 from models.resnet import resnet
 from models.simple_cnn import SimpleCNN
-from tests.conftest import FORK_RANKS, job_config, last_weights, relative_error, run_train, same_weights, typed_config
+from tests.configs import job_config, typed_config
+from tests.runs import FORK_RANKS, last_weights, relative_error, run_train, same_weights
 from tests.test_launchers import _finish, _one_run_dir, _torchrun
 from tests.test_resume_preempt import TINY, Run, kill_inside_a_checkpoint_write
 from training.checkpoint import Checkpointer, find_resume, save_checkpoint

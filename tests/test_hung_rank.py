@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import FORK_RANKS
+from tests.runs import FORK_RANKS
 from tests.test_resume_preempt import DDP, TINY, Run
 
 pytestmark = pytest.mark.slow

@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from config.check import check
-from distributed import context, environment, launch as launching
+from config.setup import ROOT
+from distributed import context, environment, launch as launching, strategies
 from distributed.launch import launch, plan_launch
 from errors import ConfigError, RankFailed
-from distributed import strategies
 from tests import train_server
-from tests.conftest import ROOT, free_port, run_train, same_weights, typed_config
+from tests.configs import typed_config
+from tests.runs import free_port, run_train, same_weights
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 TINY = ["debug=fdr"]
@@ -465,7 +466,7 @@ def test_the_start_method_and_port_reach_the_ranks(monkeypatch, start_method):
 @pytest.mark.slow
 @pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
 def test_spawned_and_forkserver_ranks_train_exactly_as_forked_ones(run_dir, ddp_reference, start_method):
-    # Fork's ranks train in nearly every end-to-end test here (tests/conftest.py's FORK_RANKS), the
+    # Fork's ranks train in nearly every end-to-end test here (tests/runs.py's FORK_RANKS), the
     # reference's included; spawn is the default.
     result = run_train(run_dir, "debug=ddp_cpu", "strategy=ddp", f"launcher.start_method={start_method}")
     assert result.returncode == 0, result.stderr

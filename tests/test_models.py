@@ -17,7 +17,7 @@ from errors import ConfigError
 from models.resnet import resnet
 from models.zoo import torchvision_classifier
 from training import run as run_job
-from tests.conftest import job_config, typed_config
+from tests.configs import job_config, typed_config
 
 # The ResNets take tens of seconds each on 2 cores (45 s for resnet50 in a loaded suite run): slow.
 MODELS = ["simple_cnn", "mnist_net", *(pytest.param(m, marks=pytest.mark.slow) for m in ("resnet18", "resnet50"))]

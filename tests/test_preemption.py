@@ -10,7 +10,7 @@ import torch
 
 from distributed.context import DistContext, make_context
 from errors import Preempted
-from tests.conftest import job_config
+from tests.configs import job_config
 from training.preemption import PreemptionWatch, requeue_or_explain, resume_command
 from training.run import train
 

@@ -24,7 +24,7 @@ from training.metrics import Accumulator
 from training.mixing import Mixing
 from training.optim import check_arguments, parameter_groups, scaled_lr
 from training.schedule import Warmup, with_warmup
-from tests.conftest import compose_config, typed_config
+from tests.configs import compose_config, typed_config
 from tests.dataset_files import write_image_folder
 from tests.test_train_step import _trainer
 

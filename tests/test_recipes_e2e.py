@@ -12,7 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from data import build_loaders
 from distributed.context import make_context
-from tests.conftest import job_config, run_train
+from tests.configs import job_config
+from tests.runs import run_train
 from tests.dataset_files import write_cifar, write_image_folder
 from training.mixing import Mixing
 

@@ -17,7 +17,8 @@ from distributed.context import make_context
 from distributed.strategies import AutocastReplica
 from errors import ConfigError, NonFiniteLoss
 from training.checkpoint import Checkpointer, TrainState
-from tests.conftest import job_config, run_train, typed_config
+from tests.configs import job_config, typed_config
+from tests.runs import run_train
 from tests.dataset_files import write_image_folder
 from tests.test_launchers import SLURM_ENV, _plan
 

@@ -13,7 +13,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from bench import report
 from tests import train_server
-from tests.conftest import FORK_RANKS
+from tests.runs import FORK_RANKS
 
 TINY = ("trainer.accelerator=cpu", "trainer.epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
         "trainer.progress_bar=false")

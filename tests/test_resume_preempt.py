@@ -13,8 +13,9 @@ from typing import Callable
 import pytest
 import torch
 
+from config.setup import ROOT
 from tests import train_server
-from tests.conftest import ROOT, run_train
+from tests.runs import run_train
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port, same_weights
+from config.setup import ROOT
+from tests.runs import free_port, same_weights
 
 pytestmark = pytest.mark.slow
 

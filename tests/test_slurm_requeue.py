@@ -10,7 +10,8 @@ from typing import Callable
 
 import pytest
 
-from tests.conftest import ROOT, free_port, run_train, same_weights
+from config.setup import ROOT
+from tests.runs import free_port, run_train, same_weights
 from tests.test_slurm import _run, slurm_env  # noqa: F401  slurm_env: a cluster for this module alone
 
 pytestmark = pytest.mark.slow

@@ -31,7 +31,8 @@ from training import run as run_job
 from training.metrics import Averages
 from training.trainer import Batches, evaluate
 from tests import train_server
-from tests.conftest import job_config, relative_error, run_train, typed_config
+from tests.configs import job_config, typed_config
+from tests.runs import relative_error, run_train
 
 pytestmark = pytest.mark.slow
 

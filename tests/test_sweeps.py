@@ -18,7 +18,8 @@ from config.schema import StrategyName
 from config.setup import RESOLVERS, compose
 from errors import ConfigError
 from tests import train_server
-from tests.conftest import FORK_RANKS, ROOT
+from config.setup import ROOT
+from tests.runs import FORK_RANKS
 from training.reporting import HPARAM_METRICS
 
 TINY = ("debug=limit", "logger=tensorboard")  # 3 short epochs, with the TensorBoard files under test

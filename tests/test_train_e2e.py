@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import run_train
+from tests.runs import run_train
 
 pytestmark = pytest.mark.slow
 

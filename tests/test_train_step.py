@@ -30,7 +30,7 @@ from training.precision import Precision
 from training.reporting import Reporter
 from training.run import configure_kernels
 from training.trainer import Batches, Trainer
-from tests.conftest import typed_config
+from tests.configs import typed_config
 
 CPU = torch.device("cpu")
 

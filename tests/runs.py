@@ -1,0 +1,66 @@
+"""Run train.py as a user would, and compare what runs leave behind."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from config.setup import ROOT
+from distributed import sharded_state
+from tests import train_server
+
+# What run_train adds to a run's overrides, unless cold: the CPU ranks it starts are forked from it,
+# with nothing left to import (a spawned rank imports torch afresh: 6.0 s of CPU for a tiny 2-rank
+# DDP run against 0.8 s; BENCHMARKS.md, the test suite). The kill, preemption and rank-failure runs of test_resume_preempt.py keep
+# the default, spawn: what it leaves behind (multiprocessing's resource tracker) is among what they
+# check. The FSDP kills and the hung ranks fork theirs: what they test comes once the ranks train.
+# test_launchers.py holds spawned and forkserver ranks to forked ones.
+FORK_RANKS = "launcher.start_method=fork"
+
+
+def run_train(run_dir: Path, *overrides: str, timeout: float = 240, cold: bool = False) -> subprocess.CompletedProcess:
+    """`python train.py` in its own process, with its run dir at `run_dir`: forked from the preloaded
+    server (tests/train_server.py), or with `cold`, a fresh interpreter that imports everything."""
+    args = [f"hydra.run.dir={run_dir}", "trainer.progress_bar=false"]
+    if cold:
+        cmd = [sys.executable, "train.py", *args, *overrides]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return train_server.run([FORK_RANKS, *args, *overrides], timeout=timeout)
+
+
+def reference(run_dir: Path, strategy: str) -> Path:
+    """2 ranks of the tiny job that the launcher tests run under torchrun and SLURM, started by the
+    spawn launcher (torch.multiprocessing) as run_train starts them: forked."""
+    result = run_train(run_dir, "debug=ddp_cpu", f"strategy={strategy}")
+    assert result.returncode == 0, result.stderr
+    return run_dir
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def last_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The model in a run's last.pt: a file, or strategy=fsdp's sharded directory."""
+    last = run_dir / "checkpoints" / "last.pt"
+    return sharded_state.read_model_state(last) if last.is_dir() else torch.load(last, weights_only=True)["model"]
+
+
+def same_weights(run_dir: Path, other: Path) -> bool:
+    """Both runs' last checkpoints hold bitwise-identical model weights."""
+    a, b = last_weights(run_dir), last_weights(other)
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest ||a - b|| / ||b|| over the float tensors of two state dicts with the same keys;
+    their integer ones (BatchNorm's num_batches_tracked) must be equal."""
+    assert a.keys() == b.keys()
+    counts = [k for k in b if not b[k].is_floating_point()]
+    assert all(torch.equal(a[k], b[k]) for k in counts), counts
+    return max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in b if k not in counts)
