@@ -10,7 +10,7 @@ import pytest
 
 # trainer.compile=true runs (and any test's subprocesses, which inherit this) reuse inductor's compiled
 # kernels and FX graphs from earlier suite runs (in the git-ignored .cache/) instead of rebuilding them.
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "torchinductor"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache/torchinductor"))
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
 # Two xdist workers share the cores: a train.py (or a test) taking every core as an intra-op thread
 # oversubscribes them, and spinning OpenMP threads then run a step up to ~10x slower (measured on a
