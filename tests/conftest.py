@@ -26,8 +26,8 @@ def run_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def ddp_reference(tmp_path_factory) -> Path:
-    """The tiny 2-rank DDP job (tests/runs.py's reference). test_launchers.py holds spawned and
-    forkserver ranks to the same weights, and torchrun and SLURM's ranks."""
+    """The tiny 2-rank DDP job (tests/runs.py's reference), which test_launchers.py holds spawned
+    and forkserver ranks to, and the launcher tests torchrun's and SLURM's ranks."""
     from tests.runs import reference
     return reference(tmp_path_factory.mktemp("reference_ddp") / "run", "ddp")
 
