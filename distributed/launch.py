@@ -312,9 +312,10 @@ def _spawned_rank(
 
 
 def skip_collection_at_exit() -> None:
-    """Call as a process ends: Python's collections at exit walk every object torch and
-    torch._dynamo made, ~0.5 s of each process's wall (BENCHMARKS.md). Objects still alive then
-    need not be finalized (Python's own rule), and a run has closed all it writes by this point."""
+    """Call as a process ends: Python's collections at exit walk every object not yet frozen, what
+    was imported and made after train.py froze its imports (torch._dynamo, TensorBoard, the run's
+    own): ~0.09 s of the default job (BENCHMARKS.md). Objects still alive then need not be
+    finalized (Python's own rule), and a run has closed all it writes by this point."""
     gc.freeze()
 
 
