@@ -88,6 +88,7 @@ def check(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> L
     _check_model(cfg.model)
     strategy.check_model(factory(cfg.model))
     data.check(cfg.dataset, cfg.data)
+    _check_built(cfg)
     _check_forward(cfg)  # after the data's own keys, which name the fix more closely
     _check_resume(cfg, run_dir)
     return replace(plan, forward_signals=tuple(signals))
@@ -164,6 +165,18 @@ def _check_model(node: Mapping[str, Any]) -> None:
     module = importlib.import_module(node["_target_"].rsplit(".", 1)[0])
     if hasattr(module, "check"):
         module.check(**arguments)
+
+
+def _check_built(cfg: Config) -> None:
+    """The loss and each callback, built once: a key their class does not take, or a value it
+    refuses, is one line before launch instead of a traceback on every rank."""
+    for key, node in [("loss", cfg.loss), *((f"callbacks.{name}", node) for name, node in cfg.callbacks.items())]:
+        if not isinstance(node, Mapping) or "_target_" not in node:
+            raise ConfigError(f"{key}: no _target_; name the class to build, as the files in conf/{key.split('.')[0]}/ do")
+        try:
+            factory(node)()
+        except Exception as e:
+            raise ConfigError(f"{key}: {node['_target_']} refuses these options ({first_line(e)}); fix the {key}.* keys") from None
 
 
 def _check_forward(cfg: Config) -> None:
@@ -381,6 +394,8 @@ def run_config(
         model=factory(cfg.model),
         optimizer=factory(optimizer),
         scheduler=factory(scheduler) if scheduler.get("_target_") else None,
+        loss=factory(cfg.loss),
+        callbacks=[factory(node) for node in cfg.callbacks.values()],
         optim=optim,
         schedule=schedule_config(cfg.scheduler),
         run_dir=run_dir,
@@ -399,6 +414,7 @@ def _hparams(cfg: DictConfig, settings: Config, labels: dict[str, str], lr: floa
         "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
         "lr": lr,  # as trained: after optimizer.lr_scaling
         "scheduler": cfg.scheduler.get("_target_", "none").rsplit(".", 1)[-1],
+        "loss": cfg.loss._target_.rsplit(".", 1)[-1],
         "accelerator": trainer.accelerator.value if trainer.gpus is None else "gpu",
         "devices": trainer.devices_per_node * trainer.num_nodes,
         "batch_size": trainer.batch_size,

@@ -25,6 +25,7 @@ from distributed.context import DistContext, make_context
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from errors import ConfigError
 from training.checkpoint import Checkpointer, TrainState
+from training.loss import CrossEntropy
 from training.metrics import Averages
 from training.precision import Precision
 from training.reporting import Reporter
@@ -68,7 +69,8 @@ def _trainer(
     checkpointer = Checkpointer(ctx, tmp_path, wrapped, optimizer, scheduler, "", scaler)
     state = checkpointer.restore(tmp_path / "last.pt") if resume else None
     reporter = Reporter(make_context(1, 1, 2, 2, "cpu", False), tmp_path, LoggerConfig())  # a silent rank
-    return Trainer(wrapped, chosen, optimizer, scheduler, loaders, checkpointer, reporter, scaler, ctx, options, state)
+    return Trainer(wrapped, chosen, optimizer, scheduler, loaders, checkpointer, reporter, scaler, ctx, options, state,
+                   criterion=CrossEntropy(options.label_smoothing))
 
 
 @pytest.fixture

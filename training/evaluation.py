@@ -35,12 +35,12 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
         if checkpoint.get("ema") is not None:
             ema = AveragedModel(net, use_buffers=True)
             ema.load_state_dict(checkpoint["ema"])
-    batches = Batches(ctx.device, settings.limit_val_batches)
-    val = evaluate(net, loaders.val, batches, ctx)
+    batches, criterion = Batches(ctx.device, settings.limit_val_batches), job.loss()
+    val = evaluate(net, loaders.val, batches, ctx, criterion)
     metrics = _figures("val", val)
     line = f"test: acc@1 {val.acc:.4f} acc@5 {val.acc5:.4f} loss {val.loss:.4f}"
     if ema is not None:
-        averaged = evaluate(ema.module, loaders.val, batches, ctx)
+        averaged = evaluate(ema.module, loaders.val, batches, ctx, criterion)
         metrics.update(_figures("val_ema", averaged))
         line += f"  ema acc@1 {averaged.acc:.4f} acc@5 {averaged.acc5:.4f} loss {averaged.loss:.4f}"
     log.info("%s  (%d images, %s)", line, val.samples, source)
@@ -54,5 +54,5 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
 def _figures(prefix: str, averages: Averages) -> dict[str, float | int]:
     return {
         f"{prefix}_acc": averages.acc, f"{prefix}_acc5": averages.acc5, f"{prefix}_loss": averages.loss,
-        f"{prefix}_samples": averages.samples,
+        f"{prefix}_ce": averages.ce, f"{prefix}_samples": averages.samples,
     }

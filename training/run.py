@@ -120,7 +120,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     reporter = Reporter(ctx, job.run_dir, job.logger, background=not loaders.start_processes)
     trainer = Trainer(
         model, strategy, optimizer, scheduler, loaders, checkpointer, reporter, scaler, ctx, settings, state,
-        preemption, ema, Mixing.of(settings, job.dataset.num_classes, ctx.rank),
+        preemption, ema, Mixing.of(settings, job.dataset.num_classes, ctx.rank), job.loss(),
     )
     try:
         metrics = trainer.fit()

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
@@ -22,6 +21,7 @@ from distributed.strategies import Strategy, prepare_evaluation, unwrap
 from errors import NonFiniteLoss
 from training.checkpoint import Checkpointer, TrainState, restore_rng
 from training.ema import EMA
+from training.loss import Criterion
 from training.metrics import Accumulator, Averages, Window, peak_memory_mb
 from training.mixing import Mixing
 from training.precision import Precision
@@ -81,6 +81,7 @@ class Trainer:
         preemption: PreemptionWatch | None = None,
         ema: EMA | None = None,
         mixing: Mixing | None = None,
+        criterion: Criterion | None = None,
     ) -> None:
         """`model` is wrapped by `strategy` already; `settings` are read here, once, not per step.
         `scheduler` may be a Warmup, which also steps after every optimizer step."""
@@ -101,7 +102,7 @@ class Trainer:
         self.grad_clip = settings.grad_clip
         self.accumulate = settings.accumulate_grad_batches
         self.skip_nonfinite = settings.nonfinite == NonFinite.skip
-        self.label_smoothing = settings.label_smoothing
+        self.criterion = criterion
         self.ema_every = settings.ema_every_n_steps
         limit = settings.overfit_batches or settings.limit_train_batches
         self.train_batches = Batches(ctx.device, limit)
@@ -141,9 +142,11 @@ class Trainer:
             self.reporter.scalars(
                 state.step,
                 {
-                    "val/loss": val.loss, "val/acc": val.acc, "val/acc5": val.acc5, "val/best_acc": state.best_val_acc,
-                    "throughput/samples_per_s": speed, "time/train_s": time.perf_counter() - started, "time/data_s": data_s,
-                    **({"val_ema/loss": ema.loss, "val_ema/acc": ema.acc, "val_ema/acc5": ema.acc5} if ema else {}),
+                    "val/loss": val.loss, "val/ce": val.ce, "val/acc": val.acc, "val/acc5": val.acc5,
+                    "val/best_acc": state.best_val_acc, "throughput/samples_per_s": speed,
+                    "time/train_s": time.perf_counter() - started, "time/data_s": data_s,
+                    **({"val_ema/loss": ema.loss, "val_ema/ce": ema.ce, "val_ema/acc": ema.acc, "val_ema/acc5": ema.acc5}
+                       if ema else {}),
                     **{f"memory/peak_mb/device{i}": mb for i, mb in enumerate(memory or [])},
                 },
             )
@@ -174,7 +177,9 @@ class Trainer:
             "val_acc": val.acc,
             "val_acc5": val.acc5,
             "val_loss": val.loss,
-            **({"val_ema_acc": ema.acc, "val_ema_acc5": ema.acc5, "val_ema_loss": ema.loss} if ema else {}),
+            "val_ce": val.ce,
+            **({"val_ema_acc": ema.acc, "val_ema_acc5": ema.acc5, "val_ema_loss": ema.loss, "val_ema_ce": ema.ce}
+               if ema else {}),
             "best_val_acc": state.best_val_acc,
             "best_val_acc5": state.best_val_acc5,
             "best_weights": state.best_weights,
@@ -275,11 +280,11 @@ class Trainer:
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.precision.dtype is None:
             logits = self.model(x)
-            loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
+            loss = self.criterion(logits, y)
         else:
             with self.precision.autocast():
                 logits = self.model(x)
-                loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
+                loss = self.criterion(logits, y)
         share = loss / group_size if group_size > 1 else loss
         (self.scaler.scale(share) if self.scaled else share).backward()
         return logits, loss
@@ -315,7 +320,7 @@ class Trainer:
         self.optimizer.zero_grad()
 
     def evaluate(self, loader: Iterable, model: nn.Module | None = None) -> Averages:
-        return evaluate(self.model if model is None else model, loader, self.val_batches, self.ctx)
+        return evaluate(self.model if model is None else model, loader, self.val_batches, self.ctx, self.criterion)
 
     def _note_best(self, val: Averages, ema: Averages | None) -> bool:
         """The best accuracy of any weights evaluated (the model's, or the EMA's), and whose it was."""
@@ -362,14 +367,15 @@ class Trainer:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable, batches: Batches, ctx: DistContext) -> Averages:
-    """Loss, accuracy and top-5 over every rank's validation shard, summed across ranks."""
+def evaluate(model: nn.Module, loader: Iterable, batches: Batches, ctx: DistContext, criterion: Criterion) -> Averages:
+    """The criterion's loss, accuracy, top-5 and cross-entropy over every rank's validation shard,
+    summed across ranks."""
     net = unwrap(model)  # DDP's forward would try to sync buffers; shards may differ in length
     net.eval()
-    sums = Accumulator(ctx.device, top5=True)
+    sums = Accumulator(ctx.device, validation=True)
     padding = prepare_evaluation(net, batches.count(loader), ctx)  # FSDP: every forward takes all ranks
     for x, y in batches.take(loader):
-        sums.update_validation(net(x), y)
+        sums.update_validation(net(x), y, criterion)
     for _ in range(padding):
         net(x[:0])
     net.train()
