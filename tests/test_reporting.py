@@ -12,7 +12,7 @@ from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 from config.check import swept_overrides
 from config.schema import LoggerConfig
 from distributed.context import DistContext
-from training.reporting import HPARAM_METRICS, Reporter, SampleGrid, image_summary, masked_crc32c
+from training.loggers.tensorboard import HPARAM_METRICS, Reporter, SampleGrid, image_summary, masked_crc32c
 
 
 def _caption_hues(grid: np.ndarray, index: int, tile: int = 96) -> set[str]:
@@ -121,7 +121,7 @@ def test_tensorboard_checksums_records_in_c_with_its_own_values(tmp_path):
 
 
 def test_the_grid_is_encoded_again_only_when_a_caption_changes(monkeypatch):
-    import training.reporting as reporting
+    import training.loggers.tensorboard as reporting
     from PIL import Image
 
     encodings = []

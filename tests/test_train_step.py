@@ -28,7 +28,7 @@ from training.checkpoint import Checkpointer, TrainState
 from training.loss import CrossEntropy
 from training.metrics import Averages
 from training.precision import Precision
-from training.reporting import Reporter
+from training.loggers.tensorboard import Reporter
 from training.run import configure_kernels
 from training.trainer import Batches, Trainer
 from tests.configs import typed_config

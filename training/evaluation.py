@@ -13,7 +13,7 @@ from data import build_loaders
 from distributed.context import DistContext
 from training.checkpoint import find_resume, load_checkpoint
 from training.metrics import Averages
-from training.reporting import Reporter
+from training.loggers.tensorboard import Reporter
 from training.trainer import Batches, evaluate
 
 log = logging.getLogger("train")

@@ -25,7 +25,8 @@ from training.mixing import Mixing
 from training.optim import check_arguments, parameter_groups
 from training.precision import Precision
 from training.preemption import PreemptionWatch, parse_signals
-from training.reporting import Reporter, configure_logging
+from training.loggers.tensorboard import Reporter
+from training.reporting import configure_logging
 from training.schedule import with_warmup
 from training.sharded_checkpoint import ShardedCheckpointer
 from training.trainer import Trainer

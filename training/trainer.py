@@ -26,7 +26,7 @@ from training.metrics import Accumulator, Averages, Window, peak_memory_mb
 from training.mixing import Mixing
 from training.precision import Precision
 from training.preemption import PreemptionWatch
-from training.reporting import Reporter
+from training.loggers.tensorboard import Reporter
 from training.schedule import Warmup
 
 log = logging.getLogger("train")
