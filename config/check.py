@@ -176,7 +176,9 @@ def _check_built(cfg: Config) -> None:
         try:
             factory(node)()
         except Exception as e:
-            raise ConfigError(f"{key}: {node['_target_']} refuses these options ({first_line(e)}); fix the {key}.* keys") from None
+            raise ConfigError(
+                f"{key}: {node['_target_']} refuses these options ({first_line(e)}); fix the {key}.* keys"
+            ) from None
 
 
 def _check_forward(cfg: Config) -> None:

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from config.check import check
-from config.schema import LoggerConfig, NonFinite, StrategyConfig, StrategyName, TrainerConfig
+from config.schema import NonFinite, StrategyConfig, StrategyName, TrainerConfig
 from data import Loaders
 from distributed import strategies
 from distributed.context import DistContext, make_context
@@ -28,9 +28,8 @@ from training.checkpoint import Checkpointer, TrainState
 from training.loss import CrossEntropy
 from training.metrics import Averages
 from training.precision import Precision
-from training.loggers.tensorboard import Reporter
 from training.run import configure_kernels
-from training.trainer import Batches, Trainer
+from training.trainer import Batches, Optimization, Trainer
 from tests.configs import typed_config
 
 CPU = torch.device("cpu")
@@ -57,7 +56,7 @@ def _trainer(
     loaders: Loaders | None = None, scaler: torch.amp.GradScaler | None = None, step_lr: bool = False,
     resume: bool = False, **settings,
 ) -> Trainer:
-    """A Trainer around `model` (wrapped by `strategy`, default single) on a silent rank; with
+    """A Trainer around `model` (wrapped by `strategy`, default single), with no loggers; with
     `step_lr` the learning rate halves every epoch; with `resume`, from tmp_path's last.pt."""
     ctx = ctx or make_context(0, 0, 1, 1, "cpu", use_process_group=False)
     chosen = strategies.get(strategy or StrategyConfig())
@@ -68,9 +67,10 @@ def _trainer(
     scaler = scaler or Precision.of(options.precision, CPU).grad_scaler()
     checkpointer = Checkpointer(ctx, tmp_path, wrapped, optimizer, scheduler, "", scaler)
     state = checkpointer.restore(tmp_path / "last.pt") if resume else None
-    reporter = Reporter(make_context(1, 1, 2, 2, "cpu", False), tmp_path, LoggerConfig())  # a silent rank
-    return Trainer(wrapped, chosen, optimizer, scheduler, loaders, checkpointer, reporter, scaler, ctx, options, state,
-                   criterion=CrossEntropy(options.label_smoothing))
+    return Trainer(
+        model=wrapped, strategy=chosen, loaders=loaders, checkpointer=checkpointer, state=state, ctx=ctx, settings=options,
+        optimization=Optimization(CrossEntropy(options.label_smoothing), optimizer, scheduler, scaler),
+    )
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
-
 from torch.optim.swa_utils import AveragedModel
 
 from config.schema import RunConfig
@@ -13,7 +11,7 @@ from data import build_loaders
 from distributed.context import DistContext
 from training.checkpoint import find_resume, load_checkpoint
 from training.metrics import Averages
-from training.loggers.tensorboard import Reporter
+from training.reporting import write_metrics
 from training.trainer import Batches, evaluate
 
 log = logging.getLogger("train")
@@ -44,10 +42,11 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
         metrics.update(_figures("val_ema", averaged))
         line += f"  ema acc@1 {averaged.acc:.4f} acc@5 {averaged.acc5:.4f} loss {averaged.loss:.4f}"
     log.info("%s  (%d images, %s)", line, val.samples, source)
-    Reporter(ctx, job.run_dir, replace(job.logger, tensorboard=False)).write_metrics({  # metrics.json only
-        **metrics, "weights": source, **job.labels, "world_size": ctx.world_size,
-        "batch_size": settings.batch_size, "wall_s": time.perf_counter() - start,
-    })
+    if ctx.is_main:
+        write_metrics(job.run_dir, {
+            **metrics, "weights": source, **job.labels, "world_size": ctx.world_size,
+            "batch_size": settings.batch_size, "wall_s": time.perf_counter() - start,
+        })
     return metrics
 
 

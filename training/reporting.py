@@ -1,9 +1,11 @@
-"""What the run tells people besides its loggers: the console and train.log. Rank 0 speaks."""
+"""What the run tells people besides its loggers: the console and train.log, metrics.json. Rank 0 speaks."""
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any, Mapping
 
 from distributed.context import DistContext
 
@@ -31,3 +33,8 @@ def configure_logging(ctx: DistContext, run_dir: Path) -> None:
     handler.setFormatter(logging.Formatter(f"[rank {ctx.rank}]{_FORMAT}"))
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
+
+
+def write_metrics(run_dir: Path, metrics: Mapping[str, Any]) -> None:
+    """The run's final figures as one JSON object on one line: sweep reports read one file per run."""
+    (run_dir / "metrics.json").write_text(json.dumps(metrics) + "\n")

@@ -7,7 +7,7 @@ import logging
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -19,6 +19,7 @@ from distributed.collectives import all_reduce_max
 from distributed.context import DistContext, epoch_seed
 from distributed.strategies import Strategy, prepare_evaluation, unwrap
 from errors import NonFiniteLoss
+from training.callbacks import Callback, handling
 from training.checkpoint import Checkpointer, TrainState, restore_rng
 from training.ema import EMA
 from training.loss import Criterion
@@ -26,7 +27,7 @@ from training.metrics import Accumulator, Averages, Window, peak_memory_mb
 from training.mixing import Mixing
 from training.precision import Precision
 from training.preemption import PreemptionWatch
-from training.loggers.tensorboard import Reporter
+from training.loggers.base import Logger
 from training.schedule import Warmup
 
 log = logging.getLogger("train")
@@ -64,45 +65,68 @@ class Batches:
         return len(loader) if self.limit is None else min(len(loader), self.limit)
 
 
+@dataclass(frozen=True)
+class Optimization:
+    """What the weights follow, and how: the criterion, the optimizer, its schedule (an LRScheduler,
+    or a Warmup, which also steps after every optimizer step; None: a constant lr) and fp16's loss
+    scaler (None: none)."""
+
+    criterion: Criterion
+    optimizer: torch.optim.Optimizer
+    scheduler: Any = None
+    scaler: torch.amp.GradScaler | None = None
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """Where the run's figures go: the loggers (rank 0's; none on the others) and the callbacks
+    (every rank's, in order)."""
+
+    loggers: Sequence[Logger] = ()
+    callbacks: Sequence[Callback] = ()
+
+
 class Trainer:
     def __init__(
         self,
+        *,
         model: nn.Module,
         strategy: Strategy,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any,
+        optimization: Optimization,
         loaders: Loaders,
         checkpointer: Checkpointer,
-        reporter: Reporter,
-        scaler: torch.amp.GradScaler,
         ctx: DistContext,
         settings: TrainerConfig,
+        reporting: Reporting = Reporting(),
         state: TrainState | None = None,
-        preemption: PreemptionWatch | None = None,
         ema: EMA | None = None,
         mixing: Mixing | None = None,
-        criterion: Criterion | None = None,
+        preemption: PreemptionWatch | None = None,
     ) -> None:
-        """`model` is wrapped by `strategy` already; `settings` are read here, once, not per step.
-        `scheduler` may be a Warmup, which also steps after every optimizer step."""
-        self.model, self.strategy, self.optimizer, self.scheduler = model, strategy, optimizer, scheduler
-        self.warmup = scheduler if isinstance(scheduler, Warmup) else None
-        self.ema, self.mixing = ema, mixing
+        """`model` is wrapped by `strategy` already; `settings` are read here, once, not per step."""
+        self.model, self.strategy, self.ema, self.mixing = model, strategy, ema, mixing
         self.net = unwrap(model)  # what the EMA averages
-        self.loaders, self.checkpointer, self.reporter, self.ctx = loaders, checkpointer, reporter, ctx
+        self.criterion, self.optimizer = optimization.criterion, optimization.optimizer
+        self.scheduler = optimization.scheduler
+        self.warmup = self.scheduler if isinstance(self.scheduler, Warmup) else None
+        self.scaler = optimization.scaler or torch.amp.GradScaler(ctx.device.type, enabled=False)
+        self.loaders, self.checkpointer, self.ctx, self.settings = loaders, checkpointer, ctx, settings
+        self.loggers, self.callbacks = reporting.loggers, reporting.callbacks
         self.state = state or TrainState()
         self.preemption = preemption
-        self.settings = settings
         # What the step needs, resolved once: at 32 bits it enters no autocast, loss scaling or
-        # no_sync context, as a hand-written loop would not.
+        # no_sync context, as a hand-written loop would not; without clipping, a skip check or a
+        # callback that wants it, nothing measures the gradients.
         self.precision = Precision.of(settings.precision, ctx.device)
-        self.scaler = scaler
-        self.scaled = scaler.is_enabled()
+        self.scaled = self.scaler.is_enabled()
         self.channels_last = settings.channels_last
         self.grad_clip = settings.grad_clip
         self.accumulate = settings.accumulate_grad_batches
-        self.skip_nonfinite = settings.nonfinite == NonFinite.skip
-        self.criterion = criterion
+        # Under fp16 the GradScaler skips a step whose gradients overflow and lowers its scale, as
+        # it calibrates in the first steps and after each raise: no skip of ours to count or warn of.
+        self.skip_check = settings.nonfinite == NonFinite.skip and not self.scaled
+        self.after_backward = handling(self.callbacks, "after_backward")
+        self.measure_gradients = self.grad_clip is not None or self.skip_check or bool(self.after_backward)
         self.ema_every = settings.ema_every_n_steps
         limit = settings.overfit_batches or settings.limit_train_batches
         self.train_batches = Batches(ctx.device, limit)
@@ -131,7 +155,6 @@ class Trainer:
             with self._random_stream_kept():
                 val = self.evaluate(self.loaders.val)
                 ema = self.evaluate(self.loaders.val, self.ema.module) if self.ema is not None else None
-                self.reporter.samples(state.step, self.model, self.loaders.val)
             samples_per_s.append(speed)
             if finished:
                 if self.scheduler is not None:
@@ -139,17 +162,18 @@ class Trainer:
                 state.epoch, state.batch, state.rng = epoch + 1, 0, None  # rng: unused if resumed at the epoch's end
             improved = self._note_best(val, ema)
             memory = peak_memory_mb(self.ctx)  # per device: DP's first card holds more
-            self.reporter.scalars(
-                state.step,
-                {
-                    "val/loss": val.loss, "val/ce": val.ce, "val/acc": val.acc, "val/acc5": val.acc5,
-                    "val/best_acc": state.best_val_acc, "throughput/samples_per_s": speed,
-                    "time/train_s": time.perf_counter() - started, "time/data_s": data_s,
-                    **({"val_ema/loss": ema.loss, "val_ema/ce": ema.ce, "val_ema/acc": ema.acc, "val_ema/acc5": ema.acc5}
-                       if ema else {}),
-                    **{f"memory/peak_mb/device{i}": mb for i, mb in enumerate(memory or [])},
-                },
-            )
+            scalars = {
+                "val/loss": val.loss, "val/ce": val.ce, "val/acc": val.acc, "val/acc5": val.acc5,
+                "val/best_acc": state.best_val_acc, "throughput/samples_per_s": speed,
+                "time/train_s": time.perf_counter() - started, "time/data_s": data_s,
+                **({"val_ema/loss": ema.loss, "val_ema/ce": ema.ce, "val_ema/acc": ema.acc, "val_ema/acc5": ema.acc5}
+                   if ema else {}),
+                **{f"memory/peak_mb/device{i}": mb for i, mb in enumerate(memory or [])},
+            }
+            with self._random_stream_kept():  # the sample grid's first batches come from a DataLoader
+                for callback in self.callbacks:
+                    callback.on_epoch_end(epoch, state.step, scalars)
+            self._log(state.step, scalars)
             where = (
                 f"epoch {epoch + 1}/{settings.epochs}" if finished else
                 f"stopped at step {state.step} (trainer.max_steps) in epoch {epoch + 1} of {settings.epochs}, "
@@ -173,7 +197,7 @@ class Trainer:
             return {}
         # The first epoch pays for warm-up (allocator, lazy init); report the steady state after it.
         steady = samples_per_s[1:] or samples_per_s
-        return {
+        metrics = {
             "val_acc": val.acc,
             "val_acc5": val.acc5,
             "val_loss": val.loss,
@@ -191,6 +215,9 @@ class Trainer:
             "steps": state.step,
             "nonfinite_steps_skipped": self.skipped_steps,
         }
+        for callback in self.callbacks:
+            callback.on_train_end(metrics)
+        return metrics
 
     def train_epoch(self) -> tuple[Averages, float]:
         """One epoch. trainer.batch_size is the global batch of one micro-batch (as in Lightning):
@@ -292,23 +319,9 @@ class Trainer:
     def optimizer_step(self) -> None:
         """Clip the true (unscaled) gradients, step (skipped by the scaler on fp16 overflow, and
         with trainer.nonfinite=skip on NaN/inf gradients), clear."""
-        # Under fp16 the GradScaler skips a step whose gradients overflow and lowers its scale, as
-        # it calibrates in the first steps and after each raise: no skip of ours to count or warn of.
-        skip_check = self.skip_nonfinite and not self.scaled
-        if self.grad_clip is not None or skip_check:
-            if self.scaled:
-                self.scaler.unscale_(self.optimizer)
-            parameters = [p for p in self.model.parameters() if p.grad is not None]
-            if self.grad_clip is not None:
-                norm = nn.utils.clip_grad_norm_(parameters, self.grad_clip)
-            else:
-                norm = nn.utils.get_total_norm([p.grad for p in parameters])
-            # After DDP's all-reduce every rank holds the same gradients, so every rank agrees.
-            if skip_check and not torch.isfinite(norm).item():
-                self.skipped_steps += 1
-                log.warning("step %d: non-finite gradients, update skipped (trainer.nonfinite=skip)", self.state.step + 1)
-                self.optimizer.zero_grad()
-                return
+        if self.measure_gradients and not self._prepare_update():
+            self.optimizer.zero_grad()
+            return
         if self.scaled:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -318,6 +331,26 @@ class Trainer:
         # (one mul_out), where a kept bucket view costs a zero_, an add_ and a div_: kernels that a
         # launch-bound GPU step pays for (bench.gpu_profile).
         self.optimizer.zero_grad()
+
+    def _prepare_update(self) -> bool:
+        """The gradients' total norm, measured once for the callbacks, clipping and the skip check;
+        False: the norm is not finite under trainer.nonfinite=skip, so the update is skipped."""
+        if self.scaled:
+            self.scaler.unscale_(self.optimizer)
+        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        norm = nn.utils.get_total_norm([p.grad for p in parameters])
+        if self.after_backward:
+            whole = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP's: a DTensor of the shards
+            for callback in self.after_backward:
+                callback.after_backward(self.state.step + 1, self.model, whole)
+        if self.grad_clip is not None:
+            nn.utils.clip_grads_with_norm_(parameters, self.grad_clip, norm)
+        # After DDP's all-reduce every rank holds the same gradients, so every rank agrees.
+        if self.skip_check and not torch.isfinite(norm).item():
+            self.skipped_steps += 1
+            log.warning("step %d: non-finite gradients, update skipped (trainer.nonfinite=skip)", self.state.step + 1)
+            return False
+        return True
 
     def evaluate(self, loader: Iterable, model: nn.Module | None = None) -> Averages:
         return evaluate(self.model if model is None else model, loader, self.val_batches, self.ctx, self.criterion)
@@ -334,7 +367,7 @@ class Trainer:
 
     def _raise_if_nonfinite(self) -> None:
         """Before anything is saved, and at each report: every rank learns the earliest bad step."""
-        if self.skip_nonfinite:
+        if self.settings.nonfinite == NonFinite.skip:
             return
         first = self.window.first_nonfinite()
         marker = torch.tensor(_NO_BAD_STEP - first if first is not None else 0, device=self.ctx.device)
@@ -349,9 +382,13 @@ class Trainer:
         total.add(window)
         averages = window.averages()
         lr = self.optimizer.param_groups[0]["lr"]
-        self.reporter.scalars(self.state.step, {"train/loss": averages.loss, "train/acc": averages.acc, "lr": lr})
+        self._log(self.state.step, {"train/loss": averages.loss, "train/acc": averages.acc, "lr": lr})
         bar.set_postfix(loss=f"{averages.loss:.4f}", acc=f"{averages.acc:.3f}", refresh=False)
         return averages
+
+    def _log(self, step: int, values: dict[str, float]) -> None:
+        for logger in self.loggers:
+            logger.log_scalars(step, values)
 
     def _done(self) -> bool:
         return self.settings.max_steps is not None and self.state.step >= self.settings.max_steps

@@ -1,24 +1,17 @@
-"""TensorBoard: scalars, the HParams row and the sample grid under <run dir>/tb, and metrics.json. Rank 0 only."""
+"""logger.tensorboard: scalars, images and the HParams row under <run dir>/tb (a Logger)."""
 from __future__ import annotations
 
-import functools
 import io
-import json
+import os
 import threading
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import google_crc32c
 import numpy as np
-import torch
-from torch import nn
 
-from config.schema import LoggerConfig
-from distributed.context import DistContext
-from distributed.strategies import gathers_in_forward, unwrap
+from config.schema import RunConfig
 
 if TYPE_CHECKING:
-    from PIL import Image, ImageFont
     from tensorboard.compat.proto.summary_pb2 import Summary
     from torch.utils.tensorboard import SummaryWriter
 
@@ -29,36 +22,25 @@ HPARAM_METRICS = {
     "val/acc": "final val acc",
     "val/best_acc": "best val acc",
     "val/loss": "final val loss",
+    "val/ce": "final val cross-entropy",
     "throughput/samples_per_s": "samples/s (last epoch)",
     "time/train_s": "training time (s)",
 }
 
 
-class Reporter:
-    """TensorBoard scalars, hparams and sample images (logger=tensorboard), and the final
-    metrics.json; silent on every rank but 0."""
+class TensorBoardLogger:
+    """logger.tensorboard: scalars, images and the HParams row under <run dir>/tb."""
 
-    def __init__(self, ctx: DistContext, run_dir: Path, logger: LoggerConfig, background: bool = True) -> None:
-        """`background`: make TensorBoard's writer on a thread beside the first steps. Not where the
-        loaders fork worker processes: a fork while that thread imports (tensorboard, protobuf's C
-        extension) hands the child the import and dynamic-loader locks that thread held, and a child
-        that needs one waits forever (os.fork's documentation: forking a multi-threaded process)."""
-        self.is_main = ctx.is_main
-        self.enabled = ctx.is_main and logger.tensorboard  # TensorBoard
-        self.run_dir = run_dir
-        self.device = ctx.device
-        self.sample_images = logger.sample_images
-        self.main_draws = logger.tensorboard and logger.sample_images > 0  # rank 0 draws sample predictions
-        self._samples: tuple[torch.Tensor, SampleGrid | None] | None = None
+    def __init__(self, job: RunConfig) -> None:
+        self.run_dir, self.swept = job.run_dir, job.swept
+        self._images: dict[str, tuple[np.ndarray, Summary]] = {}  # tag -> the image last encoded, its summary
         self._made: SummaryWriter | None = None
-        self._making: threading.Thread | None = None
-        if self.enabled and background:
-            # TensorBoard's imports take ~0.1 s: made beside the first steps (whose kernels release
-            # the GIL), not before them; the first write waits for it.
-            self._making = threading.Thread(target=self._make_writer, name="tensorboard", daemon=True)
-            self._making.start()
-        elif self.enabled:
-            self._make_writer()
+        # Made beside the first steps, whose kernels release the GIL, not before them (see
+        # BENCHMARKS.md: Default job, time to accuracy); the first write waits for it.
+        thread = threading.Thread(target=self._make_writer, name="tensorboard", daemon=True)
+        self._making: threading.Thread | None = thread
+        _making.add(thread)
+        thread.start()
 
     def _make_writer(self) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -70,69 +52,60 @@ class Reporter:
     def _writer(self) -> SummaryWriter:
         if self._making is not None:
             self._making.join()
+            _making.discard(self._making)
             self._making = None
         if self._made is None:
             raise RuntimeError("TensorBoard's writer could not be made (see the tensorboard thread's error above)")
         return self._made
 
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        if self.enabled:
-            for tag, value in values.items():
-                self._writer.add_scalar(tag, value, step)
+    def log_scalars(self, step: int, values: Mapping[str, float]) -> None:
+        for tag, value in values.items():
+            self._writer.add_scalar(tag, value, step)
 
-    @torch.no_grad()
-    def samples(self, step: int, model: nn.Module, loader: Any) -> None:
-        """A grid of the same validation images each epoch, captioned predicted / true label."""
-        # FSDP: rank 0's forward all-gathers parameters, so every rank must run one with it.
-        joins = self.main_draws and gathers_in_forward(model)
-        if not (self.enabled and self.sample_images or joins):
-            return
-        if self._samples is None:
-            images, targets = _first_samples(loader, self.sample_images)
-            self._samples = images, SampleGrid(images, targets) if self.enabled and len(images) else None
-        images, grid = self._samples
-        if not (len(images) or joins):
-            return
-        net = unwrap(model)
-        training = net.training
-        net.eval()
-        predicted = net(images.to(self.device)).argmax(dim=1).cpu()
-        net.train(training)
-        if grid is not None:
-            self._writer.file_writer.add_summary(grid.summary("val/samples", predicted), step)
+    def log_image(self, step: int, tag: str, hwc: np.ndarray) -> None:
+        """An image equal to the last one of its tag is not encoded again: the sample grid mostly
+        repeats once the model has learnt its images (see BENCHMARKS.md: Default job, time to accuracy)."""
+        last = self._images.get(tag)
+        if last is None or not np.array_equal(last[0], hwc):
+            last = self._images[tag] = hwc.copy(), image_summary(tag, hwc)
+        self._writer.file_writer.add_summary(last[1], step)
 
-    def hparams(self, options: dict[str, Any], metrics: dict[str, Any], swept: dict[str, Any] | None = None) -> None:
-        """One row in the HParams tab: this job's options against its final figures.
+    def log_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
+        """One row in the HParams tab: this job's options against its final figures. The job's
+        command-line overrides (RunConfig.swept) head the columns, under the option's name where they
+        set one (optimizer.lr is lr)."""
+        from torch.utils.tensorboard.summary import hparams as session
 
-        `swept`: the job's command-line overrides, {key: value} (`swept_overrides`): they head the
-        columns, under the option's name where they set one (optimizer.lr is lr).
-        """
-        if not self.enabled:
-            return
-        from torch.utils.tensorboard.summary import hparams
-
-        values, heading = hparam_values(options, swept or {})
+        values, heading = hparam_values(dict(hparams), self.swept)
         step = metrics.get("steps", 0)
-        _, start, end = hparams(values, {})  # the session's start and end, as torch writes them
+        _, start, end = session(values, {})  # the session's start and end, as torch writes them
         # SummaryWriter.add_hparams would open a second writer in a timestamped subdirectory, which
         # TensorBoard shows as a run of its own; written here, a sweep shows one run per job.
         for summary in (experiment_summary(values, heading), start, end):
             self._writer.file_writer.add_summary(summary, step)
 
-    def write_metrics(self, metrics: dict[str, Any]) -> None:
-        """One JSON object on one line: sweep reports read one file per run."""
-        if self.is_main:
-            (self.run_dir / "metrics.json").write_text(json.dumps(metrics) + "\n")
-
     def close(self) -> None:
-        if self.enabled:
-            self._writer.close()
+        self._writer.close()
+
+
+_making: set[threading.Thread] = set()  # writers being made, on their threads
+
+
+def _wait_for_writers() -> None:
+    """Before this process forks (a DataLoader's workers): a thread still importing TensorBoard
+    holds the import and dynamic-loader locks, and a child that needs one would wait forever for a
+    thread it does not have (os.fork's documentation: forking a multi-threaded process)."""
+    while _making:
+        _making.pop().join()
+
+
+os.register_at_fork(before=_wait_for_writers)
 
 
 def checksum_records_in_c() -> None:
-    """TensorBoard's writer checksums every record with a pure-Python CRC-32C: ~0.1 ms a KB, on its
-    writer thread, holding the GIL against the training steps (a 74 KB sample grid each epoch cost
-    a 1,040-step simple_cnn run ~1 s of 12; BENCHMARKS.md). google-crc32c computes it in C."""
+    """TensorBoard's writer checksums every record with a pure-Python CRC-32C, on its writer thread,
+    holding the GIL against the training steps (see BENCHMARKS.md: Peers, TensorBoard's checksums).
+    google-crc32c computes it in C."""
     from tensorboard.summary.writer import record_writer
 
     if google_crc32c.implementation == "c":  # its fallback is pure Python too
@@ -145,87 +118,10 @@ def masked_crc32c(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def _first_samples(loader: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    images, targets = [], []
-    for x, y in loader:
-        images.append(x)
-        targets.append(y)
-        if sum(len(t) for t in targets) >= n:
-            break
-    if not images:
-        return torch.empty(0), torch.empty(0, dtype=torch.long)
-    # data.loader=device serves batches already on the GPU; the grid is drawn with PIL on the host.
-    return torch.cat(images)[:n].cpu(), torch.cat(targets)[:n].cpu()
-
-
-class SampleGrid:
-    """An HWC uint8 grid of the same images each epoch, each scaled to its own min..max and captioned
-    predicted / true label, green when right, red when wrong.
-
-    The tiles are drawn once, a caption only when its prediction changes, and the PNG encoded only
-    when a caption did: redrawing the whole grid took ~2 ms an epoch, encoding it ~2 ms, and once a
-    model has learnt its samples most epochs change no caption. A caption is cut at its tile's width."""
-
-    CAPTION, GAP = 14, 2
-
-    def __init__(self, images: torch.Tensor, targets: torch.Tensor, tile: int = 96) -> None:
-        from PIL import Image
-
-        # Per-image min-max undoes any normalisation well enough to look at, whatever the dataset.
-        values = images.float()
-        low, high = values.amin(dim=(1, 2, 3), keepdim=True), values.amax(dim=(1, 2, 3), keepdim=True)
-        pixels = ((values - low) / (high - low).clamp_min(1e-8) * 255).to(torch.uint8)
-        pixels = pixels.expand(-1, 3, -1, -1) if pixels.shape[1] == 1 else pixels
-        self.tile, self.targets = tile, targets.tolist()
-        self.columns = min(len(images), 4)
-        rows = -(-len(images) // self.columns)
-        self._grid = Image.new("RGB", (self.columns * (tile + self.GAP) - self.GAP, rows * (tile + self.CAPTION)), "white")
-        for i, hwc in enumerate(pixels.permute(0, 2, 3, 1).numpy()):
-            self._grid.paste(Image.fromarray(hwc).resize((tile, tile), Image.NEAREST), self._corner(i))
-        self._shown: list[int | None] = [None] * len(images)
-        self._summary: Summary | None = None  # of the grid as last drawn
-
-    def summary(self, tag: str, predicted: torch.Tensor) -> Summary:
-        """The grid's image summary for these predictions (a grid is written under one tag)."""
-        if self._summary is None or predicted.tolist() != self._shown:
-            self._summary = image_summary(tag, self.draw(predicted))
-        return self._summary
-
-    def draw(self, predicted: torch.Tensor) -> np.ndarray:
-        for i, (p, t) in enumerate(zip(predicted.tolist(), self.targets)):
-            if p == self._shown[i]:
-                continue
-            x, y = self._corner(i)
-            self._grid.paste(_caption(p, t, self.tile, self.CAPTION), (x, y + self.tile))
-            self._shown[i] = p
-        return np.asarray(self._grid)  # a copy: later epochs' captions do not reach it
-
-    def _corner(self, i: int) -> tuple[int, int]:
-        return (i % self.columns) * (self.tile + self.GAP), (i // self.columns) * (self.tile + self.CAPTION)
-
-
-@functools.lru_cache(maxsize=256)
-def _caption(predicted: int, target: int, width: int, height: int) -> Image.Image:
-    """A caption tile, drawn once per (predicted, true) pair: drawing text costs ~0.1 ms, and
-    ImageDraw loads its default font afresh for every new Draw (as much again)."""
-    from PIL import Image, ImageDraw
-
-    caption = Image.new("RGB", (width, height), "white")
-    colour = (0, 140, 0) if predicted == target else (200, 0, 0)
-    ImageDraw.Draw(caption).text((2, 1), f"pred {predicted} / true {target}", fill=colour, font=_font())
-    return caption
-
-
-@functools.cache
-def _font() -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
-    from PIL import ImageFont
-
-    return ImageFont.load_default()
-
-
 def image_summary(tag: str, hwc: np.ndarray) -> Summary:
     """TensorBoard's image summary, as SummaryWriter.add_image makes it but PNG-encoded at zlib
-    level 1: a grid a third of add_image's time (its level 6), for a file a few % larger."""
+    level 1 rather than its 6: faster, for a slightly larger file (see BENCHMARKS.md: Default job,
+    time to accuracy)."""
     from PIL import Image
     from tensorboard.compat.proto.summary_pb2 import Summary
 
