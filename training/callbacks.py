@@ -43,3 +43,19 @@ def handling(callbacks: Sequence[Callback], event: str) -> list[Callback]:
     """The callbacks that override `event`: the loop does not call the others' no-op per step."""
     return [c for c in callbacks if getattr(type(c), event) is not getattr(Callback, event)]
 
+
+class GradNorm(Callback):
+    """train/grad_norm: the total gradient norm before clipping, averaged over each epoch's optimizer
+    steps. Summed on the device, read once an epoch: no host sync per step."""
+
+    def __init__(self) -> None:
+        self.total: torch.Tensor | float = 0.0
+        self.steps = 0
+
+    def after_backward(self, step: int, model: nn.Module, grad_norm: torch.Tensor) -> None:
+        self.total, self.steps = self.total + grad_norm.detach(), self.steps + 1
+
+    def on_epoch_end(self, epoch: int, step: int, scalars: dict[str, float]) -> None:
+        if self.steps:
+            scalars["train/grad_norm"] = float(self.total) / self.steps
+        self.total, self.steps = 0.0, 0
