@@ -19,13 +19,13 @@ from errors import Preempted
 from training.checkpoint import Checkpointer, TrainState, find_resume
 from training.ema import EMA, adjusted_decay
 from training.evaluation import test
+from training.loggers import build_loggers
 from training.memory import MemoryProbe
 from training.metrics import reset_peak_memory
 from training.mixing import Mixing
 from training.optim import check_arguments, parameter_groups
 from training.precision import Precision
 from training.preemption import PreemptionWatch, parse_signals
-from training.loggers import build_loggers
 from training.reporting import configure_logging, write_metrics
 from training.samples import SampleImages
 from training.schedule import with_warmup

@@ -22,12 +22,12 @@ from errors import NonFiniteLoss
 from training.callbacks import Callback, handling
 from training.checkpoint import Checkpointer, TrainState, restore_rng
 from training.ema import EMA
+from training.loggers.base import Logger
 from training.loss import Criterion
 from training.metrics import Accumulator, Averages, Window, peak_memory_mb
 from training.mixing import Mixing
 from training.precision import Precision
 from training.preemption import PreemptionWatch
-from training.loggers.base import Logger
 from training.schedule import Warmup
 
 log = logging.getLogger("train")
@@ -317,8 +317,8 @@ class Trainer:
         return logits, loss
 
     def optimizer_step(self) -> None:
-        """Clip the true (unscaled) gradients, step (skipped by the scaler on fp16 overflow, and
-        with trainer.nonfinite=skip on NaN/inf gradients), clear."""
+        """Prepare the update where something needs the gradients measured, step (skipped by the
+        scaler on fp16 overflow, and with trainer.nonfinite=skip on NaN/inf gradients), clear."""
         if self.measure_gradients and not self._prepare_update():
             self.optimizer.zero_grad()
             return
@@ -333,8 +333,8 @@ class Trainer:
         self.optimizer.zero_grad()
 
     def _prepare_update(self) -> bool:
-        """The gradients' total norm, measured once for the callbacks, clipping and the skip check;
-        False: the norm is not finite under trainer.nonfinite=skip, so the update is skipped."""
+        """The true (unscaled) gradients' total norm, measured once for the callbacks, clipping and
+        the skip check; False: it is not finite under trainer.nonfinite=skip, so no update."""
         if self.scaled:
             self.scaler.unscale_(self.optimizer)
         parameters = [p for p in self.model.parameters() if p.grad is not None]
@@ -345,7 +345,7 @@ class Trainer:
                 callback.after_backward(self.state.step + 1, self.model, whole)
         if self.grad_clip is not None:
             nn.utils.clip_grads_with_norm_(parameters, self.grad_clip, norm)
-        # After DDP's all-reduce every rank holds the same gradients, so every rank agrees.
+        # The norm is of the whole gradients (DDP's all-reduced, FSDP's shards together): every rank agrees.
         if self.skip_check and not torch.isfinite(norm).item():
             self.skipped_steps += 1
             log.warning("step %d: non-finite gradients, update skipped (trainer.nonfinite=skip)", self.state.step + 1)
@@ -376,7 +376,7 @@ class Trainer:
             raise NonFiniteLoss(_NO_BAD_STEP - worst)
 
     def _report_window(self, total: Accumulator, bar: tqdm) -> Averages:
-        """The steps since the last report, over all ranks: to TensorBoard and the bar."""
+        """The steps since the last report, over all ranks: to the loggers and the bar."""
         self._raise_if_nonfinite()
         window = self.window.drain(self.ctx.device).all_reduce(self.ctx)
         total.add(window)
@@ -395,12 +395,10 @@ class Trainer:
 
     @staticmethod
     def _random_stream_kept() -> contextlib.AbstractContextManager:
-        """Validation draws from a copy of the host's random stream (a DataLoader takes its base
-        seed from it; nothing in validation draws on a GPU): a mid-epoch checkpoint saved afterwards
-        holds the stream the training left."""
+        """Validation and the epoch's callbacks draw from a copy of the host's random stream (a
+        DataLoader takes its base seed from it; nothing there draws on a GPU): a mid-epoch checkpoint
+        saved afterwards holds the stream the training left."""
         return torch.random.fork_rng(devices=[])
-
-
 
 
 @torch.no_grad()
