@@ -29,7 +29,7 @@ from training.loss import CrossEntropy
 from training.metrics import Averages
 from training.precision import Precision
 from training.run import configure_kernels
-from training.trainer import Batches, Optimization, Trainer
+from training.trainer import Batches, Optimization, Reporting, Trainer
 from tests.configs import typed_config
 
 CPU = torch.device("cpu")
@@ -54,9 +54,9 @@ def _batch(n: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
 def _trainer(
     model: nn.Module, tmp_path, ctx: DistContext | None = None, strategy: StrategyConfig | None = None,
     loaders: Loaders | None = None, scaler: torch.amp.GradScaler | None = None, step_lr: bool = False,
-    resume: bool = False, **settings,
+    resume: bool = False, reporting: Reporting = Reporting(), **settings,
 ) -> Trainer:
-    """A Trainer around `model` (wrapped by `strategy`, default single), with no loggers; with
+    """A Trainer around `model` (wrapped by `strategy`, default single), reporting to `reporting`; with
     `step_lr` the learning rate halves every epoch; with `resume`, from tmp_path's last.pt."""
     ctx = ctx or make_context(0, 0, 1, 1, "cpu", use_process_group=False)
     chosen = strategies.get(strategy or StrategyConfig())
@@ -69,7 +69,7 @@ def _trainer(
     state = checkpointer.restore(tmp_path / "last.pt") if resume else None
     return Trainer(
         model=wrapped, strategy=chosen, loaders=loaders, checkpointer=checkpointer, state=state, ctx=ctx, settings=options,
-        optimization=Optimization(CrossEntropy(options.label_smoothing), optimizer, scheduler, scaler),
+        optimization=Optimization(CrossEntropy(options.label_smoothing), optimizer, scheduler, scaler), reporting=reporting,
     )
 
 
