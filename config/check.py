@@ -172,7 +172,8 @@ def _check_built(cfg: Config) -> None:
     refuses, is one line before launch instead of a traceback on every rank."""
     for key, node in [("loss", cfg.loss), *((f"callbacks.{name}", node) for name, node in cfg.callbacks.items())]:
         if not isinstance(node, Mapping) or "_target_" not in node:
-            raise ConfigError(f"{key}: no _target_; name the class to build, as the files in conf/{key.split('.')[0]}/ do")
+            group = key.split(".")[0]
+            raise ConfigError(f"{key}: no _target_; name the class to build, as the files in conf/{group}/ do")
         try:
             factory(node)()
         except Exception as e:

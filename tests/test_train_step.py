@@ -68,8 +68,9 @@ def _trainer(
     checkpointer = Checkpointer(ctx, tmp_path, wrapped, optimizer, scheduler, "", scaler)
     state = checkpointer.restore(tmp_path / "last.pt") if resume else None
     return Trainer(
-        model=wrapped, strategy=chosen, loaders=loaders, checkpointer=checkpointer, state=state, ctx=ctx, settings=options,
-        optimization=Optimization(CrossEntropy(options.label_smoothing), optimizer, scheduler, scaler), reporting=reporting,
+        model=wrapped, strategy=chosen, loaders=loaders, checkpointer=checkpointer, state=state, ctx=ctx,
+        optimization=Optimization(CrossEntropy(options.label_smoothing), optimizer, scheduler, scaler),
+        settings=options, reporting=reporting,
     )
 
 

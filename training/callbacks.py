@@ -1,9 +1,10 @@
 """Callbacks: a few events of the Trainer's loop, for what watches training without steering it.
 
 Those a run asks for are `_target_` nodes in conf/callbacks/ (`callbacks=grad_norm`, or a list:
-`callbacks=[grad_norm,...]`), built on every rank; the sample grid (training/samples.py) is one the
-run makes itself. The loop's own figures go to the loggers without a callback; the EMA (which needs
-the weights after each update) and the preemption check (which stops the loop) stay in the loop.
+`callbacks=[grad_norm,...]`), built on every rank (and once before launch, to check their options:
+keep `__init__` light); the sample grid (training/samples.py) is one the run makes itself. The
+loop's own figures go to the loggers without a callback; the EMA (which needs the weights after
+each update) and the preemption check (which stops the loop) stay in the loop.
 """
 from __future__ import annotations
 
@@ -46,16 +47,20 @@ def handling(callbacks: Sequence[Callback], event: str) -> list[Callback]:
 
 class GradNorm(Callback):
     """train/grad_norm: the total gradient norm before clipping, averaged over each epoch's optimizer
-    steps. Summed on the device, read once an epoch: no host sync per step."""
+    steps with a finite norm (fp16's overflows, whose updates the loss scaler skips, are left out).
+    Summed on the device and read once an epoch: no host sync per step."""
 
     def __init__(self) -> None:
-        self.total: torch.Tensor | float = 0.0
-        self.steps = 0
+        self.sums: torch.Tensor | None = None  # the finite norms' sum and their count
 
     def after_backward(self, step: int, model: nn.Module, grad_norm: torch.Tensor) -> None:
-        self.total, self.steps = self.total + grad_norm.detach(), self.steps + 1
+        finite = grad_norm.isfinite()
+        norm = torch.stack([torch.where(finite, grad_norm, 0.0), finite.to(grad_norm.dtype)])
+        self.sums = norm if self.sums is None else self.sums + norm
 
     def on_epoch_end(self, epoch: int, step: int, scalars: dict[str, float]) -> None:
-        if self.steps:
-            scalars["train/grad_norm"] = float(self.total) / self.steps
-        self.total, self.steps = 0.0, 0
+        if self.sums is not None:
+            total, steps = self.sums.tolist()
+            if steps:
+                scalars["train/grad_norm"] = total / steps
+        self.sums = None
