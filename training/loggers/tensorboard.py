@@ -95,8 +95,9 @@ def _wait_for_writers() -> None:
     """Before this process forks (a DataLoader's workers): a thread still importing TensorBoard
     holds the import and dynamic-loader locks, and a child that needs one would wait forever for a
     thread it does not have (os.fork's documentation: forking a multi-threaded process)."""
-    while _making:
-        _making.pop().join()
+    for thread in [t for t in _making if t is not threading.current_thread()]:
+        thread.join()
+        _making.discard(thread)
 
 
 os.register_at_fork(before=_wait_for_writers)
