@@ -102,11 +102,6 @@ class Loaders:
     val: DataLoader | TensorLoader
     train_sampler: DistributedSampler  # call set_epoch(e) before each epoch
 
-    @property
-    def start_processes(self) -> bool:
-        """Iterating them starts worker processes (forked, where the platform can)."""
-        return any(isinstance(loader, DataLoader) and loader.num_workers > 0 for loader in (self.train, self.val))
-
 
 def batched(module: ModuleType, dataset: DatasetConfig) -> bool:
     """In memory, with augmentations that run on a whole batch: no per-sample work at all."""
