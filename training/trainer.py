@@ -125,8 +125,8 @@ class Trainer:
         # Under fp16 the GradScaler skips a step whose gradients overflow and lowers its scale, as
         # it calibrates in the first steps and after each raise: no skip of ours to count or warn of.
         self.skip_check = settings.nonfinite == NonFinite.skip and not self.scaled
-        self.after_backward = handling(self.callbacks, "after_backward")
-        self.measure_gradients = self.grad_clip is not None or self.skip_check or bool(self.after_backward)
+        self.gradient_callbacks = handling(self.callbacks, "after_backward")
+        self.measure_gradients = self.grad_clip is not None or self.skip_check or bool(self.gradient_callbacks)
         self.ema_every = settings.ema_every_n_steps
         limit = settings.overfit_batches or settings.limit_train_batches
         self.train_batches = Batches(ctx.device, limit)
@@ -339,9 +339,9 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
         parameters = [p for p in self.model.parameters() if p.grad is not None]
         norm = nn.utils.get_total_norm([p.grad for p in parameters])
-        if self.after_backward:
+        if self.gradient_callbacks:
             whole = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP's: a DTensor of the shards
-            for callback in self.after_backward:
+            for callback in self.gradient_callbacks:
                 callback.after_backward(self.state.step + 1, self.model, whole)
         if self.grad_clip is not None:
             nn.utils.clip_grads_with_norm_(parameters, self.grad_clip, norm)
