@@ -4,20 +4,20 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, get_worker_info
 
 from config.schema import DataConfig, DatasetConfig, Loader
 from data.sampler import train_sampler
-from data.worker_errors import OneLineErrorsLoader
 from distributed.context import DistContext, cpus_per_rank, epoch_seed
 from errors import ConfigError
 
 if TYPE_CHECKING:
+    from data.sample_loader import SampleLoader
     from data.tensor_loader import TensorLoader
 
 # dataset name -> module with `arrays(cfg) -> (train, val)` ImageArrays where the split fits in
@@ -98,9 +98,19 @@ def check(dataset: DatasetConfig, data: DataConfig) -> None:
 
 @dataclass
 class Loaders:
-    train: DataLoader | TensorLoader
-    val: DataLoader | TensorLoader
+    train: SampleLoader | TensorLoader
+    val: SampleLoader | TensorLoader
     train_sampler: DistributedSampler  # call set_epoch(e) before each epoch
+
+    @staticmethod
+    def to_device(loader: Iterable, x: Any, y: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """How every batch reaches the training device: one of these loaders finishes its own
+        batch there (decodes, cuts, normalises: `loader.to_device`); another iterable's batch
+        (a test's) is moved as it is."""
+        finish = getattr(loader, "to_device", None)
+        if finish is not None:
+            return finish(x, y)
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     @property
     def start_processes(self) -> bool:
@@ -123,6 +133,8 @@ def build_loaders(
     `global_val_batch` (default `global_batch`) at a time. `shuffle=False` (trainer.overfit_batches):
     every epoch draws the same batches; `drop_last`: every training batch has the same shape."""
     from data.download import prepare
+    from data.sample_loader import SampleLoader, Split
+    from data.transforms import ToDevice
 
     module = dataset_module(dataset.name)
     prepare(module, dataset, ctx)
@@ -132,6 +144,8 @@ def build_loaders(
         held_on = ctx.device if data.loader == Loader.device else torch.device("cpu")
         return _tensor_loaders(module, dataset, data, ctx, (batch, val_batch), seed, shuffle, drop_last, held_on)
     train_set, val_set = module.load(dataset)
+    finish = ToDevice(dataset, 255, ctx.device)  # the uint8 that PILToTensor ends in
+    train_split, val_split = Split(EpochSeeded(train_set, seed, ctx.rank), finish), Split(val_set, finish)
     workers = num_workers(data, ctx)
     pin = ctx.device.type == "cuda" if data.pin_memory is None else data.pin_memory
     options = dict(
@@ -140,14 +154,11 @@ def build_loaders(
         persistent_workers=data.persistent_workers and workers > 0,
         multiprocessing_context=_fork_if_possible() if workers > 0 else None,
     )
-    sampler = train_sampler(train_set, ctx.world_size, ctx.rank, data.repeated_augmentations, shuffle, seed)
-    train = OneLineErrorsLoader(
-        EpochSeeded(train_set, seed, ctx.rank), batch_size=batch, sampler=EpochIndices(sampler), drop_last=drop_last,
-        **options,
-    )
+    sampler = train_sampler(train_split.dataset, ctx.world_size, ctx.rank, data.repeated_augmentations, shuffle, seed)
+    train = SampleLoader(train_split, batch_size=batch, sampler=EpochIndices(sampler), drop_last=drop_last, **options)
     # A strided shard without padding: every validation sample is counted exactly once globally.
-    val_shard = Subset(val_set, range(ctx.rank, len(val_set), ctx.world_size))
-    val = OneLineErrorsLoader(val_shard, batch_size=val_batch, shuffle=False, **options)
+    val_shard = Subset(val_split.dataset, range(ctx.rank, len(val_split.dataset), ctx.world_size))
+    val = SampleLoader(replace(val_split, dataset=val_shard), batch_size=val_batch, shuffle=False, **options)
     return Loaders(train, val, sampler)
 
 
@@ -156,14 +167,14 @@ def _tensor_loaders(
     seed: int, shuffle: bool, drop_last: bool, held_on: torch.device,
 ) -> Loaders:
     from data.tensor_loader import TensorLoader
-    from data.transforms import BatchTransform
+    from data.transforms import BatchTransform, ToDevice
 
     train_set, val_set = module.arrays(dataset)
-    transform = BatchTransform(dataset, train_set.scale, held_on)
+    transform, to_device = BatchTransform(dataset), ToDevice(dataset, train_set.scale, ctx.device)
     sampler = train_sampler(train_set, ctx.world_size, ctx.rank, data.repeated_augmentations, shuffle, seed)
     batch, val_batch = batches
-    train = TensorLoader(train_set, transform, batch, held_on, sampler, seed, ctx.rank, drop_last)
-    val = TensorLoader(val_set, transform, val_batch, held_on, range(ctx.rank, len(val_set), ctx.world_size))
+    train = TensorLoader(train_set, transform, to_device, batch, held_on, sampler, seed, ctx.rank, drop_last)
+    val = TensorLoader(val_set, transform, to_device, val_batch, held_on, range(ctx.rank, len(val_set), ctx.world_size))
     return Loaders(train, val, sampler)
 
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from torchvision.datasets import ImageFolder
+
 from config.schema import DatasetConfig
 from data.transforms import imagenet_transform
 from errors import ConfigError
@@ -45,16 +47,13 @@ def check(cfg: DatasetConfig) -> None:
         )
 
 
-def load(cfg: DatasetConfig):
-    from torchvision.datasets import ImageFolder
-
+def load(cfg: DatasetConfig) -> tuple[Images, Images]:
+    """Each image decoded in a worker by PIL, no larger than its crop needs."""
     check(cfg)
     root = Path(cfg.root)
     return tuple(
-        ImageFolder(
-            str(root / split), transform=imagenet_transform(cfg, train=split == "train"), loader=_open,
-            allow_empty=split == "val",  # see check
-        )
+        Images(str(root / split), transform=imagenet_transform(cfg, train=split == "train"), loader=Image.open,
+               allow_empty=split == "val")  # see check
         for split in SPLITS
     )
 
@@ -87,9 +86,13 @@ def _holds_an_image(folder: Path, extensions: tuple[str, ...]) -> bool:
     return any(_holds_an_image(Path(sub), extensions) for sub in subfolders)
 
 
-def _open(path: str) -> Image.Image:
-    try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except OSError as e:  # PIL's UnidentifiedImageError is an OSError too
-        raise ConfigError(f"{path}: unreadable image ({e}); delete or replace it") from None
+class Images(ImageFolder):
+    """torchvision's ImageFolder over images opened but not decoded (Image.open reads the header),
+    so the crop decides how large to decode; a file PIL cannot read stops the run in one line
+    naming it."""
+
+    def __getitem__(self, index: int):
+        try:
+            return super().__getitem__(index)
+        except OSError as e:  # PIL's UnidentifiedImageError is an OSError too
+            raise ConfigError(f"{self.samples[index][0]}: unreadable image ({e}); delete or replace it") from None

@@ -1,11 +1,13 @@
 """The seeds' augmentations, built from the dataset config: per sample with torchvision (PIL,
-in DataLoader workers), or per batch on the training device (the device loader)."""
+in DataLoader workers, ending in uint8), or per batch where an in-memory set is held; and ToDevice,
+which every loader's batch ends in on the training device."""
 from __future__ import annotations
 
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from config.schema import AutoAugment, DatasetConfig
 
@@ -24,13 +26,14 @@ def per_image_options(cfg: DatasetConfig) -> dict[str, Any]:
 
 def sample_transform(cfg: DatasetConfig, train: bool) -> Callable:
     """Small-image transforms, or ImageNet-style ones when the config resizes (`dataset.resize`:
-    seed 001 fine-tunes an ImageNet ResNet on CIFAR-10 at 224 px)."""
+    seed 001 fine-tunes an ImageNet ResNet on CIFAR-10 at 224 px). Either ends in a uint8 tensor:
+    the training device normalises it (ToDevice)."""
     return imagenet_transform(cfg, train) if resize_options(cfg) else small_image_transform(cfg, train)
 
 
 def small_image_transform(cfg: DatasetConfig, train: bool) -> Callable:
     """CIFAR-10 / MNIST: [RandomCrop(size, padding), RandomHorizontalFlip, auto_augment] for
-    training, then ToTensor, Normalize(mean, std) and [RandomErasing]."""
+    training, then PILToTensor and [RandomErasing]."""
     from torchvision import transforms as T
 
     steps = []
@@ -38,22 +41,23 @@ def small_image_transform(cfg: DatasetConfig, train: bool) -> Callable:
         steps.append(T.RandomCrop(cfg.image_size, padding=cfg.augment.crop_padding))
     if train and cfg.augment.flip:
         steps.append(T.RandomHorizontalFlip())
-    return T.Compose([*steps, *_policy(cfg, train), T.ToTensor(), *_normalize(cfg), *_erase(cfg, train)])
+    return T.Compose([*steps, *_policy(cfg, train), T.PILToTensor(), *_erase(cfg, train)])
 
 
 def imagenet_transform(cfg: DatasetConfig, train: bool) -> Callable:
     """ImageNet-style, as torchvision's presets: RandomResizedCrop(train_crop) + flip +
     auto_augment for training, Resize(val_resize) + CenterCrop(val_crop) to validate; the sizes
-    default to image_size and resize, the keys seeds 001 and 003 set."""
+    default to image_size and resize, the keys seeds 001 and 003 set. The crop and the resize take
+    an image opened but not yet decoded, and decode a JPEG no larger than they need (Draft...)."""
     from torchvision import transforms as T
 
     if train:
-        steps = [T.RandomResizedCrop(cfg.train_crop or cfg.image_size)]
+        steps = [DraftRandomResizedCrop(cfg.train_crop or cfg.image_size, _mode(cfg))]
         steps += [T.RandomHorizontalFlip()] if cfg.augment.flip else []
         steps += _policy(cfg, train)
     else:
-        steps = [T.Resize(cfg.val_resize or cfg.resize), T.CenterCrop(cfg.val_crop or cfg.image_size)]
-    return T.Compose([*steps, T.ToTensor(), *_normalize(cfg), *_erase(cfg, train)])
+        steps = [DraftResize(cfg.val_resize or cfg.resize, _mode(cfg)), T.CenterCrop(cfg.val_crop or cfg.image_size)]
+    return T.Compose([*steps, T.PILToTensor(), *_erase(cfg, train)])
 
 
 def _policy(cfg: DatasetConfig, train: bool) -> list[Callable]:
@@ -72,37 +76,104 @@ def _policy(cfg: DatasetConfig, train: bool) -> list[Callable]:
 
 
 def _erase(cfg: DatasetConfig, train: bool) -> list[Callable]:
+    """RandomErasing on the uint8 image, filled with the mean colour: what torchvision's zeros are
+    once normalised (it erases after Normalize)."""
     from torchvision import transforms as T
 
-    return [T.RandomErasing(p=cfg.random_erase)] if train and cfg.random_erase else []
+    if not (train and cfg.random_erase):
+        return []
+    fill = [round(255 * m) for m in cfg.mean] if cfg.mean is not None else 0
+    return [T.RandomErasing(p=cfg.random_erase, value=fill)]
 
 
-def _normalize(cfg: DatasetConfig) -> list[Callable]:
-    from torchvision import transforms as T
+def _mode(cfg: DatasetConfig) -> str:
+    """The PIL mode of the dataset's images: grey (MNIST) or RGB, which CMYK, grey and palette files become."""
+    return "L" if cfg.channels == 1 else "RGB"
 
-    return [] if cfg.mean is None else [T.Normalize(cfg.mean, cfg.std)]
+
+def _draft(image: Image.Image, shrink: float, mode: str) -> int:
+    """Have a JPEG not yet decoded decode at 1/2, 1/4 or 1/8 of its size, the largest of these no
+    more than `shrink` (libjpeg scales in the DCT domain, skipping most of the work); returns the
+    factor the image now has (1: unchanged, already decoded, or not a JPEG)."""
+    factor = 8
+    while factor > 1 and factor > shrink:
+        factor //= 2
+    if factor == 1 or image.draft(mode, (image.width // factor, image.height // factor)) is None:
+        return 1
+    return factor
+
+
+def _decoded(image: Image.Image, mode: str) -> Image.Image:
+    return image if image.mode == mode else image.convert(mode)
+
+
+class DraftRandomResizedCrop(torch.nn.Module):
+    """torchvision's RandomResizedCrop (its parameters, bilinear, antialiased), cut and resized in
+    one PIL call from an image decoded at the smallest DCT scale that still holds the crop at its
+    output size: a crop 2x, 4x or 8x its output decodes that much smaller."""
+
+    def __init__(self, size: int, mode: str) -> None:
+        super().__init__()
+        from torchvision.transforms import RandomResizedCrop
+
+        self.size, self.mode, self.get_params = size, mode, RandomResizedCrop.get_params
+
+    def forward(self, image: Image.Image) -> Image.Image:
+        top, left, h, w = self.get_params(image, [0.08, 1.0], [3 / 4, 4 / 3])  # reads the header only
+        factor = _draft(image, min(h, w) / self.size, self.mode)
+        box = (left / factor, top / factor, (left + w) / factor, (top + h) / factor)
+        return _decoded(image, self.mode).resize((self.size, self.size), Image.BILINEAR, box=box)
+
+
+class DraftResize(torch.nn.Module):
+    """torchvision's Resize(size) (the shorter side to `size`), from an image decoded at the
+    smallest DCT scale that still has its shorter side at least `size`."""
+
+    def __init__(self, size: int, mode: str) -> None:
+        super().__init__()
+        from torchvision.transforms import Resize
+
+        self.size, self.mode, self.resize = size, mode, Resize(size)
+
+    def forward(self, image: Image.Image) -> Image.Image:
+        _draft(image, min(image.size) / self.size, self.mode)
+        return self.resize(_decoded(image, self.mode))
+
+
+class ToDevice:
+    """The end of every loader: a batch of stored values (uint8 0..255, or synthetic's floats)
+    moved to the training device and made the network's input there, once: float32, divided by
+    `scale`, normalised by (mean, std). Moving uint8 moves a quarter of float32's bytes."""
+
+    def __init__(self, cfg: DatasetConfig, scale: float, device: torch.device) -> None:
+        self.device = device
+        mean, std = cfg.mean or [0.0] * cfg.channels, cfg.std or [1.0] * cfg.channels
+        # (x / scale - mean) / std as one subtraction and one multiplication
+        self.shift = (torch.tensor(mean) * scale).view(1, -1, 1, 1).to(device)
+        self.factor = 1 / (torch.tensor(std) * scale).view(1, -1, 1, 1).to(device)
+        self.identity = scale == 1 and cfg.mean is None and cfg.std is None  # synthetic: the network's input
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        if self.identity:
+            return x, y
+        return (x - self.shift).mul_(self.factor), y
 
 
 class BatchTransform:
-    """small_image_transform for a whole batch already on the device: the same crop (zero
-    padding), flip and normalisation, drawn from an explicit generator instead of per sample."""
+    """small_image_transform's crop (zero padding) and flip for a whole batch where it is held,
+    drawn from an explicit generator instead of per sample, on the stored dtype (ToDevice then
+    normalises)."""
 
-    def __init__(self, cfg: DatasetConfig, scale: float, device: torch.device) -> None:
+    def __init__(self, cfg: DatasetConfig) -> None:
         self.padding = cfg.augment.crop_padding
         self.flip = cfg.augment.flip
-        self.scale = scale
-        mean, std = cfg.mean or [0.0] * cfg.channels, cfg.std or [1.0] * cfg.channels
-        self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
-        self.std = torch.tensor(std, device=device).view(1, -1, 1, 1)
-        self.identity = scale == 1 and cfg.mean is None and cfg.std is None  # synthetic: the network's input
 
     def __call__(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """`generator` None: validation, normalise only. Crop and flip run on the stored dtype."""
+        """`generator` None: validation, unchanged."""
         if generator is not None and (self.padding or self.flip):
-            images = random_crop_flip(images, self.padding, self.flip, generator)
-        if self.identity:
-            return images
-        return (images.float() / self.scale - self.mean) / self.std
+            return random_crop_flip(images, self.padding, self.flip, generator)
+        return images
 
 
 def random_crop_flip(images: torch.Tensor, padding: int, flip: bool, generator: torch.Generator) -> torch.Tensor:
