@@ -48,10 +48,11 @@ def num_classes(dataset: DatasetConfig) -> int:
 
 def check(dataset: DatasetConfig, data: DataConfig) -> None:
     """What train.py can find wrong before any process starts: loader choice, files, folders."""
-    from data import download
+    from data import decode, download
     from data.transforms import per_image_options, resize_options
 
     module = dataset_module(dataset.name)
+    decode.check(module, dataset, data)
     if data.num_workers is not None and data.num_workers < 0:
         raise ConfigError(
             f"data.num_workers={data.num_workers}: use 0 (load in the training process), a number of worker "
@@ -132,6 +133,7 @@ def build_loaders(
     """Each rank gets `global_batch / world_size` per step; validation covers every sample once,
     `global_val_batch` (default `global_batch`) at a time. `shuffle=False` (trainer.overfit_batches):
     every epoch draws the same batches; `drop_last`: every training batch has the same shape."""
+    from data import decode
     from data.download import prepare
     from data.sample_loader import SampleLoader, Split
     from data.transforms import ToDevice
@@ -143,9 +145,12 @@ def build_loaders(
     if batched(module, dataset):  # data.check sent data.loader=device nowhere else
         held_on = ctx.device if data.loader == Loader.device else torch.device("cpu")
         return _tensor_loaders(module, dataset, data, ctx, (batch, val_batch), seed, shuffle, drop_last, held_on)
-    train_set, val_set = module.load(dataset)
-    finish = ToDevice(dataset, 255, ctx.device)  # the uint8 that PILToTensor ends in
-    train_split, val_split = Split(EpochSeeded(train_set, seed, ctx.rank), finish), Split(val_set, finish)
+    if decode.on_device(module, dataset, data, ctx.device):
+        train_split, val_split = decode.splits(module, dataset, ctx.device, seed, ctx.rank)
+    else:
+        train_set, val_set = module.load(dataset)
+        finish = ToDevice(dataset, 255, ctx.device)  # the uint8 that PILToTensor ends in
+        train_split, val_split = Split(EpochSeeded(train_set, seed, ctx.rank), finish), Split(val_set, finish)
     workers = num_workers(data, ctx)
     pin = ctx.device.type == "cuda" if data.pin_memory is None else data.pin_memory
     options = dict(
@@ -192,7 +197,8 @@ def _fork_if_possible() -> str | None:
 
 
 class EpochIndices(Sampler):
-    """The sampler's indices, each paired with the epoch it was drawn for (see EpochSeeded)."""
+    """The sampler's indices, each with the epoch it was drawn for and its position in it (see
+    EpochSeeded, and data.files.Positioned)."""
 
     def __init__(self, sampler: DistributedSampler) -> None:
         self.sampler = sampler
@@ -200,8 +206,8 @@ class EpochIndices(Sampler):
     def __len__(self) -> int:
         return len(self.sampler)
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        return ((index, self.sampler.epoch) for index in self.sampler)
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        return ((index, self.sampler.epoch, position) for position, index in enumerate(self.sampler))
 
 
 class EpochSeeded(Dataset):
@@ -219,8 +225,8 @@ class EpochSeeded(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, item: tuple[int, int]) -> Any:
-        index, epoch = item
+    def __getitem__(self, item: tuple[int, int, int]) -> Any:
+        index, epoch, _ = item
         worker = get_worker_info()
         if worker is not None and epoch != self.epoch:
             self.epoch = epoch

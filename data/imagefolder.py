@@ -48,7 +48,7 @@ def check(cfg: DatasetConfig) -> None:
 
 
 def load(cfg: DatasetConfig) -> tuple[Images, Images]:
-    """Each image decoded in a worker by PIL, no larger than its crop needs."""
+    """data.decode=cpu: each image decoded in a worker by PIL, no larger than its crop needs."""
     check(cfg)
     root = Path(cfg.root)
     return tuple(
@@ -56,6 +56,12 @@ def load(cfg: DatasetConfig) -> tuple[Images, Images]:
                allow_empty=split == "val")  # see check
         for split in SPLITS
     )
+
+
+def image_files(cfg: DatasetConfig) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """data.decode=gpu: (path, class index) of every training and validation image, as torchvision's
+    ImageFolder lists them."""
+    return tuple(split.samples for split in load(cfg))
 
 
 def _root(cfg: DatasetConfig) -> Path:

@@ -1,6 +1,6 @@
 """The seeds' augmentations, built from the dataset config: per sample with torchvision (PIL,
 in DataLoader workers, ending in uint8), or per batch where an in-memory set is held; and ToDevice,
-which every loader's batch ends in on the training device."""
+which every loader's batch ends in on the training device (data.decode=gpu's cuts: data/crops.py)."""
 from __future__ import annotations
 
 from typing import Any, Callable
