@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 
 # dataset name -> module with `arrays(cfg) -> (train, val)` ImageArrays where the split fits in
 # memory (cut into batches by a TensorLoader), and `load(cfg) -> (train, val)` datasets for
-# per-sample DataLoaders where it must decode files or transform one image at a time; file-based
-# ones add `files(root)`, `download(root)`, `read(root)`. Imported on use to keep start-up lean.
+# per-sample DataLoaders where it must transform one image at a time, or `image_files(cfg) ->
+# (train, val)` lists of (path, label) for folders of image files (decoded per data.decode);
+# downloaded ones add `files(root)`, `download(root)`, `read(root)`. Imported on use to keep
+# start-up lean.
 _MODULES = {
     "digits": "data.digits",
     "synthetic": "data.synthetic",
@@ -145,8 +147,8 @@ def build_loaders(
     if batched(module, dataset):  # data.check sent data.loader=device nowhere else
         held_on = ctx.device if data.loader == Loader.device else torch.device("cpu")
         return _tensor_loaders(module, dataset, data, ctx, (batch, val_batch), seed, shuffle, drop_last, held_on)
-    if decode.on_device(module, dataset, data, ctx.device):
-        train_split, val_split = decode.splits(module, dataset, ctx.device, seed, ctx.rank)
+    if hasattr(module, "image_files"):
+        train_split, val_split = decode.splits(module, dataset, data, ctx.device, seed, ctx.rank)
     else:
         train_set, val_set = module.load(dataset)
         finish = ToDevice(dataset, 255, ctx.device)  # the uint8 that PILToTensor ends in

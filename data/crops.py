@@ -1,6 +1,7 @@
 """Where each image of a batch is cut, as torchvision's RandomResizedCrop and Resize + CenterCrop
-cut one, drawn for the whole batch at once from an explicit generator; and the cut itself, which
-runs on whatever device holds the decoded images (the GPU under data.decode=gpu, the CPU in tests).
+cut one, drawn for the whole batch at once from an explicit generator; and the cut itself: in a
+worker, on uint8 (data.decode=cpu), or on whatever device holds the decoded images (data.decode=gpu's
+training device; the CPU in tests).
 
 A box is (top, left, height, width) in the full image's pixels, as RandomResizedCrop.get_params
 returns it.
@@ -73,6 +74,14 @@ def center_boxes(sizes: torch.Tensor, resize: int, crop: int) -> torch.Tensor:
     h = (crop * height / new_h).round().clamp(1, None).minimum(height - top)
     w = (crop * width / new_w).round().clamp(1, None).minimum(width - left)
     return torch.cat([top, left, h, w], dim=1).long()
+
+
+def cut(image: torch.Tensor, box: Sequence[int], size: int) -> torch.Tensor:
+    """The box of a C x H x W uint8 CPU image resized to C x size x size uint8, bilinear and
+    antialiased as torchvision's resized_crop on tensors (torch's uint8 kernel: no float copy)."""
+    top, left, h, w = box
+    crop = image[None, :, top:top + h, left:left + w]
+    return F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
 
 
 def resized_crops(images: Sequence[torch.Tensor], boxes: torch.Tensor, size: int) -> torch.Tensor:

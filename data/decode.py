@@ -1,11 +1,12 @@
-"""data.decode: where an image file's JPEG bytes become pixels.
+"""data.decode: where an image file's bytes become pixels.
 
-`cpu`: PIL in DataLoader workers, which hand over uint8 crops. `gpu`: workers only read the files
-(data/files.py); the training process decodes each batch on its device with nvJPEG
-(`torchvision.io.decode_jpeg(list, device="cuda")`), cuts and resizes each image there, flips and
-normalises the batch. On a CPU run `gpu` does all of this in the training process on the CPU,
-which is how the path is tested without a GPU. `auto` is `gpu` where the training device is CUDA
-and the dataset reads image files, unless an augmentation only the CPU path has is on.
+`cpu`: DataLoader workers decode and cut each batch and hand over uint8 (data/files.py). `gpu`:
+workers only read the files and draw the boxes; the training process decodes each batch on its
+device with nvJPEG (`torchvision.io.decode_jpeg(list, device="cuda")`), cuts and resizes each
+image there, flips and normalises the batch. On a CPU run `gpu` does all of this in the training
+process on the CPU, which is how the path is tested without a GPU. `auto` is `gpu` where the
+training device is CUDA and the dataset reads image files, unless an augmentation only the CPU
+path has is on.
 """
 from __future__ import annotations
 
@@ -17,16 +18,20 @@ import torch
 
 from config.schema import DatasetConfig, DataConfig, Decode
 from data.crops import flip, resized_crops
-from data.files import Boxes, EncodedBatch, EncodedFiles, Positioned
+from data.files import Boxes, DecodeHere, EncodedBatch, EncodedFiles, ForDevice, Positioned
 from data.sample_loader import Split
-from data.transforms import ToDevice, per_image_options
+from data.transforms import ToDevice, erase, per_image_options, policy
 from errors import ConfigError
 
 log = logging.getLogger("train")
 
 
 def check(module: ModuleType, dataset: DatasetConfig, data: DataConfig) -> None:
-    """The combinations data.decode=gpu cannot serve, each refused in one line."""
+    """What image files and data.decode=gpu cannot serve, each refused in one line."""
+    if hasattr(module, "image_files") and dataset.channels != 3:
+        raise ConfigError(
+            f"dataset.channels={dataset.channels}: dataset={dataset.name} decodes its files to RGB; set dataset.channels=3"
+        )
     if data.decode != Decode.gpu:
         return
     if not hasattr(module, "image_files"):
@@ -39,11 +44,6 @@ def check(module: ModuleType, dataset: DatasetConfig, data: DataConfig) -> None:
             f"data.decode=gpu cuts and flips on the device, but dataset.{key}={value} is a per-image transform of "
             f"the CPU path; use data.decode=cpu, or dataset.{key}={off}"
         )
-    if dataset.channels != 3:
-        raise ConfigError(
-            f"data.decode=gpu decodes to RGB, but dataset.channels={dataset.channels}; use data.decode=cpu, or "
-            "dataset.channels=3"
-        )
 
 
 def on_device(module: ModuleType, dataset: DatasetConfig, data: DataConfig, device: torch.device) -> bool:
@@ -53,24 +53,27 @@ def on_device(module: ModuleType, dataset: DatasetConfig, data: DataConfig, devi
     return device.type == "cuda" and hasattr(module, "image_files") and not per_image_options(dataset)
 
 
-def splits(module: ModuleType, dataset: DatasetConfig, device: torch.device, seed: int, rank: int) -> tuple[Split, Split]:
-    """The training and validation splits of a data.decode=gpu run: files read in workers, cut
-    on the device to train_crop (validation: val_resize then val_crop)."""
+def splits(
+    module: ModuleType, dataset: DatasetConfig, data: DataConfig, device: torch.device, seed: int, rank: int,
+) -> tuple[Split, Split]:
+    """The training and validation splits of an image-file dataset: files read in workers, then
+    decoded and cut there (data.decode=cpu) or on the training device (gpu), to train_crop
+    (validation: val_resize then val_crop)."""
     train, val = (EncodedFiles(samples) for samples in module.image_files(dataset))
+    boxes = Boxes(dataset, True, seed, rank), Boxes(dataset, False, seed, rank)
     finish = ToDevice(dataset, 255, device)
-    return (
-        Split(Positioned(train), DecodeOnDevice(dataset.train_crop or dataset.image_size, finish, "training"),
-              Boxes(dataset, True, seed, rank)),
-        Split(val, DecodeOnDevice(dataset.val_crop or dataset.image_size, finish, "validation"),
-              Boxes(dataset, False, seed, rank)),
-    )
+    if on_device(module, dataset, data, device):
+        return (Split(Positioned(train), DecodeOnDevice(boxes[0].size, finish, "training"), ForDevice(boxes[0])),
+                Split(val, DecodeOnDevice(boxes[1].size, finish, "validation"), ForDevice(boxes[1])))
+    augment = [*policy(dataset, train=True), *erase(dataset, train=True)]
+    return Split(Positioned(train), finish, DecodeHere(boxes[0], augment)), Split(val, finish, DecodeHere(boxes[1]))
 
 
 class DecodeOnDevice:
-    """The to_device of a data.decode=gpu loader: an EncodedBatch decoded, cut to `size` x `size`,
-    flipped and normalised on the training device, in batched calls.
+    """The to_device of a data.decode=gpu loader: an EncodedBatch's JPEGs decoded on the training
+    device in one call, each cut to its box, joined by what the workers cut, flipped and normalised.
 
-    Files the workers decoded on the CPU are counted in `cpu_decoded` (by why) and the first is
+    Files the workers decoded instead are counted in `cpu_decoded` (by why) and the first is
     logged, once per loader."""
 
     def __init__(self, size: int, finish: ToDevice, split: str) -> None:
@@ -80,13 +83,17 @@ class DecodeOnDevice:
     def __call__(self, batch: EncodedBatch, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.finish.device
         jpegs = [i for i, why in enumerate(batch.on_cpu) if why is None]
-        images = [image.to(device, non_blocking=True) if why else image for image, why in zip(batch.images, batch.on_cpu)]
-        for i, decoded in zip(jpegs, decode_jpegs([batch.images[i] for i in jpegs], [batch.paths[i] for i in jpegs], device)):
-            images[i] = decoded
-        if len(jpegs) < len(images):
+        decoded = decode_jpegs([batch.images[i] for i in jpegs], [batch.paths[i] for i in jpegs], device)
+        if len(jpegs) == len(batch.images):
+            x = resized_crops(decoded, batch.boxes, self.size)
+        else:
             self._count(batch)
-        x = flip(resized_crops(images, batch.boxes, self.size), batch.flips)
-        return self.finish(x, labels)
+            x = torch.empty(len(batch.images), 3, self.size, self.size, device=device)
+            cut = [i for i, why in enumerate(batch.on_cpu) if why]
+            x[cut] = torch.stack([batch.images[i] for i in cut]).to(device, non_blocking=True).float()
+            if jpegs:
+                x[jpegs] = resized_crops(decoded, batch.boxes[jpegs], self.size)
+        return self.finish(flip(x, batch.flips), labels)
 
     def _count(self, batch: EncodedBatch) -> None:
         first = not self.cpu_decoded

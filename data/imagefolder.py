@@ -4,16 +4,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from PIL import Image
-
 from torchvision.datasets import ImageFolder
 
 from config.schema import DatasetConfig
-from data.transforms import imagenet_transform
 from errors import ConfigError
 
 SPLITS = ("train", "val")
-PER_IMAGE_TRANSFORMS = True  # PIL images through torchvision transforms (dataset.auto_augment, ...)
+PER_IMAGE_TRANSFORMS = True  # decoded and cut per image (dataset.auto_augment, ... apply)
 
 
 def count_classes(cfg: DatasetConfig) -> int:
@@ -47,21 +44,14 @@ def check(cfg: DatasetConfig) -> None:
         )
 
 
-def load(cfg: DatasetConfig) -> tuple[Images, Images]:
-    """data.decode=cpu: each image decoded in a worker by PIL, no larger than its crop needs."""
+def image_files(cfg: DatasetConfig) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(path, class index) of every training and validation image, as torchvision's ImageFolder
+    lists them; data/files.py reads, decodes and cuts them."""
     check(cfg)
-    root = Path(cfg.root)
     return tuple(
-        Images(str(root / split), transform=imagenet_transform(cfg, train=split == "train"), loader=Image.open,
-               allow_empty=split == "val")  # see check
+        ImageFolder(str(_root(cfg) / split), allow_empty=split == "val").samples  # see check
         for split in SPLITS
     )
-
-
-def image_files(cfg: DatasetConfig) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
-    """data.decode=gpu: (path, class index) of every training and validation image, as torchvision's
-    ImageFolder lists them."""
-    return tuple(split.samples for split in load(cfg))
 
 
 def _root(cfg: DatasetConfig) -> Path:
@@ -90,15 +80,3 @@ def _holds_an_image(folder: Path, extensions: tuple[str, ...]) -> bool:
             elif entry.name.lower().endswith(extensions):
                 return True
     return any(_holds_an_image(Path(sub), extensions) for sub in subfolders)
-
-
-class Images(ImageFolder):
-    """torchvision's ImageFolder over images opened but not decoded (Image.open reads the header),
-    so the crop decides how large to decode; a file PIL cannot read stops the run in one line
-    naming it."""
-
-    def __getitem__(self, index: int):
-        try:
-            return super().__getitem__(index)
-        except OSError as e:  # PIL's UnidentifiedImageError is an OSError too
-            raise ConfigError(f"{self.samples[index][0]}: unreadable image ({e}); delete or replace it") from None

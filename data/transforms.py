@@ -1,13 +1,12 @@
-"""The seeds' augmentations, built from the dataset config: per sample with torchvision (PIL,
-in DataLoader workers, ending in uint8), or per batch where an in-memory set is held; and ToDevice,
-which every loader's batch ends in on the training device (data.decode=gpu's cuts: data/crops.py)."""
+"""The seeds' augmentations for in-memory sets, built from the dataset config: per sample with
+torchvision (PIL, in DataLoader workers, ending in uint8), or per batch where the set is held; and
+ToDevice, which every loader's batch ends in on the training device. (Image files: data/files.py.)"""
 from __future__ import annotations
 
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
 from config.schema import AutoAugment, DatasetConfig
 
@@ -41,28 +40,28 @@ def small_image_transform(cfg: DatasetConfig, train: bool) -> Callable:
         steps.append(T.RandomCrop(cfg.image_size, padding=cfg.augment.crop_padding))
     if train and cfg.augment.flip:
         steps.append(T.RandomHorizontalFlip())
-    return T.Compose([*steps, *_policy(cfg, train), T.PILToTensor(), *_erase(cfg, train)])
+    return T.Compose([*steps, *policy(cfg, train), T.PILToTensor(), *erase(cfg, train)])
 
 
 def imagenet_transform(cfg: DatasetConfig, train: bool) -> Callable:
     """ImageNet-style, as torchvision's presets: RandomResizedCrop(train_crop) + flip +
     auto_augment for training, Resize(val_resize) + CenterCrop(val_crop) to validate; the sizes
-    default to image_size and resize, the keys seeds 001 and 003 set. The crop and the resize take
-    an image opened but not yet decoded, and decode a JPEG no larger than they need (Draft...)."""
+    default to image_size and resize, the keys seeds 001 and 003 set. (Image files take
+    data/files.py's path, which cuts the same boxes.)"""
     from torchvision import transforms as T
 
     if train:
-        steps = [DraftRandomResizedCrop(cfg.train_crop or cfg.image_size, _mode(cfg))]
+        steps = [T.RandomResizedCrop(cfg.train_crop or cfg.image_size)]
         steps += [T.RandomHorizontalFlip()] if cfg.augment.flip else []
-        steps += _policy(cfg, train)
+        steps += policy(cfg, train)
     else:
-        steps = [DraftResize(cfg.val_resize or cfg.resize, _mode(cfg)), T.CenterCrop(cfg.val_crop or cfg.image_size)]
-    return T.Compose([*steps, T.PILToTensor(), *_erase(cfg, train)])
+        steps = [T.Resize(cfg.val_resize or cfg.resize), T.CenterCrop(cfg.val_crop or cfg.image_size)]
+    return T.Compose([*steps, T.PILToTensor(), *erase(cfg, train)])
 
 
-def _policy(cfg: DatasetConfig, train: bool) -> list[Callable]:
+def policy(cfg: DatasetConfig, train: bool) -> list[Callable]:
     """dataset.auto_augment, bilinear as torchvision's reference; the policies' own defaults are
-    the reference's settings (RandAugment magnitude 9, AugMix severity 3)."""
+    the reference's settings (RandAugment magnitude 9, AugMix severity 3). PIL or uint8 tensors."""
     from torchvision.transforms import InterpolationMode, autoaugment
 
     if not train or cfg.auto_augment is None:
@@ -75,7 +74,7 @@ def _policy(cfg: DatasetConfig, train: bool) -> list[Callable]:
     return [policy(interpolation=InterpolationMode.BILINEAR)]
 
 
-def _erase(cfg: DatasetConfig, train: bool) -> list[Callable]:
+def erase(cfg: DatasetConfig, train: bool) -> list[Callable]:
     """RandomErasing on the uint8 image, filled with the mean colour: what torchvision's zeros are
     once normalised (it erases after Normalize)."""
     from torchvision import transforms as T
@@ -84,60 +83,6 @@ def _erase(cfg: DatasetConfig, train: bool) -> list[Callable]:
         return []
     fill = [round(255 * m) for m in cfg.mean] if cfg.mean is not None else 0
     return [T.RandomErasing(p=cfg.random_erase, value=fill)]
-
-
-def _mode(cfg: DatasetConfig) -> str:
-    """The PIL mode of the dataset's images: grey (MNIST) or RGB, which CMYK, grey and palette files become."""
-    return "L" if cfg.channels == 1 else "RGB"
-
-
-def _draft(image: Image.Image, shrink: float, mode: str) -> int:
-    """Have a JPEG not yet decoded decode at 1/2, 1/4 or 1/8 of its size, the largest of these no
-    more than `shrink` (libjpeg scales in the DCT domain, skipping most of the work); returns the
-    factor the image now has (1: unchanged, already decoded, or not a JPEG)."""
-    factor = 8
-    while factor > 1 and factor > shrink:
-        factor //= 2
-    if factor == 1 or image.draft(mode, (image.width // factor, image.height // factor)) is None:
-        return 1
-    return factor
-
-
-def _decoded(image: Image.Image, mode: str) -> Image.Image:
-    return image if image.mode == mode else image.convert(mode)
-
-
-class DraftRandomResizedCrop(torch.nn.Module):
-    """torchvision's RandomResizedCrop (its parameters, bilinear, antialiased), cut and resized in
-    one PIL call from an image decoded at the smallest DCT scale that still holds the crop at its
-    output size: a crop 2x, 4x or 8x its output decodes that much smaller."""
-
-    def __init__(self, size: int, mode: str) -> None:
-        super().__init__()
-        from torchvision.transforms import RandomResizedCrop
-
-        self.size, self.mode, self.get_params = size, mode, RandomResizedCrop.get_params
-
-    def forward(self, image: Image.Image) -> Image.Image:
-        top, left, h, w = self.get_params(image, [0.08, 1.0], [3 / 4, 4 / 3])  # reads the header only
-        factor = _draft(image, min(h, w) / self.size, self.mode)
-        box = (left / factor, top / factor, (left + w) / factor, (top + h) / factor)
-        return _decoded(image, self.mode).resize((self.size, self.size), Image.BILINEAR, box=box)
-
-
-class DraftResize(torch.nn.Module):
-    """torchvision's Resize(size) (the shorter side to `size`), from an image decoded at the
-    smallest DCT scale that still has its shorter side at least `size`."""
-
-    def __init__(self, size: int, mode: str) -> None:
-        super().__init__()
-        from torchvision.transforms import Resize
-
-        self.size, self.mode, self.resize = size, mode, Resize(size)
-
-    def forward(self, image: Image.Image) -> Image.Image:
-        _draft(image, min(image.size) / self.size, self.mode)
-        return self.resize(_decoded(image, self.mode))
 
 
 class ToDevice:
@@ -157,7 +102,9 @@ class ToDevice:
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         if self.identity:
             return x, y
-        return (x - self.shift).mul_(self.factor), y
+        # In place on the batch, which is the loader's own; converting first is twice as fast on a
+        # CPU as subtracting from uint8.
+        return x.float().sub_(self.shift).mul_(self.factor), y
 
 
 class BatchTransform:
