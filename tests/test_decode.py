@@ -15,7 +15,7 @@ from scipy.stats import ks_2samp
 from torchvision.transforms import RandomResizedCrop
 from torchvision.transforms import functional as TF
 
-from data import Loaders, build_loaders, decode, imagefolder
+from data import Loaders, build_loaders, check, decode, imagefolder
 from data.crops import center_boxes, flip, random_resized_boxes, resized_crops
 from data.files import EncodedBatch, cpu_only
 from distributed.context import make_context
@@ -24,7 +24,6 @@ from tests.configs import typed_config
 from tests.dataset_files import class_images, write_cifar, write_image_folder, write_odd_images
 
 CPU = torch.device("cpu")
-IMAGENET_MEAN, IMAGENET_STD = torch.tensor([0.485, 0.456, 0.406]), torch.tensor([0.229, 0.224, 0.225])
 
 
 def _ctx(rank: int = 0, world_size: int = 1):
@@ -99,11 +98,16 @@ def test_device_crops_follow_seed_epoch_rank_and_position_not_the_workers_or_a_r
     unbroken = fresh(workers=1)
     boxes(unbroken, 0)
     epoch_1 = boxes(unbroken, 1)  # persistent workers, one epoch in
+    assert not torch.equal(epoch_1[0], epoch_1[1])  # images of one size: only the batch's position tells them apart
     for resumed in (fresh(), fresh(workers=1)):  # a run resumed at epoch 1, with or without workers
         assert all(torch.equal(a, b) for a, b in zip(boxes(resumed, 1), epoch_1, strict=True))
     assert not torch.equal(boxes(fresh(), 2)[0], epoch_1[0])
     assert not torch.equal(boxes(fresh(rank=1), 1)[0], epoch_1[0])
     assert not torch.equal(boxes(fresh(seed=1), 1)[0], epoch_1[0])
+
+
+def _split(cfg):
+    return cfg.dataset, cfg.data
 
 
 def _finished(loader) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,10 +164,6 @@ def test_a_crop_much_larger_than_its_output_decodes_at_a_dct_scale(tmp_path, mon
     assert drafts == [(130, 100)]  # decoded at 1/4
     assert (scaled.float() - full.float()).abs().mean() < 2.0  # of 255
     assert decode_here(encoded, [10, 20, 100, 100], 64).shape == (3, 64, 64) and len(drafts) == 1  # < 2x: whole
-
-
-def _split(cfg):
-    return cfg.dataset, cfg.data
 
 
 @pytest.mark.parametrize("path, workers", [("cpu", 0), ("gpu", 1)])
@@ -228,6 +228,9 @@ def test_decode_auto_picks_the_device_on_cuda_for_files_without_cpu_only_augment
     assert not decode.on_device(imagefolder, policy.dataset, policy.data, cuda)
     forced = _folder(jpeg_root, "data.decode=gpu")
     assert decode.on_device(imagefolder, forced.dataset, forced.data, CPU)  # a CPU rehearsal of the GPU path
+    cifar = typed_config("dataset=cifar10", "data.decode=gpu")
+    with pytest.raises(ConfigError, match=r"^data.decode=gpu decodes image files, which dataset=cifar10 does not hold"):
+        check(cifar.dataset, cifar.data)
 
 
 def test_prepare_writes_a_smaller_copy_the_device_decodes_whole(tmp_path):
