@@ -37,7 +37,7 @@ def _features(boxes: torch.Tensor, height: int, width: int) -> dict[str, torch.T
             "top": top / (height - h + 1), "left": left / (width - w + 1)}
 
 
-@pytest.mark.parametrize("height, width", [(375, 500), (500, 333), (60, 600)])  # the last mostly falls back
+@pytest.mark.parametrize("height, width", [(375, 500), (600, 60), (60, 600)])  # the last two mostly fall back
 def test_the_devices_crop_boxes_follow_torchvisions_random_resized_crop(height, width):
     n = 2000
     torch.manual_seed(0)
