@@ -89,7 +89,8 @@ def _write_one(path: Path, seed: int, shrink: int = 1) -> int:
 
 def write_folder(root: Path, train: int, val: int, shrink: int = 1) -> float:
     """root/{train,val}/class<k>/<i>.jpg, each side divided by `shrink` (--quick); returns the mean size in KB."""
-    paths = [root / split / f"class{i % CLASSES}" / f"{i}.jpg" for split, n in (("train", train), ("val", val)) for i in range(n)]
+    paths = [root / split / f"class{i % CLASSES}" / f"{i}.jpg"
+             for split, n in (("train", train), ("val", val)) for i in range(n)]
     jobs = (paths, range(len(paths)), [shrink] * len(paths))
     if shrink > 1:  # --quick: a few small files, not worth the processes
         return statistics.mean(map(_write_one, *jobs)) / 1e3
@@ -99,43 +100,43 @@ def write_folder(root: Path, train: int, val: int, shrink: int = 1) -> float:
 
 # --- the loaders --------------------------------------------------------------------------------
 
-def today(root: Path, split: str, batch: int, workers: int):
+def today(root: Path, split: str, batch: int, workers: int, crop: int = 224):
     """The path before data.decode: torchvision's ImageFolder, PIL, float32 out of the workers."""
     from torchvision import transforms as T
     from torchvision.datasets import ImageFolder
 
-    steps = ([T.RandomResizedCrop(224), T.RandomHorizontalFlip()] if split == "train" else
+    steps = ([T.RandomResizedCrop(crop), T.RandomHorizontalFlip()] if split == "train" else
              [T.Resize(256), T.CenterCrop(224)])
     transform = T.Compose([*steps, T.ToTensor(), T.Normalize(MEAN, STD)])
     return _loader(ImageFolder(str(root / split), transform=transform), batch, workers), _moved
 
 
-def uint8(root: Path, split: str, batch: int, workers: int):
-    """Today's transforms ending in uint8, normalised once by to_device (no draft)."""
+def uint8(root: Path, split: str, batch: int, workers: int, crop: int = 224):
+    """Today's transforms ending in uint8, normalised once by to_device."""
     from torchvision import transforms as T
     from torchvision.datasets import ImageFolder
 
-    transform = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.PILToTensor()])
+    transform = T.Compose([T.RandomResizedCrop(crop), T.RandomHorizontalFlip(), T.PILToTensor()])
     return _loader(ImageFolder(str(root / split), transform=transform), batch, workers), _normalised()
 
 
-def ours(root: Path, split: str, batch: int, workers: int, decode: str):
+def ours(root: Path, split: str, batch: int, workers: int, decode: str, crop: int = 224):
     """train.py's loader, as data.build_loaders makes it."""
     from config.setup import load
     from data import Loaders, build_loaders
     from distributed.context import make_context
 
     cfg = load("dataset=imagefolder", f"dataset.root={root}", f"dataset.num_classes={CLASSES}",
-               f"data.num_workers={workers}", f"data.decode={decode}")
+               f"data.num_workers={workers}", f"data.decode={decode}", f"dataset.train_crop={crop}")
     ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
     loaders = build_loaders(cfg.dataset, cfg.data, ctx, batch, seed=0)
     loader = loaders.train if split == "train" else loaders.val
     return loader, lambda x, y: Loaders.to_device(loader, x, y, ctx.device)
 
 
-def bytes_only(root: Path, split: str, batch: int, workers: int):
+def bytes_only(root: Path, split: str, batch: int, workers: int, crop: int = 224):
     """data.decode=gpu's workers alone: what they hand the training process, undecoded."""
-    loader, _ = ours(root, split, batch, workers, "gpu")
+    loader, _ = ours(root, split, batch, workers, "gpu", crop)
     return loader, lambda x, y: (x, y)
 
 
@@ -154,8 +155,8 @@ def _normalised():
     from config.schema import DatasetConfig
     from data.transforms import ToDevice
 
-    finish = ToDevice(DatasetConfig(name="imagefolder", channels=3, image_size=224, mean=MEAN, std=STD), 255, torch.device("cpu"))
-    return finish
+    cfg = DatasetConfig(name="imagefolder", channels=3, image_size=224, mean=MEAN, std=STD)
+    return ToDevice(cfg, 255, torch.device("cpu"))
 
 
 def rate(made) -> float:
@@ -173,15 +174,16 @@ def rate(made) -> float:
     return images / (clock() - start)
 
 
-def cpu_rounds(root: Path, rounds: int, batch: int) -> list[list[object]]:
+def cpu_rounds(root: Path, rounds: int, batch: int, crop: int) -> list[list[object]]:
     cores = len(os.sched_getaffinity(0))
     systems: dict[str, Callable[[], float]] = {}
     for workers, where in ((0, "per core"), (cores, f"{cores} workers")):
-        systems[f"today, {where}"] = lambda w=workers: rate(today(root, "train", batch, w))
-        systems[f"uint8, {where}"] = lambda w=workers: rate(uint8(root, "train", batch, w))
-        systems[f"data.decode=cpu, {where}"] = lambda w=workers: rate(ours(root, "train", batch, w, "cpu"))
-        systems[f"data.decode=gpu workers (bytes), {where}"] = lambda w=workers: rate(bytes_only(root, "train", batch, w))
-    systems["data.decode=gpu decoded by the CPU, per core"] = lambda: rate(ours(root, "train", batch, 0, "gpu"))
+        systems[f"today, {where}"] = lambda w=workers: rate(today(root, "train", batch, w, crop))
+        systems[f"uint8, {where}"] = lambda w=workers: rate(uint8(root, "train", batch, w, crop))
+        systems[f"data.decode=cpu, {where}"] = lambda w=workers: rate(ours(root, "train", batch, w, "cpu", crop))
+        systems[f"data.decode=gpu workers (bytes), {where}"] = lambda w=workers: rate(
+            bytes_only(root, "train", batch, w, crop))
+    systems["data.decode=gpu decoded by the CPU, per core"] = lambda: rate(ours(root, "train", batch, 0, "gpu", crop))
     systems["validation today, per core"] = lambda: rate(today(root, "val", batch, 0))
     systems["validation data.decode=cpu, per core"] = lambda: rate(ours(root, "val", batch, 0, "cpu"))
     figures = interleaved(systems, rounds)
@@ -192,7 +194,9 @@ def cpu_rounds(root: Path, rounds: int, batch: int) -> list[list[object]]:
         if base not in figures:
             base = "today, per core"
         ratios = [a / b for a, b in zip(values, figures[base])]
-        target = f"≥ {CPU_TARGET}×: {verdict(median(ratios), CPU_TARGET)}" if name == f"data.decode=cpu, {cores} workers" else ""
+        target = ""
+        if name == f"data.decode=cpu, {cores} workers":
+            target = f"≥ {CPU_TARGET}×: {verdict(median(ratios), CPU_TARGET)}"
         rows.append([name, median(values), median(ratios), spread(ratios), target])
     return rows
 
@@ -253,8 +257,8 @@ def cut_rows(root: Path, device: torch.device, rounds: int) -> list[list[object]
     boxes = random_resized_boxes(torch.tensor([list(i.shape[1:]) for i in images]), torch.Generator().manual_seed(0))
 
     def each_roi_align():
-        return torch.cat([roi_align(image[None].float(), [torch.tensor([[l, t, l + w, t + h]], dtype=torch.float, device=device)],
-                                    224, 1.0, -1, True) for image, (t, l, h, w) in zip(images, boxes.tolist())])
+        rois = [torch.tensor([[l, t, l + w, t + h]], dtype=torch.float, device=device) for t, l, h, w in boxes.tolist()]
+        return torch.cat([roi_align(image[None].float(), [roi], 224, 1.0, -1, True) for image, roi in zip(images, rois)])
 
     def padded_roi_align():
         height, width = max(i.shape[1] for i in images), max(i.shape[2] for i in images)
@@ -268,7 +272,8 @@ def cut_rows(root: Path, device: torch.device, rounds: int) -> list[list[object]
     ways = {"one float interpolate per image (data.decode=gpu's)": lambda: resized_crops(images, boxes, 224),
             "one roi_align per image": each_roi_align, "one roi_align, batch padded": padded_roi_align}
     if device.type == "cpu":
-        ways["one uint8 interpolate per image (data.decode=cpu's)"] = lambda: [cut(i, b, 224) for i, b in zip(images, boxes.tolist())]
+        ways["one uint8 interpolate per image (data.decode=cpu's)"] = lambda: [
+            cut(image, box, 224) for image, box in zip(images, boxes.tolist())]
     figures = interleaved({name: lambda way=way: timed(way, len(images), device) for name, way in ways.items()}, rounds)
     first = next(iter(figures))
     return [[name, device.type, median(v), median([a / b for a, b in zip(v, figures[first])])] for name, v in figures.items()]
@@ -314,8 +319,8 @@ def gpu_decode_rate(root: Path, rounds: int) -> float:
 
 def gpu_training_rows(root: Path, images: int, epochs: int, rounds: int) -> list[list[object]]:
     folder = ["dataset=imagefolder", f"dataset.root={root}", f"dataset.num_classes={CLASSES}", f"trainer.epochs={epochs}"]
-    synthetic = ["dataset=synthetic", "dataset.image_size=224", f"dataset.num_classes={CLASSES}", f"dataset.train_size={images}",
-                 "dataset.val_size=256", "data.loader=device", f"trainer.epochs={epochs}"]
+    synthetic = ["dataset=synthetic", "dataset.image_size=224", f"dataset.num_classes={CLASSES}",
+                 f"dataset.train_size={images}", "dataset.val_size=256", "data.loader=device", f"trainer.epochs={epochs}"]
     runs = {"dataset=synthetic, data.loader=device": synthetic,
             "dataset=imagefolder, data.decode=gpu": [*folder, "data.decode=gpu"],
             "dataset=imagefolder, data.decode=cpu": [*folder, "data.decode=cpu"]}
@@ -334,6 +339,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run; its figures mean nothing")
     parser.add_argument("--images", type=int, default=384, help="training images for the CPU loaders")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--train-crop", type=int, default=224,
+                        help="the CPU loaders' training crop (dataset.train_crop)")
     parser.add_argument("--gpu-images", type=int, default=7_680, help="training images for the GPU runs (30 batches of 256)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -344,8 +351,9 @@ def main() -> None:
         kb = write_folder(root, images, max(images // 4, CLASSES), shrink)
         print(f"{images} training JPEGs, mean {kb:.0f} KB; {len(os.sched_getaffinity(0))} cores; "
               f"batch {batch}; {rounds} rounds; medians of rounds\n")
-        print(table(["loader alone, to the training loop", "images/s", "× today", "range", "target"],
-                    cpu_rounds(root, rounds, batch)))
+        heading = f"loader alone, to the training loop (crop {args.train_crop})"
+        print(table([heading, "images/s", "× today", "range", "target"],
+                    cpu_rounds(root, rounds, batch, args.train_crop)))
         print()
         print(table(["decode alone (PIL), per core", "mean KB", "images/s", "× original", "range"],
                     prepare_rows(root, rounds, 1 if args.quick else len(os.sched_getaffinity(0)))))

@@ -36,8 +36,9 @@ def random_resized_boxes(
     n = len(sizes)
     height, width = sizes[:, :1].double(), sizes[:, 1:].double()
     area = height * width * torch.empty(n, TRIES, dtype=torch.float64).uniform_(scale[0], scale[1], generator=generator)
-    log_ratio = torch.empty(n, TRIES, dtype=torch.float64).uniform_(math.log(ratio[0]), math.log(ratio[1]), generator=generator)
-    aspect = log_ratio.exp()
+    log_aspect = torch.empty(n, TRIES, dtype=torch.float64).uniform_(math.log(ratio[0]), math.log(ratio[1]),
+                                                                      generator=generator)
+    aspect = log_aspect.exp()
     w, h = (area * aspect).sqrt().round(), (area / aspect).sqrt().round()
     fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
     first = fits.byte().argmax(dim=1, keepdim=True)

@@ -201,5 +201,5 @@ class ForDevice:
         drawn = self.boxes.draw(samples)
         images = [e.data if e.why is None else decode_here(e, box, self.boxes.size)
                   for e, box in zip(drawn.encoded, drawn.boxes.tolist())]
-        batch = EncodedBatch(images, [e.why for e in drawn.encoded], [e.path for e in drawn.encoded], drawn.boxes, drawn.flips)
-        return batch, drawn.labels
+        whys, paths = [e.why for e in drawn.encoded], [e.path for e in drawn.encoded]
+        return EncodedBatch(images, whys, paths, drawn.boxes, drawn.flips), drawn.labels

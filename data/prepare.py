@@ -30,9 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("source", type=Path, help="the image folder to copy")
     parser.add_argument("destination", type=Path, help="where the copy goes (created; files already there are replaced)")
-    parser.add_argument("--max-side", type=int, default=500, help="longest side in pixels (default 500, FFCV's ResNet-50 copy)")
+    parser.add_argument("--max-side", type=int, default=500,
+                        help="longest side in pixels (default 500, FFCV's ResNet-50 copy)")
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality, 1-95 (default 90, FFCV's)")
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="processes (default: this machine's CPUs; 1: this one)")
+    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
+                        help="processes (default: this machine's CPUs; 1: this one)")
     args = parser.parse_args(argv)
     try:
         sources = _images(args.source, args.destination, args.max_side, args.quality)
