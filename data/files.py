@@ -23,7 +23,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from config.schema import DatasetConfig
-from data.crops import batch_seed, center_boxes, cut, flip, random_resized_boxes
+from data.crops import batch_seed, center_boxes, cut, random_resized_boxes
 from errors import ConfigError
 
 _END_OF_IMAGE = b"\xff\xd9"
@@ -175,8 +175,8 @@ class DecodeHere:
 
     def __call__(self, samples: list[tuple[Any, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
         drawn = self.boxes.draw(samples)
-        crops = torch.stack([decode_here(e, box, self.boxes.size) for e, box in zip(drawn.encoded, drawn.boxes.tolist())])
-        crops = flip(crops, drawn.flips)
+        crops = [decode_here(e, box, self.boxes.size) for e, box in zip(drawn.encoded, drawn.boxes.tolist())]
+        crops = torch.stack([crop.flip(2) if mirrored else crop for crop, mirrored in zip(crops, drawn.flips.tolist())])
         if self.augment and drawn.generator is not None:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(torch.randint(2**62, (1,), generator=drawn.generator)))
