@@ -89,8 +89,8 @@ class DecodeOnDevice:
         else:
             self._count(batch)
             x = torch.empty(len(batch.images), 3, self.size, self.size, device=device)
-            cut = [i for i, why in enumerate(batch.on_cpu) if why]
-            x[cut] = torch.stack([batch.images[i] for i in cut]).to(device, non_blocking=True).float()
+            from_workers = [i for i, why in enumerate(batch.on_cpu) if why]
+            x[from_workers] = torch.stack([batch.images[i] for i in from_workers]).to(device, non_blocking=True).float()
             if jpegs:
                 x[jpegs] = resized_crops(decoded, batch.boxes[jpegs], self.size)
         return self.finish(flip(x, batch.flips), labels)

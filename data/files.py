@@ -54,8 +54,8 @@ class EncodedBatch:
 def read(path: str) -> Encoded:
     """The file's bytes, size, and whether nvJPEG should take it. A file whose header PIL cannot
     read stops the run in one line naming it, as a file it cannot decode does (decode_here)."""
-    data = Path(path).read_bytes()
     try:
+        data = Path(path).read_bytes()
         with Image.open(io.BytesIO(data)) as image:  # parses the header only
             return Encoded(torch.frombuffer(bytearray(data), dtype=torch.uint8), image.height, image.width,
                            cpu_only(image, data), path)
