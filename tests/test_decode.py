@@ -4,8 +4,10 @@ data.prepare's copy is what the GPU path decodes whole. The GPU path runs here o
 (its GPU run: tests/test_cuda.py)."""
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from scipy.stats import ks_2samp
 from torchvision.transforms import RandomResizedCrop
 from torchvision.transforms import functional as TF
 
+from config.schema import AutoAugment, Config, DataConfig, DatasetConfig, Decode
 from data import Loaders, build_loaders, check, decode, imagefolder
 from data.crops import center_boxes, flip, random_resized_boxes, resized_crops
 from data.files import EncodedBatch, cpu_only
@@ -39,7 +42,7 @@ def _features(boxes: torch.Tensor, height: int, width: int) -> dict[str, torch.T
 
 @pytest.mark.parametrize("height, width", [(375, 500), (600, 60), (60, 600)])  # the last two mostly fall back
 def test_the_devices_crop_boxes_follow_torchvisions_random_resized_crop(height, width):
-    n = 2000
+    n = 1500
     torch.manual_seed(0)
     image = torch.empty(1, height, width)
     reference = torch.tensor([RandomResizedCrop.get_params(image, [0.08, 1.0], [3 / 4, 4 / 3]) for _ in range(n)])
@@ -81,9 +84,17 @@ def jpeg_root(tmp_path_factory):
     return write_image_folder(tmp_path_factory.mktemp("jpegs"), classes=2, per_class=6, size=48, suffix=".jpg")
 
 
-def _folder(root, *overrides):
-    return typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2", "data.num_workers=0",
-                        "dataset.image_size=32", "dataset.resize=40", *overrides)
+@functools.cache
+def _composed(root: str) -> Config:
+    return typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2", "dataset.image_size=32",
+                        "dataset.resize=40")
+
+
+def _folder(root, decode: str = "auto", workers: int = 0, **dataset) -> tuple[DatasetConfig, DataConfig]:
+    """An image folder's (dataset, data) config at 32 px, composed once per folder (Hydra's compose
+    is most of a small test's time), with `dataset` keys changed."""
+    cfg = _composed(str(root))
+    return replace(cfg.dataset, **dataset), replace(cfg.data, decode=Decode(decode), num_workers=workers)
 
 
 def test_device_crops_follow_seed_epoch_rank_and_position_not_the_workers_or_a_resume(jpeg_root):
@@ -92,8 +103,7 @@ def test_device_crops_follow_seed_epoch_rank_and_position_not_the_workers_or_a_r
         return [batch.boxes for batch, _ in loaders.train]
 
     def fresh(rank=0, seed=0, workers=0):
-        cfg = _folder(jpeg_root, "data.decode=gpu", f"data.num_workers={workers}")
-        return build_loaders(cfg.dataset, cfg.data, _ctx(rank, 2), global_batch=4, seed=seed)
+        return build_loaders(*_folder(jpeg_root, "gpu", workers), _ctx(rank, 2), global_batch=4, seed=seed)
 
     unbroken = fresh(workers=1)
     boxes(unbroken, 0)
@@ -106,10 +116,6 @@ def test_device_crops_follow_seed_epoch_rank_and_position_not_the_workers_or_a_r
     assert not torch.equal(boxes(fresh(seed=1), 1)[0], epoch_1[0])
 
 
-def _split(cfg):
-    return cfg.dataset, cfg.data
-
-
 def _finished(loader) -> tuple[torch.Tensor, torch.Tensor]:
     pairs = [Loaders.to_device(loader, x, y, CPU) for x, y in loader]
     return torch.cat([x for x, _ in pairs]), torch.cat([y for _, y in pairs])
@@ -120,7 +126,7 @@ def test_odd_files_decode_on_the_cpu_counted_and_logged_once_and_validate_as_the
     write_odd_images(root / "val" / "class1")
     passes = {}
     for path in ("cpu", "gpu"):
-        loaders = build_loaders(*_split(_folder(root, f"data.decode={path}")), _ctx(), global_batch=4, seed=0)
+        loaders = build_loaders(*_folder(root, path), _ctx(), global_batch=4, seed=0)
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="train"):
             passes[path] = [_finished(loaders.val) for _ in range(2)]  # the second logs nothing more
@@ -135,17 +141,17 @@ def test_odd_files_decode_on_the_cpu_counted_and_logged_once_and_validate_as_the
 
 
 def test_both_decode_paths_train_on_the_same_crops_and_the_cpu_path_on_the_recipes_augmentations(jpeg_root):
-    def first_batch(*overrides):
-        cfg = _folder(jpeg_root, *overrides)
-        loaders = build_loaders(cfg.dataset, cfg.data, _ctx(), global_batch=6, seed=0)
+    def first_batch(decode, **dataset):
+        loaders = build_loaders(*_folder(jpeg_root, decode, **dataset), _ctx(), global_batch=6, seed=0)
         loaders.train_sampler.set_epoch(3)
         return Loaders.to_device(loaders.train, *next(iter(loaders.train)), CPU)[0]
 
-    cpu, gpu = first_batch("data.decode=cpu"), first_batch("data.decode=gpu")
+    cpu, gpu = first_batch("cpu"), first_batch("gpu")
     assert (cpu - gpu).abs().mean() < 0.01  # the same boxes and flips; float against uint8 cuts
-    augmented = first_batch("data.decode=cpu", "dataset.auto_augment=ta_wide", "dataset.random_erase=1.0")
+    recipe = dict(auto_augment=AutoAugment.ta_wide, random_erase=1.0)
+    augmented = first_batch("cpu", **recipe)
     assert (augmented - cpu).abs().mean() > 0.1
-    assert torch.equal(augmented, first_batch("data.decode=cpu", "dataset.auto_augment=ta_wide", "dataset.random_erase=1.0"))
+    assert torch.equal(augmented, first_batch("cpu", **recipe))
 
 
 def test_a_crop_much_larger_than_its_output_decodes_at_a_dct_scale(tmp_path, monkeypatch):
@@ -171,7 +177,7 @@ def test_a_truncated_jpeg_stops_either_path_in_one_line_naming_it(tmp_path, path
     root = write_image_folder(tmp_path, classes=2, per_class=1, size=48, suffix=".jpg")
     truncated = root / "val" / "class1" / "1.jpg"
     truncated.write_bytes(truncated.read_bytes()[:-300])  # the header whole, the scan cut short
-    loaders = build_loaders(*_split(_folder(root, f"data.decode={path}", f"data.num_workers={workers}")), _ctx(), 4, 0)
+    loaders = build_loaders(*_folder(root, path, workers), _ctx(), global_batch=4, seed=0)
     with pytest.raises(ConfigError) as error:
         _finished(loaders.val)
     message = str(error.value)
@@ -192,46 +198,45 @@ def test_what_the_gpu_path_leaves_to_the_cpu(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def cifar_root(tmp_path_factory):
+def cifar(tmp_path_factory) -> tuple[DatasetConfig, DataConfig]:
     root = tmp_path_factory.mktemp("cifar")
     write_cifar(root, per_batch=8, val=8)
-    return root
+    cfg = typed_config("dataset=cifar10", f"dataset.root={root}", "data.num_workers=0")
+    return cfg.dataset, cfg.data
 
 
-@pytest.mark.parametrize("overrides", [
-    ["dataset=cifar10", "data.num_workers=0"],  # in memory: batches cut on the host
-    ["dataset=cifar10", "data.num_workers=0", "dataset.auto_augment=ta_wide"],  # per image, small: PIL
-    ["dataset=cifar10", "data.num_workers=0", "dataset.resize=40", "dataset.image_size=32"],  # per image, ImageNet-style
-    ["data.decode=cpu"], ["data.decode=gpu"],  # image files: cut in the workers, or bytes decoded by the device
-], ids=["host_batches", "per_image", "per_image_resized", "files_cpu", "files_gpu"])
-def test_batches_stay_uint8_until_the_device_and_are_normalised_there_once(tmp_path, cifar_root, jpeg_root, overrides):
-    if overrides[0].startswith("data.decode"):
-        cfg = _folder(jpeg_root, *overrides)
-    else:
-        cfg = typed_config(f"dataset.root={cifar_root}", *overrides)
-    loader = build_loaders(cfg.dataset, cfg.data, _ctx(), global_batch=4, seed=0).val
+@pytest.mark.parametrize("path", ["host_batches", "per_image", "per_image_resized", "files_cpu", "files_gpu"])
+def test_batches_stay_uint8_until_the_device_and_are_normalised_there_once(cifar, jpeg_root, path):
+    dataset, data = {
+        "host_batches": cifar,  # in memory: batches cut on the host
+        "per_image": (replace(cifar[0], auto_augment=AutoAugment.ta_wide), cifar[1]),  # small images: PIL
+        "per_image_resized": (replace(cifar[0], resize=40), cifar[1]),  # ImageNet-style: PIL
+        "files_cpu": _folder(jpeg_root, "cpu"),  # image files: cut in the workers
+        "files_gpu": _folder(jpeg_root, "gpu"),  # or bytes, decoded by the device
+    }[path]
+    loader = build_loaders(dataset, data, _ctx(), global_batch=4, seed=0).val
     x, y = next(iter(loader))
     stored = x.images if isinstance(x, EncodedBatch) else [x]
     assert all(image.dtype == torch.uint8 for image in stored)
     finished, labels = Loaders.to_device(loader, x, y, CPU)
     assert finished.dtype == torch.float32 and torch.equal(labels, y)
     if not isinstance(x, EncodedBatch):  # torchvision's ToTensor + Normalize, done here once
-        mean, std = torch.tensor(cfg.dataset.mean).view(1, -1, 1, 1), torch.tensor(cfg.dataset.std).view(1, -1, 1, 1)
+        mean, std = torch.tensor(dataset.mean).view(1, -1, 1, 1), torch.tensor(dataset.std).view(1, -1, 1, 1)
         torch.testing.assert_close(finished, (x.float() / 255 - mean) / std)
 
 
 def test_decode_auto_picks_the_device_on_cuda_for_files_without_cpu_only_augmentations(jpeg_root):
     cuda = torch.device("cuda")  # only compared, never used
-    folder = _folder(jpeg_root)
-    assert decode.on_device(imagefolder, folder.dataset, folder.data, cuda)
-    assert not decode.on_device(imagefolder, folder.dataset, folder.data, CPU)
-    policy = _folder(jpeg_root, "dataset.auto_augment=ta_wide")
-    assert not decode.on_device(imagefolder, policy.dataset, policy.data, cuda)
-    forced = _folder(jpeg_root, "data.decode=gpu")
-    assert decode.on_device(imagefolder, forced.dataset, forced.data, CPU)  # a CPU rehearsal of the GPU path
-    cifar = typed_config("dataset=cifar10", "data.decode=gpu")
+    assert decode.on_device(imagefolder, *_folder(jpeg_root), cuda)
+    assert not decode.on_device(imagefolder, *_folder(jpeg_root), CPU)
+    assert not decode.on_device(imagefolder, *_folder(jpeg_root, auto_augment=AutoAugment.ta_wide), cuda)
+    assert decode.on_device(imagefolder, *_folder(jpeg_root, "gpu"), CPU)  # a CPU rehearsal of the GPU path
+
+
+def test_in_memory_sets_refuse_data_decode_gpu(cifar):
+    dataset, data = cifar
     with pytest.raises(ConfigError, match=r"^data.decode=gpu decodes image files, which dataset=cifar10 does not hold"):
-        check(cifar.dataset, cifar.data)
+        check(dataset, replace(data, decode=Decode.gpu))
 
 
 def test_prepare_writes_a_smaller_copy_the_device_decodes_whole(tmp_path):
