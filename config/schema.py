@@ -123,6 +123,9 @@ class TrainerConfig:
     ema_decay: Optional[float] = None  # EMA of weights and buffers, evaluated beside the model; None: off
     ema_every_n_steps: int = 1  # update the EMA every N optimizer steps (the decay is adjusted for N)
     test_only: bool = False  # evaluate trainer.resume's (or model.weights') weights on the validation set; no training
+    # torch.profiler over N optimizer steps after a warm-up (training.profiling): <run dir>/profile/trace.json
+    # for Perfetto or chrome://tracing, the top operators in the log; on CUDA, kernels and memory too.
+    profile: Optional[int] = None
 
     @property
     def devices_per_node(self) -> int:
