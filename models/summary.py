@@ -1,10 +1,6 @@
 """How big a model is: its parameters, the memory they and its buffers take, and the FLOPs of one
-forward pass per sample, counted on the meta device (shapes only: no memory, no arithmetic).
-
-Counting FLOPs costs a few ms for small models (a quarter of a second for ResNet-50 at 224), but the
-first count in a process imports torch._dynamo (torch's dispatch modes disable it lazily), which a
-run that neither compiles nor profiles would not otherwise import: see BENCHMARKS.md, "Model summary".
-"""
+forward pass per sample, counted on the meta device (shapes only: no memory, no arithmetic; its
+cost at start-up: BENCHMARKS.md, "Model summary")."""
 from __future__ import annotations
 
 import itertools
@@ -35,14 +31,14 @@ class ModelSummary:
                 f"{self.size_mb:,.2f} MB, {flops}")
 
 
-def summarize(model: nn.Module, sample_shape: tuple[int, ...], count_flops: bool = True) -> ModelSummary:
+def summarize(model: nn.Module, sample_shape: tuple[int, ...]) -> ModelSummary:
     """`model` as built, before any wrapper; `sample_shape`: one input, (channels, height, width)."""
     tensors = itertools.chain(model.parameters(), model.buffers())
     return ModelSummary(
         parameters=sum(p.numel() for p in model.parameters()),
         trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
         size_mb=sum(t.numel() * t.element_size() for t in tensors) / 1e6,
-        flops_per_sample=forward_flops(model, sample_shape) if count_flops else None,
+        flops_per_sample=forward_flops(model, sample_shape),
     )
 
 
