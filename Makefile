@@ -18,7 +18,7 @@ $(STAMP): requirements.txt | $(PY)
 	$(PIP) -r requirements.txt
 	touch $@
 
-$(STAMP)-test: requirements-test.txt requirements-loggers.txt $(STAMP)
+$(STAMP)-test: requirements-test.txt requirements-extras.txt $(STAMP)
 	$(PIP) -r requirements-test.txt
 	touch $@
 

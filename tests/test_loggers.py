@@ -155,5 +155,5 @@ def test_a_logger_whose_package_is_missing_is_one_line_naming_the_requirements_f
         with pytest.raises(ConfigError) as error:
             attempt()
         assert str(error.value) == ("logger=wandb needs wandb_not_installed, which is not installed: "
-                                    "pip install -r requirements-loggers.txt (or leave it out of logger=)")
+                                    "pip install -r requirements-extras.txt (or leave it out of logger=)")
     packages.check_installed(typed_config("logger=[tensorboard,csv]").logger)

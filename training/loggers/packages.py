@@ -1,4 +1,4 @@
-"""The loggers that need a package training does not (requirements-loggers.txt): checked before
+"""The loggers that need a package training does not (requirements-extras.txt): checked before
 launch, imported only by the backend that uses it (wandb and mlflow take ~0.3-0.6 s to import)."""
 from __future__ import annotations
 
@@ -29,4 +29,4 @@ def import_for(option: str) -> ModuleType:
 
 def _missing(option: str, module: str) -> ConfigError:
     return ConfigError(f"logger={option} needs {module}, which is not installed: "
-                       "pip install -r requirements-loggers.txt (or leave it out of logger=)")
+                       "pip install -r requirements-extras.txt (or leave it out of logger=)")
