@@ -114,6 +114,7 @@ def test_wandb_writes_an_offline_run_named_by_the_overrides_grouped_by_the_sweep
     assert list(run_dir.glob(f"files/{history[50]['val/samples/path']}"))
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:mlflow.*")  # MLflow's own use of SQLAlchemy
 def test_mlflow_keeps_a_sweeps_jobs_in_one_sqlite_experiment_under_the_sweep_dir(job, monkeypatch, tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -144,6 +145,14 @@ def test_mlflow_keeps_a_sweeps_jobs_in_one_sqlite_experiment_under_the_sweep_dir
     assert artifacts.is_relative_to(job.sweep_dir / "mlartifacts") and not (tmp_path / "mlruns").exists()
     assert json.loads((artifacts / "metrics.json").read_text()) == FINAL
     assert "epochs: 2" in (artifacts / "config.yaml").read_text() and list(artifacts.glob("images/*.png"))
+
+
+def test_a_single_run_is_named_by_its_overrides_or_else_its_dir_and_belongs_to_no_sweep(job):
+    from training.loggers.naming import run_name, sweep_name
+
+    single = replace(job, sweep_dir=None, swept={})
+    assert (run_name(single), sweep_name(single)) == ("0_optimizer.lr-0.1+trainer.epochs-2", None)
+    assert (run_name(job), sweep_name(job)) == ("optimizer.lr=0.1 trainer.epochs=2", "2026-11-26/18-55-00")
 
 
 def test_a_logger_whose_package_is_missing_is_one_line_naming_the_requirements_file(monkeypatch):
