@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from config.schema import MlflowConfig, WandbConfig
+from config.schema import LoggerConfig, MlflowConfig, WandbConfig
 from errors import ConfigError
 from tests.configs import job_config, typed_config
 
@@ -28,19 +28,18 @@ def job(tmp_path_factory):
 
 
 def test_logger_options_compose_alone_or_as_a_list():
-    assert vars(typed_config().logger) == {**vars(typed_config("logger=tensorboard").logger)}
+    assert typed_config().logger == LoggerConfig(tensorboard=True)  # logger=tensorboard, the default
     chosen = typed_config("logger=[tensorboard,csv,wandb,mlflow]", "logger.mlflow.tracking_uri=http://h:5000").logger
-    assert chosen.tensorboard and chosen.csv and chosen.wandb == WandbConfig()
-    assert chosen.mlflow == MlflowConfig(tracking_uri="http://h:5000")
-    alone = typed_config("logger=csv").logger
+    assert chosen == LoggerConfig(tensorboard=True, csv=True, wandb=WandbConfig(),
+                                  mlflow=MlflowConfig(tracking_uri="http://h:5000"))
+    alone = typed_config("logger=csv").logger  # CSV alone: no TensorBoard left on from a default
     assert (alone.tensorboard, alone.csv, alone.wandb, alone.mlflow) == (False, True, None, None)
-    assert typed_config().logger.csv is False and typed_config().logger.wandb is None
 
 
 def test_csv_is_a_row_per_step_a_column_per_tag_and_a_resume_rewrites_the_steps_it_runs_again(job):
     from training.loggers.csv import CsvLogger
 
-    logger = CsvLogger(typed_config().logger, job)
+    logger = CsvLogger(LoggerConfig(csv=True), job)
     logger.log_scalars(0, {"train/loss": 2.5, "lr": 0.1})
     logger.log_scalars(50, {"train/loss": 1.25, "lr": 0.1})
     logger.log_scalars(50, {"val/acc": 0.5})  # a new tag at a step already written: one row, wider
@@ -54,7 +53,7 @@ def test_csv_is_a_row_per_step_a_column_per_tag_and_a_resume_rewrites_the_steps_
 
     with (job.run_dir / "metrics.csv").open("a") as f:
         f.write("1")  # the kill cut off row "150,...": read whole, it would be a row at step 1
-    resumed = CsvLogger(typed_config().logger, job)  # resumed from the step-50 checkpoint
+    resumed = CsvLogger(LoggerConfig(csv=True), job)  # resumed from the step-50 checkpoint
     resumed.log_scalars(100, {"train/loss": 0.625, "lr": 0.05})
     resumed.log_hparams({"model": "mnist_net", "lr": 0.1}, FINAL)
     resumed.close()
@@ -92,7 +91,7 @@ def test_wandb_writes_an_offline_run_named_by_the_overrides_grouped_by_the_sweep
         monkeypatch.delenv(variable, raising=False)
     for variable in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # not the user's home
         monkeypatch.setenv(variable, str(tmp_path / variable))
-    logger = WandbLogger(typed_config("logger=wandb").logger, job)
+    logger = WandbLogger(LoggerConfig(wandb=WandbConfig()), job)
     logger.log_scalars(0, {"train/loss": 2.5})
     logger.log_scalars(50, {"train/loss": 1.25, "val/acc": 0.5})
     logger.log_image(50, "val/samples", np.zeros((8, 8, 3), np.uint8))
@@ -122,7 +121,7 @@ def test_mlflow_keeps_a_sweeps_jobs_in_one_sqlite_experiment_under_the_sweep_dir
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
-    cfg = typed_config("logger=mlflow").logger
+    cfg = LoggerConfig(mlflow=MlflowConfig())
     second = replace(job, run_dir=job.sweep_dir / "1_optimizer.lr-0.2+trainer.epochs-2",
                      swept={"optimizer.lr": 0.2, "trainer.epochs": 2}, hparams={**job.hparams, "lr": 0.2})
     for run, loss in ((job, 1.25), (second, 1.5)):
@@ -159,10 +158,10 @@ def test_a_logger_whose_package_is_missing_is_one_line_naming_the_requirements_f
     from training.loggers import packages
 
     monkeypatch.setitem(packages.PACKAGES, "wandb", "wandb_not_installed")
-    cfg = typed_config("logger=[tensorboard,wandb]").logger
+    cfg = LoggerConfig(tensorboard=True, wandb=WandbConfig())
     for attempt in (lambda: packages.check_installed(cfg), lambda: packages.import_for("wandb")):
         with pytest.raises(ConfigError) as error:
             attempt()
         assert str(error.value) == ("logger=wandb needs wandb_not_installed, which is not installed: "
                                     "pip install -r requirements-extras.txt (or leave it out of logger=)")
-    packages.check_installed(typed_config("logger=[tensorboard,csv]").logger)
+    packages.check_installed(LoggerConfig(tensorboard=True, csv=True))
