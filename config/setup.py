@@ -33,10 +33,11 @@ def _per_node(batch: int, *, _root_: DictConfig) -> int:
     return batch * _root_.trainer.num_nodes
 
 
-def _epochs_after_warmup(*, _root_: DictConfig) -> int:
-    """${epochs_after_warmup:}: the epochs a scheduler runs once scheduler.warmup_epochs are done
-    (torchvision's cosine T_max = epochs - warmup epochs); at least 1."""
-    return max(1, _root_.trainer.epochs - _root_.scheduler.warmup_epochs)
+def _epochs_after_warmup(epochs: int, warmup_epochs: int) -> int:
+    """${epochs_after_warmup:${trainer.epochs},${scheduler.warmup_epochs}}: the epochs a scheduler
+    runs once the warmup is done (torchvision's cosine T_max = epochs - warmup epochs); at least 1.
+    Its inputs are named in the config, so that `--cfg job` says what it is worked out from."""
+    return max(1, epochs - warmup_epochs)
 
 
 def _name(choice: Enum | str) -> str:
