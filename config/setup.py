@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -43,6 +45,16 @@ def _epochs_after_warmup(epochs: int, warmup_epochs: int) -> int:
 def _name(choice: Enum | str) -> str:
     """An Enum key (launcher.name) reaches a resolver as the member: its name is the choice."""
     return choice.name if isinstance(choice, Enum) else str(choice)
+
+
+def _spelled(value: Any) -> str:
+    """${spelled:${trainer.gpus}}: a value as a config spells it (null, true, auto), where Python
+    would print None, True, Accelerator.auto: for the values --help shows."""
+    if isinstance(value, Enum):
+        return value.name
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return str(value)
 
 
 def _job_dir(*, _root_: DictConfig) -> str:
@@ -90,6 +102,7 @@ RESOLVERS = {
     "per_node": _per_node,
     "job_dir": _job_dir,
     "epochs_after_warmup": _epochs_after_warmup,
+    "spelled": _spelled,
     "project_root": lambda: str(ROOT),
 }
 
