@@ -161,26 +161,27 @@ def test_main_without_runs_says_what_to_do(tmp_path, capsys):
     assert not (tmp_path / "report.png").exists()
 
 
-def _sweep_and_report(sweep: Path, *overrides: str) -> list[str]:
-    """Run `python train.py -m` (job dirs as conf/config.yaml names them), then bench.report on it: the table's lines."""
+def _sweep_and_report(sweep: Path, *overrides: str) -> tuple[list[str], str]:
+    """Run `python train.py -m` (job dirs as conf/config.yaml names them), then bench.report on it: the
+    table's lines, and what the sweep printed."""
     result = train_server.run(["-m", FORK_RANKS, f"hydra.sweep.dir={sweep}", *TINY, *overrides])
     assert result.returncode == 0, result.stderr[-3000:]
     # bench.report in this process (tests/test_sweeps.py runs it as `python -m bench.report`).
     with contextlib.redirect_stdout(io.StringIO()) as out:
         assert report.main([str(sweep)]) == 0
     assert (sweep / "report.png").stat().st_size > 0
-    return [line for line in out.getvalue().splitlines() if line.startswith("|")]
+    return [line for line in out.getvalue().splitlines() if line.startswith("|")], result.stdout
 
 
 @pytest.fixture(scope="module")
-def model_optimizer_sweep(tmp_path_factory) -> tuple[Path, list[str]]:
+def model_optimizer_sweep(tmp_path_factory) -> tuple[Path, list[str], str]:
     sweep = tmp_path_factory.mktemp("sweep") / "models"
-    return sweep, _sweep_and_report(sweep, "model=simple_cnn,mnist_net", "optimizer=sgd,adamw")
+    return sweep, *_sweep_and_report(sweep, "model=simple_cnn,mnist_net", "optimizer=sgd,adamw")
 
 
 @pytest.mark.slow
 def test_a_model_and_optimizer_sweep_reports_per_override_without_speedups(model_optimizer_sweep):
-    _, (header, _, *lines) = model_optimizer_sweep
+    _, (header, _, *lines), _ = model_optimizer_sweep
     assert header.startswith("| optimizer | strategy | devices | model |")
     assert [line.split(" | ")[0] for line in lines] == ["| sgd", "| adamw", "| sgd", "| adamw"]
     assert all(line.count(" | — | — | ") == 1 for line in lines)  # speed-up, efficiency: nothing to compare
@@ -188,7 +189,7 @@ def test_a_model_and_optimizer_sweep_reports_per_override_without_speedups(model
 
 @pytest.mark.slow
 def test_tensorboard_names_each_sweep_run_by_its_overrides(model_optimizer_sweep):
-    sweep, _ = model_optimizer_sweep
+    sweep, _, _ = model_optimizer_sweep
     runs = EventMultiplexer().AddRunsFromDirectory(str(sweep))
     runs.Reload()
     expected = {  # TensorBoard's run name -> the (model, optimizer) in its HParams row
@@ -205,8 +206,18 @@ def test_tensorboard_names_each_sweep_run_by_its_overrides(model_optimizer_sweep
 
 @pytest.mark.slow
 def test_a_scaling_sweep_still_reports_speedup_and_efficiency(tmp_path):
-    header, _, one, two = _sweep_and_report(tmp_path / "scaling", "sweep=scaling", "trainer.devices=1,2")
+    (header, _, one, two), _ = _sweep_and_report(tmp_path / "scaling", "sweep=scaling", "trainer.devices=1,2")
     assert header.startswith("| strategy | devices |")  # trainer.devices has its column: no extra one
     assert one.startswith("| ddp | 1 |") and "| 1.00× | 100% |" in one
     assert two.startswith("| ddp | 2 |") and "| — | — |" not in two
     assert one.endswith("| 0_strategy-ddp+trainer.devices-1+trainer.epochs-1 |")
+
+
+@pytest.mark.slow
+def test_a_sweep_says_where_it_writes_as_it_starts_and_ends_with_its_report_command(model_optimizer_sweep):
+    sweep, _, printed = model_optimizer_sweep
+    hydra = [line.split("[HYDRA] ", 1)[1] for line in printed.splitlines() if "[HYDRA] " in line]
+    report_command = f"python -m bench.report {sweep}"
+    assert hydra[0] == f"Sweep dir: {sweep} (a dir per job); once it ends, compare them: {report_command}"
+    assert hydra[1].startswith("Launching 4 jobs")
+    assert hydra[-1] == f"Sweep done, in {sweep}; compare its jobs: {report_command}"
