@@ -30,6 +30,107 @@ def _write(root, name, overrides=None, **metrics):
         (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
 
 
+def _record(run_dir: Path, overrides: list[str], config: dict, choices: dict) -> None:
+    """A run's .hydra/ as Hydra writes it: its overrides, its config, its group choices (hydra.yaml)."""
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (run_dir / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"runtime": {"choices": choices}}}))
+
+
+def _parent_of_sweeps_and_a_search(root: Path) -> Path:
+    """multirun/ as two sweeps, a search and outputs/ leave it (dated dirs: the year is no job number)."""
+    defaults = {"optimizer": "sgd", "model": "mnist_net", "hparams_search": None}
+    config = {"optimizer": {"lr": 0.05, "weight_decay": 5e-4}, "trainer": {"batch_size": 64, "epochs": 15}}
+
+    def run(path, overrides, choices=(), lr=0.05, decay=5e-4, batch=64, **metrics):
+        _write(root, path, **metrics)
+        used = {**config, "optimizer": {"lr": lr, "weight_decay": decay}, "trainer": {"batch_size": batch, "epochs": 15}}
+        _record(root / path, overrides, used, {**defaults, **dict(choices)})
+
+    run("2026-11-26/10-00-00/0_model-simple_cnn", ["model=simple_cnn"], {"model": "simple_cnn"})
+    run("2026-11-26/10-00-00/1_model-mnist_net", ["model=mnist_net"])
+    run("2026-11-26/11-00-00/0_optimizer-adamw", ["optimizer=adamw"], {"optimizer": "adamw"}, lr=1e-3, decay=0.01)
+    for trial, (lr, decay, batch) in enumerate([(0.03028525153605885, 0.0007257005721594283, 128),
+                                                (0.015171717849735478, 0.0036905577292137633, 16)]):
+        run(f"search/digits/{trial}_optimizer.lr-{lr:.4g}", ["hparams_search=digits", f"optimizer.lr={lr}",
+            f"optimizer.weight_decay={decay}", f"trainer.batch_size={batch}"], {"hparams_search": "digits"},
+            lr=lr, decay=decay, batch=batch, best_val_acc=0.5 + trial / 10)
+    run("2026-11-27/09-00-00", [])  # outputs/: a plain run, no overrides
+    return root
+
+
+def test_labels_come_from_each_runs_own_overrides_never_its_path(tmp_path):
+    runs = report.load_runs(_parent_of_sweeps_and_a_search(tmp_path))
+    keys = report.swept_keys(runs)
+    assert keys == ["model", "optimizer", "hparams_search", "optimizer.lr", "optimizer.weight_decay", "trainer.batch_size"]
+    labels = {run.name.split("/")[-1]: report.label(run, keys) for run in runs}
+    assert labels == {
+        "0_model-simple_cnn": "model=simple_cnn", "1_model-mnist_net": "model=mnist_net",
+        "0_optimizer-adamw": "optimizer=adamw", "09-00-00": "(defaults)",
+        "0_optimizer.lr-0.03029": "hparams_search=digits optimizer.lr=0.03029 optimizer.weight_decay=0.0007257 "
+                                  "trainer.batch_size=128",
+        "1_optimizer.lr-0.01517": "hparams_search=digits optimizer.lr=0.01517 optimizer.weight_decay=0.003691 "
+                                  "trainer.batch_size=16",
+    }
+    # The same overrides twice (outputs/ holds many runs of the default job): numbered, in the table's order.
+    (plain,) = [run for run in runs if run.name == "2026-11-27/09-00-00"]
+    again = report.Run(**{**vars(plain), "name": "2026-11-28/09-00-00"})
+    assert report.plot_labels([plain, again], keys) == {plain.name: "(defaults)", again.name: "(defaults) (2)"}
+    # A search's long labels, shortened, keep their first and last overrides whole.
+    shortened = report.plot_labels(runs, keys)
+    assert shortened["search/digits/0_optimizer.lr-0.03029"] == "hparams_search=digits … trainer.batch_size=128"
+
+
+def test_every_column_shows_what_the_run_used_be_it_an_override_or_a_default(tmp_path):
+    runs = report.load_runs(_parent_of_sweeps_and_a_search(tmp_path))
+    header, _, *lines = report.markdown(report.rows(runs)).splitlines()
+    cells = {line.split(" | ")[-1].rstrip(" |").split("/")[-1]: line.split(" | ")[:5] for line in lines}
+    assert header.split(" | ")[:5] == ["| optimizer", "hparams_search", "optimizer.lr", "optimizer.weight_decay",
+                                       "strategy"]  # model and batch: columns of their own
+    assert cells["0_optimizer.lr-0.03029"] == ["| sgd", "digits", "0.03029", "0.0007257", "?"]  # sgd: its default
+    assert cells["0_optimizer-adamw"] == ["| adamw", "null", "0.001", "0.01", "?"]  # adamw's own lr and decay
+    assert cells["09-00-00"] == ["| sgd", "null", "0.05", "0.0005", "?"]
+    assert not any(" — " in " | ".join(c) for c in cells.values())  # every run kept its record
+
+
+def test_a_key_set_on_the_command_line_to_what_the_other_runs_used_tells_no_run_apart(tmp_path):
+    for name, overrides, epochs in [("a", ["optimizer=adadelta", "optimizer.lr=1"], 15), ("b", [], 15),
+                                    ("c", ["trainer.epochs=2"], 2)]:
+        _write(tmp_path, name)
+        _record(tmp_path / name, overrides, {"optimizer": {"lr": 1.0}, "trainer": {"epochs": epochs}},
+                {"optimizer": "adadelta"})
+    runs = report.load_runs(tmp_path)
+    assert report.swept_keys(runs) == ["trainer.epochs"]  # adadelta and its lr 1 (1.0) were every run's
+    assert [report.label(run, ["trainer.epochs"]) for run in runs] == [
+        "(shared overrides only)", "(defaults)", "trainer.epochs=2"]
+
+
+def test_a_plot_shortens_long_labels_in_the_middle_maps_them_and_each_trial_in_a_legend(tmp_path):
+    root = _parent_of_sweeps_and_a_search(tmp_path)
+    runs, search = report.load_runs(root / "search" / "digits"), {
+        "metric": "best_val_acc", "direction": "maximize", "best_trial": 1, "best_value": 0.6,
+        "trials": [{"number": 0, "state": "COMPLETE", "value": 0.5,
+                    "params": {"optimizer.lr": 0.03028525153605885, "trainer.batch_size": 128}},
+                   {"number": 1, "state": "COMPLETE", "value": 0.6,
+                    "params": {"optimizer.lr": 0.015171717849735478, "trainer.batch_size": 16}},
+                   {"number": 2, "state": "FAIL", "value": None, "params": {"optimizer.lr": 0.4, "trainer.batch_size": 16}}]}
+    fig = report.figure(report.rows(runs), search)
+    per_configuration, _, trials = fig.axes
+    shown = [tick.get_text() for tick in per_configuration.get_yticklabels()]
+    assert shown == ["optimizer.lr=0.03029 … trainer.batch_size=128", "optimizer.lr=0.01517 … trainer.batch_size=16"]
+    assert fig.texts[0].get_text().splitlines() == [  # under the plots
+        "optimizer.lr=0.03029 … trainer.batch_size=128: hparams_search=digits optimizer.lr=0.03028525153605885 "
+        "optimizer.weight_decay=0.0007257005721594283 trainer.batch_size=128",
+        "optimizer.lr=0.01517 … trainer.batch_size=16: hparams_search=digits optimizer.lr=0.015171717849735478 "
+        "optimizer.weight_decay=0.0036905577292137633 trainer.batch_size=16",
+        "trial 0: optimizer.lr=0.03029 trainer.batch_size=128",
+        "trial 1: optimizer.lr=0.01517 trainer.batch_size=16",
+        "trial 2: optimizer.lr=0.4 trainer.batch_size=16 (fail)",
+    ]
+    assert all(tick == int(tick) for tick in trials.get_xticks())  # trials 0, 1: no tick at 0.5
+
+
 def _run(name="r", strategy="ddp", devices=1, batch_size=64, samples_per_s=100.0, overrides=()):
     return report.Run(name, strategy, devices, "m", "d", batch_size, samples_per_s, 0.9, 0.95, 10.0, None,
                       overrides=tuple(overrides))
@@ -131,7 +232,8 @@ def test_runs_are_named_by_the_overrides_that_differ(tmp_path):
     assert keys == ["model", "optimizer", "optimizer.lr"]  # trainer.epochs is the same everywhere
     assert report.label(runs[1], keys) == "model=simple_cnn optimizer=adamw"
     assert report.label(runs[4], keys) == "model=mnist_net optimizer=adamw optimizer.lr=0.003162"
-    assert (report.plot_label(runs[1], keys), report.plot_label(runs[4], keys)) == (report.label(runs[1], keys), "#10")
+    labels = report.plot_labels(runs, keys)  # the long one cut in the middle, not named by its dir's number
+    assert (labels["1_x"], labels["10_x"]) == (report.label(runs[1], keys), "model=mnist_net … optimizer.lr=0.003162")
     header, _, *lines = report.markdown(report.rows(runs)).splitlines()
     assert header.startswith("| optimizer | optimizer.lr | strategy | devices | model |")  # model: its own column
     assert lines[1].startswith("| adamw | — | ? | 1 | simple_cnn |")
