@@ -283,10 +283,14 @@ def model_optimizer_sweep(tmp_path_factory) -> tuple[Path, list[str], str]:
 
 @pytest.mark.slow
 def test_a_model_and_optimizer_sweep_reports_per_override_without_speedups(model_optimizer_sweep):
-    _, (header, _, *lines), _ = model_optimizer_sweep
+    sweep, (header, _, *lines), _ = model_optimizer_sweep
     assert header.startswith("| optimizer | strategy | devices | model |")
     assert [line.split(" | ")[0] for line in lines] == ["| sgd", "| adamw", "| sgd", "| adamw"]
     assert all(line.count(" | — | — | ") == 1 for line in lines)  # speed-up, efficiency: nothing to compare
+    # What each job used where it overrode nothing, from the .hydra/ files Hydra wrote.
+    runs = report.load_runs(sweep)
+    assert [(report.used(r, "optimizer.lr"), report.used(r, "scheduler")) for r in runs] == [
+        ("0.05", "cosine"), ("0.001", "cosine")] * 2
 
 
 @pytest.mark.slow
