@@ -49,3 +49,8 @@ def test_cfg_job_shows_what_a_computed_value_is_worked_out_from_and_resolve_show
     assert "T_max: ${epochs_after_warmup:${trainer.epochs},${scheduler.warmup_epochs}}" in as_written
     resolved = OmegaConf.to_yaml(cfg, resolve=True)  # --cfg job --resolve
     assert "T_max: 5\n" in resolved and "${" not in resolved and "???" not in resolved
+    everything = compose("optimizer.lr=0.0302852", hydra=True)
+    OmegaConf.resolve(everything)  # --cfg all --resolve, as Hydra prints it
+    unknown = {line.split(":")[0].strip() for line in OmegaConf.to_yaml(everything).splitlines() if line.endswith(": ???")}
+    assert unknown == {"filename", "hydra_help", "id", "num", "output_dir"}  # Hydra's own, filled in per job
+    assert everything.hydra.sweep.subdir == "<job number>_optimizer.lr-0.03029"  # ours says what it lacks
