@@ -42,7 +42,7 @@ def _epochs_after_warmup(epochs: int, warmup_epochs: int) -> int:
     return max(1, epochs - warmup_epochs)
 
 
-def _name(choice: Enum | str) -> str:
+def _name(choice: object) -> str:
     """An Enum key (launcher.name) reaches a resolver as the member: its name is the choice."""
     return choice.name if isinstance(choice, Enum) else str(choice)
 
@@ -50,11 +50,7 @@ def _name(choice: Enum | str) -> str:
 def _spelled(value: Any) -> str:
     """${spelled:${trainer.gpus}}: a value as a config spells it (null, true, auto), where Python
     would print None, True, Accelerator.auto: for the values --help shows."""
-    if isinstance(value, Enum):
-        return value.name
-    if value is None or isinstance(value, bool):
-        return json.dumps(value)
-    return str(value)
+    return json.dumps(value) if value is None or isinstance(value, bool) else _name(value)
 
 
 def _job_dir(*, _root_: DictConfig) -> str:
