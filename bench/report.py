@@ -223,8 +223,8 @@ def middle(text: str, longest: int) -> str:
 
 
 def legend(runs: list[Run], labels: Mapping[str, str], keys: list[str], search: dict[str, Any] | None) -> list[str]:
-    """The lines under the plots: each shortened or numbered label with every override of its run,
-    and each of a search's trials with its parameters."""
+    """The lines under the plots: each shortened label with every override of its run, and each of
+    a search's trials with its parameters."""
     lines = [f"{labels[run.name]}: {' '.join(f'{k}={v}' for k, v in run.overrides)}"
              for run in runs if len(label(run, keys)) > LONGEST]
     for trial in (search or {}).get("trials") or []:
@@ -335,15 +335,23 @@ def figure(table: list[Row], search: dict[str, Any] | None = None) -> Any:
     keys = swept_keys(runs)
     devices_vary = len({r.devices for r in runs}) > 1
     panels = (3 if devices_vary else 2) + (search is not None)
-    labels = plot_labels(runs, keys)
+    if devices_vary:  # a line per configuration, named by what it is apart from its device count
+        keys = [k for k in keys if k not in DEVICE_KEYS | LAYOUT_KEYS]
+        first: dict[tuple[Any, ...], Run] = {}
+        for run in runs:
+            first.setdefault(run.identity, run)
+        labelled = list(first.values())
+    else:
+        labelled = runs
+    labels = plot_labels(labelled, keys)
     width = 5.5 * panels
-    notes = [wrapped for line in legend(runs, labels, keys, search)  # ~14 monospace characters an inch
+    notes = [wrapped for line in legend(labelled, labels, keys, search)  # ~14 monospace characters an inch
              for wrapped in textwrap.wrap(line, int(width * 14) - 4, subsequent_indent="    ")]
     notes_inches = 0.15 * len(notes) + 0.2 if notes else 0.0
     fig, axes = plt.subplots(1, panels, figsize=(width, 4.8 + notes_inches), squeeze=False)
     axes = list(axes[0])
     if devices_vary:
-        _scaling(axes[0], axes[1], table, labels, [k for k in keys if k not in DEVICE_KEYS | LAYOUT_KEYS])
+        _scaling(axes[0], axes[1], table, labels, keys)
     else:
         _objective_per_configuration(axes[0], runs, labels)
     _accuracy_vs_wall_time(axes[2 if devices_vary else 1], runs, labels, annotate=not devices_vary)
@@ -360,13 +368,13 @@ def figure(table: list[Row], search: dict[str, Any] | None = None) -> Any:
 
 
 def _scaling(throughput: Any, efficiency: Any, table: list[Row], labels: Mapping[str, str], keys: list[str]) -> None:
-    """Throughput and efficiency against devices, one line per configuration."""
+    """Throughput and efficiency against devices, one line per configuration, labelled as its first run."""
     series: dict[tuple[Any, ...], list[Row]] = {}
     for row in table:
         series.setdefault(row.run.identity, []).append(row)
     for points in series.values():
-        points = sorted(points, key=lambda row: row.run.devices)
         name = labels[points[0].run.name] if keys else points[0].run.strategy
+        points = sorted(points, key=lambda row: row.run.devices)
         devices = [row.run.devices for row in points]
         (line,) = throughput.plot(devices, [row.run.samples_per_s for row in points], "o-", label=name)
         scaled = [(row.run.devices, row.efficiency) for row in points if row.efficiency is not None]

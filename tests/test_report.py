@@ -210,6 +210,14 @@ def test_markdown_shows_a_dash_where_there_is_no_figure():
     assert "| 1.00× | 100% |" in baseline
 
 
+def test_a_scaling_plot_names_each_line_by_what_it_is_apart_from_its_device_count():
+    table = report.rows([_run(f"{i}", devices=n, samples_per_s=100.0 * n,
+                              overrides=[("optimizer", optimizer), ("trainer.devices", str(n))])
+                         for i, (optimizer, n) in enumerate((o, n) for o in ("sgd", "adamw") for n in (1, 2))])
+    throughput = report.figure(table).axes[0]
+    assert [text.get_text() for text in throughput.get_legend().get_texts()] == ["optimizer=sgd", "optimizer=adamw"]
+
+
 def test_main_prints_the_table_and_writes_the_plot(tmp_path, capsys):
     _write(tmp_path, "0", strategy="ddp", devices=1, train_samples_per_s=100.0)
     _write(tmp_path, "1", strategy="ddp", devices=2, train_samples_per_s=150.0)
