@@ -5,7 +5,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
-from config.check import run_config, swept_overrides, typed
+from preflight import run_config, swept_overrides, typed
 from config.schema import Config, RunConfig
 from config.setup import compose
 

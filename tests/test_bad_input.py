@@ -11,7 +11,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from config.check import check
+from preflight import check
 from distributed import sharded_state
 from distributed.context import make_context
 from errors import ConfigError

@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from config.check import factory
+from preflight import factory
 from config.schema import Config, Loader
 from config.setup import ROOT
 from data import build_loaders, cifar10

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from config.check import optim_config, schedule_config
+from preflight import optim_config, schedule_config
 from config.schema import LauncherName, LrScaling, OptimConfig, ScheduleConfig, StrategyName
 from tests.configs import compose_config
 from tests.runs import run_train

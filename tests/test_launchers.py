@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from config.check import check
+from preflight import check
 from config.setup import ROOT
 from distributed import context, environment, launch as launching, strategies
 from distributed.launch import launch, plan_launch

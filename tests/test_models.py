@@ -11,7 +11,7 @@ import torch
 import torchvision
 
 import models.resnet
-from config.check import check
+from preflight import check
 from distributed.context import make_context
 from errors import ConfigError
 from models.resnet import resnet

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from config.check import check, factory, target_arguments
+from preflight import check, factory, target_arguments
 from config.schema import LrScaling, OptimConfig, ScheduleConfig, TrainerConfig
 from data import Loaders
 from data.sampler import RepeatedAugmentationSampler

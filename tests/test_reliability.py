@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from config.check import check
+from preflight import check
 from config.schema import Accelerator, StrategyConfig, StrategyName, TrainerConfig
 from distributed import strategies
 from distributed.context import make_context

@@ -23,7 +23,7 @@ from torch.optim.swa_utils import AveragedModel
 from data import build_loaders
 from distributed import context, sharded_state
 from distributed.context import DistContext
-from config.check import check
+from preflight import check
 from distributed.launch import launch
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from models.simple_cnn import SimpleCNN

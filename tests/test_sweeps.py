@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from bench import report
-from config.check import check, typed
+from preflight import check, typed
 from config.schema import StrategyName
 from config.setup import RESOLVERS, compose
 from errors import ConfigError
