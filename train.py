@@ -24,7 +24,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from config import setup
-from preflight import check, check_override_keys, restore_run_record, run_config, swept_overrides, typed
+from config.callbacks import restore_run_record
+from preflight import check, check_override_keys, run_config, swept_overrides, typed
 from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
 from training.preemption import parse_signals, requeue_or_explain, resume_command
