@@ -25,7 +25,8 @@ from omegaconf import DictConfig
 
 from config import setup
 from config.callbacks import restore_run_record
-from preflight import check, check_override_keys, run_config, swept_overrides, typed
+from config.overrides import check_override_keys, swept_overrides
+from preflight import check, run_config, typed
 from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
 from training.preemption import parse_signals, requeue_or_explain, resume_command

@@ -5,9 +5,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
-from preflight import run_config, swept_overrides, typed
+from config.overrides import swept_overrides
 from config.schema import Config, RunConfig
 from config.setup import compose
+from preflight import run_config, typed
 
 
 def compose_config(*overrides: str) -> DictConfig:

@@ -8,7 +8,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from errors import ConfigError
-from preflight import check, check_override_keys
+from config.overrides import check_override_keys
+from preflight import check
 from training.preemption import parse_signals
 from tests.configs import compose_config, typed_config
 from tests.runs import run_train
