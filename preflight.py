@@ -18,7 +18,7 @@ from config.schema import COMPILE_MODES, PRECISIONS, Accelerator, Config, LrScal
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError, first_line
-from training.checkpoint import check_resumable, find_resume, load_checkpoint, trained_config
+from training.checkpoint import check_resume
 from training.optim import scaled_lr
 from training.preemption import parse_signals
 
@@ -83,7 +83,10 @@ def check(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> L
     strategy.check_model(factory(cfg.model))
     data.check(cfg.dataset, cfg.data)
     _check_forward(cfg)  # after the data's own keys, which name the fix more closely
-    _check_resume(cfg, run_dir)
+    check_resume(
+        trainer, run_dir, model=factory(cfg.model), scheduler=cfg.scheduler,
+        warmup_epochs=schedule_config(cfg.scheduler).warmup_epochs, weights=cfg.model.get("weights"),
+    )
     return replace(plan, forward_signals=tuple(signals))
 
 
@@ -112,28 +115,6 @@ def _check_recipe(cfg: Config) -> None:
             raise ConfigError(f"{key}={value}: use {what}")
     if optim.lr_scaling == LrScaling.linear and "lr" not in cfg.optimizer:
         raise ConfigError("optimizer.lr_scaling=linear scales optimizer.lr, which is not set; give optimizer.lr")
-
-
-def _check_schedule(resume: str | None, trained: Mapping[str, Any] | None, scheduler: Mapping[str, Any]) -> None:
-    """The schedule a resume asks for is the one it trained with: loading the scheduler's state puts
-    back the saved T_max, step_size, ..., so a run resumed with `trainer.epochs` raised would train
-    its extra epochs on a cosine already at lr 0; a warmup of another length would change course
-    mid-run."""
-    if trained is None or not isinstance(trained.get("scheduler"), dict):  # a checkpoint that does not say
-        return
-    before = trained["scheduler"]
-    ours = [f.name for f in fields(ScheduleConfig)]  # the warmup, before what it changes (T_max)
-    keys = sorted({*before, *scheduler}, key=lambda k: (k != "_target_", k not in ours, k))
-    key = next((k for k in keys if before.get(k) != scheduler.get(k)), None)
-    if key is None:
-        return
-    epochs = (trained.get("trainer") or {}).get("epochs")
-    fix = (f"resume with trainer.epochs={epochs}, which T_max follows," if key == "T_max" and epochs is not None
-           else "resume with the scheduler it trained with")
-    raise ConfigError(
-        f"trainer.resume={resume} trained with scheduler.{key}={before.get(key, 'none')}, and this run asks for "
-        f"{scheduler.get(key, 'none')}: a resume continues the saved schedule; {fix} or train afresh in a new run dir"
-    )
 
 
 def resolve_num_classes(cfg: Config) -> None:
@@ -197,51 +178,6 @@ def _check_forward(cfg: Config) -> None:
 def _needs_values(error: Exception) -> bool:
     """The meta device's own limit (.item(), a copy to the host, a data-dependent op), not the model's."""
     return isinstance(error, NotImplementedError) or "meta" in str(error)
-
-
-def _check_resume(cfg: Config, run_dir: Path | None) -> None:
-    """Refuse a checkpoint that cannot continue this run, and never overwrite a run's last.pt."""
-    resume, test_only = cfg.trainer.resume, cfg.trainer.test_only
-    path = find_resume(resume, run_dir) if run_dir is not None or resume != "auto" else None
-    if path is not None:
-        if not path.exists():
-            raise ConfigError(f"trainer.resume={resume}: no such file; give an existing checkpoint path")
-        if path.is_dir():  # strategy=fsdp's sharded last.pt, checked from its metadata and train state
-            if test_only:  # training.evaluation reads one whole file; strategy=fsdp writes best.pt as one
-                best = path.parent / "best.pt"
-                best = best if best.is_file() else "<that run>/checkpoints/best.pt"
-                raise ConfigError(
-                    f"trainer.test_only=true evaluates a whole-file checkpoint, but trainer.resume={resume} is "
-                    f"strategy=fsdp's sharded last.pt (a directory); give trainer.resume={best}, the best epoch's "
-                    "weights in one file"
-                )
-            from distributed import sharded_state  # torch.distributed.checkpoint: ~1 s to import
-
-            checkpoint = sharded_state.describe(path)
-        else:
-            checkpoint = load_checkpoint(path)
-        check_resumable(checkpoint, factory(cfg.model)(), path)
-        warmed = isinstance(checkpoint["scheduler"], dict) and "last_step" in checkpoint["scheduler"]  # a Warmup's
-        if not test_only and warmed != bool(schedule_config(cfg.scheduler).warmup_epochs):
-            raise ConfigError(
-                f"trainer.resume={resume} trained {'with' if warmed else 'without'} a warmup and cannot continue "
-                f"{'without' if warmed else 'with'} one; resume with the scheduler.warmup_epochs it trained with"
-            )
-        if not test_only:
-            _check_schedule(resume, trained_config(checkpoint), cfg.scheduler)
-    elif test_only and cfg.model.get("weights") is None:
-        raise ConfigError(
-            f"trainer.test_only=true evaluates trained weights, but trainer.resume={resume} names no checkpoint; "
-            "give trainer.resume=<checkpoint> or model.weights=<file>"
-        )
-    if test_only:
-        return  # writes no checkpoint: a run dir's last.pt is safe
-    last = run_dir / "checkpoints" / "last.pt" if run_dir is not None else None
-    if last is not None and last.exists() and (path is None or path.resolve() != last.resolve()):
-        raise ConfigError(
-            f"hydra.run.dir={run_dir} already holds checkpoints/last.pt; continue it with trainer.resume=auto "
-            "or train in another hydra.run.dir"
-        )
 
 
 def factory(node: Any) -> Callable[..., Any]:
