@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import signal
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
@@ -14,7 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
 import data
-from config.schema import COMPILE_MODES, PRECISIONS, Accelerator, Config, LrScaling, OptimConfig, RunConfig, ScheduleConfig
+from config.schema import (
+    COMPILE_MODES, PRECISIONS, Accelerator, Config, LrScaling, OptimConfig, RunConfig, ScheduleConfig, TrainerConfig,
+)
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError, first_line
@@ -29,12 +32,31 @@ def typed(cfg: DictConfig) -> Config:
     return OmegaConf.to_object(cfg)
 
 
-def check(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> LaunchPlan:
-    """Everything that can be wrong before training starts, as one-line ConfigErrors. `multirun`:
-    one job of a Hydra `-m` sweep (the launch plan then keeps CUDA out of this process)."""
-    trainer = cfg.trainer
+def check_and_plan(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> LaunchPlan:
+    """Everything that can be wrong before training starts, as one-line ConfigErrors, then the launch
+    plan: the config's own values first, then each layer asked about its part. `multirun`: one job of
+    a Hydra `-m` sweep (the launch plan then keeps CUDA out of this process)."""
     strategy = strategies.get(cfg.strategy)
-    plan = plan_launch(trainer, strategy, cfg.launcher, multirun=multirun)
+    plan = plan_launch(cfg.trainer, strategy, cfg.launcher, multirun=multirun)  # the world against this machine
+    _check_trainer(cfg.trainer, plan)
+    preempt = parse_signals(cfg.trainer.preempt_signals, "trainer.preempt_signals")
+    requeue = parse_signals(cfg.trainer.requeue_signals, "trainer.requeue_signals")
+    _check_recipe(cfg)
+    # The checks that build the model (and may read a weights file) after the cheap ones.
+    resolve_num_classes(cfg)  # before anything builds the model
+    _check_model(cfg.model)
+    strategy.check_model(factory(cfg.model))
+    data.check(cfg.dataset, cfg.data)
+    _check_forward(cfg)  # after the data's own keys, which name the fix more closely
+    check_resume(
+        cfg.trainer, run_dir, model=factory(cfg.model), scheduler=cfg.scheduler,
+        warmup_epochs=schedule_config(cfg.scheduler).warmup_epochs, weights=cfg.model.get("weights"),
+    )
+    return replace(plan, forward_signals=tuple(preempt), requeue_signals=tuple(requeue))
+
+
+def _check_trainer(trainer: TrainerConfig, plan: LaunchPlan) -> None:
+    """The trainer keys: the batch against the world, and what each key allows."""
     if trainer.epochs < 1:
         raise ConfigError(f"trainer.epochs={trainer.epochs}: train for at least 1 epoch")
     if trainer.batch_size < plan.world_size:
@@ -74,20 +96,6 @@ def check(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> L
         value = getattr(trainer, key)
         if value is not None and value < 1:
             raise ConfigError(f"trainer.{key}={value}: use a positive number, or null")
-    signals = parse_signals(trainer.preempt_signals, "trainer.preempt_signals")
-    parse_signals(trainer.requeue_signals, "trainer.requeue_signals")
-    _check_recipe(cfg)
-    # The checks that build the model (and may read a weights file) after the cheap ones.
-    resolve_num_classes(cfg)  # before anything builds the model
-    _check_model(cfg.model)
-    strategy.check_model(factory(cfg.model))
-    data.check(cfg.dataset, cfg.data)
-    _check_forward(cfg)  # after the data's own keys, which name the fix more closely
-    check_resume(
-        trainer, run_dir, model=factory(cfg.model), scheduler=cfg.scheduler,
-        warmup_epochs=schedule_config(cfg.scheduler).warmup_epochs, weights=cfg.model.get("weights"),
-    )
-    return replace(plan, forward_signals=tuple(signals))
 
 
 def _check_recipe(cfg: Config) -> None:
@@ -214,10 +222,12 @@ def target_arguments(node: Any, cls: type) -> dict[str, Any]:
 
 
 def run_config(
-    cfg: DictConfig, settings: Config, run_dir: Path, choices: dict[str, str], swept: dict[str, Any]
+    cfg: DictConfig, settings: Config, run_dir: Path, choices: dict[str, str], swept: dict[str, Any],
+    preempt_signals: tuple[signal.Signals, ...],
 ) -> RunConfig:
     """The typed config every worker receives. `settings`: `cfg` typed; `choices`: the group
-    options Hydra picked; `swept`: the job's overrides (`swept_overrides`)."""
+    options Hydra picked; `swept`: the job's overrides (`swept_overrides`); `preempt_signals`:
+    trainer.preempt_signals as check_and_plan parsed them (its plan's forward_signals)."""
     labels = {group: choices[group] for group in ("model", "dataset", "strategy")}
     resolve_num_classes(settings)
     cfg.dataset.num_classes = settings.dataset.num_classes  # the model node interpolates it
@@ -243,6 +253,7 @@ def run_config(
         hparams=_hparams(cfg, settings, labels, optimizer.get("lr")),
         swept=swept,
         config_yaml=OmegaConf.to_yaml(cfg, resolve=True),  # the values this run used
+        preempt_signals=preempt_signals,
     )
 
 

@@ -1,7 +1,8 @@
 """Train an image classifier: python train.py [group=option ...] [key=value ...].
 
-Hydra composes the config; config.check tests it against this machine before any process
-starts; the launcher runs training.run's worker once per device with the typed RunConfig.
+Hydra composes the config; the pre-flight (preflight.py) checks it against this machine before
+any process starts and plans the launch; the launcher runs training.run's worker once per device
+with the typed RunConfig.
 """
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ from omegaconf import DictConfig
 from config import setup
 from config.callbacks import restore_run_record
 from config.overrides import check_override_keys, swept_overrides
-from preflight import check, run_config, typed
 from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
-from training.preemption import parse_signals, requeue_or_explain, resume_command
+from preflight import check_and_plan, run_config, typed
+from training.preemption import requeue_or_explain, resume_command
 from training.run import run
 
 gc.freeze()
@@ -45,8 +46,8 @@ def main(cfg: DictConfig) -> float | None:
     settings = typed(cfg)
     swept = swept_overrides(overrides, hydra_cfg.job.config.override_dirname.exclude_keys)
     try:
-        plan = check(settings, run_dir, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
-        launch(plan, run, run_config(cfg, settings, run_dir, hydra_cfg.runtime.choices, swept))
+        plan = check_and_plan(settings, run_dir, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
+        launch(plan, run, run_config(cfg, settings, run_dir, hydra_cfg.runtime.choices, swept, plan.forward_signals))
     except ConfigError as e:
         restore_run_record()
         print(f"error: {e}", file=sys.stderr)
@@ -56,8 +57,7 @@ def main(cfg: DictConfig) -> float | None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     except Preempted as e:
-        requeue = parse_signals(settings.trainer.requeue_signals, "trainer.requeue_signals")
-        requeue_or_explain(e, requeue, resume_command(overrides, str(run_dir)))
+        requeue_or_explain(e, list(plan.requeue_signals), resume_command(overrides, str(run_dir)))
         sys.exit(e.exit_code)
     # A sweeper (hydra/sweeper, hparams_search) optimises what the task function returns.
     metrics = run_dir / "metrics.json"  # rank 0's; other torchrun/SLURM ranks return None

@@ -8,10 +8,11 @@ names ("32", "bf16-mixed") are not identifiers, and config.check validates it.
 """
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 MISSING = "???"  # OmegaConf's mark for a value the YAML must give (its own MISSING, without importing it)
 
@@ -275,3 +276,4 @@ class RunConfig:
     hparams: Dict[str, Any]  # the run's main options (TensorBoard's HParams tab)
     swept: Dict[str, Any]  # its command-line overrides, {key: value}: the HParams tab lists them first
     config_yaml: str  # the composed config, saved in every checkpoint
+    preempt_signals: Tuple[signal.Signals, ...]  # trainer.preempt_signals, parsed once before launch

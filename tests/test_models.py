@@ -11,7 +11,7 @@ import torch
 import torchvision
 
 import models.resnet
-from preflight import check
+from preflight import check_and_plan
 from distributed.context import make_context
 from errors import ConfigError
 from models.resnet import resnet
@@ -56,9 +56,9 @@ def test_resnet_arch_and_stem_are_checked_before_launch():
     _one_line_error(r"model.arch=resnet81: .*closest: resnet18", models.resnet.check, "resnet81", 3, 10)
     _one_line_error(r"model.arch=vit_b_16: .*model=torchvision", models.resnet.check, "vit_b_16", 3, 10)
     _one_line_error(r"model.stem=cifr: .*give imagenet .* or cifar", models.resnet.check, "resnet18", 3, 10, "cifr")
-    # config.check hands the check every key of conf/model/resnet18.yaml
+    # the pre-flight hands the check every key of conf/model/resnet18.yaml
     with pytest.raises(ConfigError, match="model.stem=cifr"):
-        check(typed_config("model=resnet18", "dataset=synthetic", "model.stem=cifr"))
+        check_and_plan(typed_config("model=resnet18", "dataset=synthetic", "model.stem=cifr"))
 
 
 def test_the_cifar_stem_keeps_32_px_images_whole_into_the_first_stage():

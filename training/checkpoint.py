@@ -171,7 +171,7 @@ def check_resume(
                     f"strategy=fsdp's sharded last.pt (a directory); give trainer.resume={best}, the best epoch's "
                     "weights in one file"
                 )
-            from distributed import sharded_state  # torch.distributed.checkpoint: slow to import (BENCHMARKS.md: Start-up)
+            from distributed import sharded_state  # late: slow to import (BENCHMARKS.md: Start-up)
 
             checkpoint = sharded_state.describe(path)
         else:
