@@ -179,11 +179,11 @@ class AugmentConfig:  # training only
 
 @dataclass
 class DatasetConfig:
-    name: str = MISSING  # digits | synthetic | mnist | cifar10 | imagefolder (conf/dataset/)
+    name: str = MISSING  # conf/dataset/<name>.yaml's; data/__init__.py's DATASETS names what serves it
     channels: int = MISSING
     image_size: int = MISSING  # what the model is built for; ImageNet-style: train_crop's and val_crop's default
-    num_classes: Optional[int] = None  # None: imagefolder counts its class folders
-    root: Optional[str] = None  # where the files live (mnist, cifar10: ${paths.data_dir})
+    num_classes: Optional[int] = None  # None: the dataset counts them, if it can (imagefolder: its class folders)
+    root: Optional[str] = None  # where the files live (datasets with files to fetch: ${paths.data_dir})
     download: bool = True  # rank 0 fetches missing files; false on nodes without internet
     resize: Optional[int] = None  # set: ImageNet-style RandomResizedCrop / Resize + CenterCrop (val_resize's default)
     # ImageNet-style sizes (torchvision's recipe trains at 176 and validates 232 -> 224):

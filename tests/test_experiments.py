@@ -10,7 +10,7 @@ from preflight import optim_config, schedule_config
 from config.schema import LauncherName, LrScaling, OptimConfig, ScheduleConfig, StrategyName
 from tests.configs import compose_config
 from tests.runs import run_train
-from tests.dataset_files import write_cifar, write_image_folder, write_mnist
+from tests.dataset_files import write_cifar, write_image_folder, write_idx
 
 EXPERIMENTS = ("seed000", "seed001", "seed002", "seed003", "tv_resnet50")
 TINY = ("debug=fdr",)  # last, as on a command line: a few CPU batches of the recipe
@@ -97,7 +97,7 @@ def test_seed001_fine_tunes_from_a_local_weights_file_at_224(tmp_path):
 
 @pytest.mark.slow
 def test_seed002_runs_tiny_on_mnist_files(tmp_path):
-    write_mnist(tmp_path / "mnist", train=64, val=32)
+    write_idx(tmp_path / "mnist", train=64, val=32)
     metrics = _run(
         tmp_path / "run", "experiment=seed002", f"dataset.root={tmp_path / 'mnist'}", "dataset.download=false",
         "trainer.devices=2", "trainer.batch_size=16",
