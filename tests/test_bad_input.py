@@ -149,7 +149,8 @@ CHECKS = {  # preflight.check_and_plan's ConfigErrors: the one line train.py pri
         ["dataset.image_size=16"], ["dataset.image_size=16", "digits images are 8x8", "set dataset.image_size=8"]),
     "model that returns no logits": (
         ["dataset=synthetic", "model._target_=torch.nn.Identity"], ["returns (2, 3, 32, 32)", "not logits (2, 10)"]),
-    "fine-tuning without the weights": (["experiment=seed001"], ["model.weights=", "resnet18-f37072fd.pth", "no such file"]),
+    "fine-tuning without the weights": (
+        ["experiment=cifar10_resnet18_finetune_dp"], ["model.weights=", "resnet18-f37072fd.pth", "no such file"]),
 }
 
 

@@ -144,8 +144,9 @@ def test_a_model_optimizer_or_scheduler_key_its_file_lacks_names_the_nearest(ove
 
 
 def test_keys_an_experiment_or_group_choice_brings_pass_the_key_check():
-    # seed001 picks its own model (conf/experiment/seed001.yaml): its keys are the composed node's.
-    check_override_keys(["experiment=seed001", "model.arch=resnet18", "optimizer.lr=0.1", "scheduler.step_size=3"])
+    # An experiment picks its own model (conf/experiment/cifar10_resnet18_finetune_dp.yaml): its keys are the node's.
+    check_override_keys(
+        ["experiment=cifar10_resnet18_finetune_dp", "model.arch=resnet18", "optimizer.lr=0.1", "scheduler.step_size=3"])
     check_override_keys(["model=simple_cnn,mnist_net", "model.nope=1"])  # a sweep of choices: Hydra's to judge
 
 
