@@ -74,13 +74,11 @@ def test_ddp_validation_accuracy_equals_one_process_evaluating_the_checkpoint(tm
     assert _single_process_val_acc(tmp_path, batch=32) == metrics["val_acc"]
 
 
-@pytest.mark.parametrize("extra", [("data.loader=device",), DDP])
-def test_trains_on_mnist_idx_files(tmp_path, extra):
+def test_trains_on_mnist_idx_files_under_ddp(tmp_path):  # one process and data.loader=device: tests/test_extending.py
     root = tmp_path / "data"
     write_idx(root, train=200, val=100, gz=True)
-    metrics = _train(tmp_path / "run", "dataset=mnist", f"dataset.root={root}", "trainer.epochs=1", *extra)
-    assert metrics["dataset"] == "mnist" and metrics["epochs"] == 1
-    assert metrics["world_size"] == (2 if extra == DDP else 1)
+    metrics = _train(tmp_path / "run", "dataset=mnist", f"dataset.root={root}", "trainer.epochs=1", *DDP)
+    assert (metrics["dataset"], metrics["epochs"], metrics["world_size"]) == ("mnist", 1, 2)
 
 
 @pytest.mark.parametrize("extra", [(), DDP])

@@ -82,8 +82,8 @@ def _run(run_dir, *overrides):
 def test_seed000_runs_tiny_under_ddp(tmp_path):  # one rank: the 2-rank path is tested elsewhere
     write_cifar(tmp_path / "cifar", per_batch=8, val=8)
     metrics = _run(
-        tmp_path / "run", "experiment=cifar10_resnet50_ddp", f"dataset.root={tmp_path / 'cifar'}", "dataset.download=false",
-        "trainer.devices=1", "trainer.batch_size=8",
+        tmp_path / "run", "experiment=cifar10_resnet50_ddp", f"dataset.root={tmp_path / 'cifar'}",
+        "dataset.download=false", "trainer.devices=1", "trainer.batch_size=8",
     )
     assert (metrics["model"], metrics["strategy"], metrics["world_size"]) == ("resnet50", "ddp", 1)
 
@@ -97,8 +97,8 @@ def test_seed001_fine_tunes_from_a_local_weights_file_at_224(tmp_path):
     write_cifar(tmp_path / "cifar", per_batch=4, val=4)
     run_dir = tmp_path / "run"
     metrics = _run(
-        run_dir, "experiment=cifar10_resnet18_finetune_dp", f"model.weights={weights}", f"dataset.root={tmp_path / 'cifar'}",
-        "dataset.download=false", "trainer.batch_size=4",
+        run_dir, "experiment=cifar10_resnet18_finetune_dp", f"model.weights={weights}",
+        f"dataset.root={tmp_path / 'cifar'}", "dataset.download=false", "trainer.batch_size=4",
     )
     assert (metrics["model"], metrics["strategy"]) == ("resnet18", "dp")
     assert (run_dir / "checkpoints" / "best.pt").is_file()
