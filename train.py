@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import gc
 
-# What the imports below make (~300k objects: torch, Hydra, the project) lives as long as the
-# process, yet Python would walk it all in a full collection each time it grew by a quarter. Off
-# while importing, then frozen out of every later collection: 0.4 s of the default job's 3.8 s
-# (BENCHMARKS.md). The few cycles the imports leave behind (~1 MB) stay.
+# What the imports below make (torch, Hydra, the project) lives as long as the process, yet Python
+# would walk it all in a full collection each time it grew by a quarter. Off while importing, then
+# frozen out of every later collection (what that saves: BENCHMARKS.md, "The start-up's full
+# collections"). The few cycles the imports leave behind stay.
 gc.disable()
 
 import json

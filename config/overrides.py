@@ -53,7 +53,8 @@ def check_override_keys(overrides: Sequence[str]) -> None:
 
 def _check_free_form_keys(paths: list[list[str]], others: list[str]) -> None:
     """model.*, optimizer.*, scheduler.* set without +: keys the node composed from its group's
-    option (and any experiment) holds. Composed here, ~0.1 s, only for commands that set one."""
+    option (and any experiment) holds. Composed here only for commands that set one: it costs a
+    second composition."""
     from config.setup import compose
 
     try:

@@ -4,7 +4,7 @@ Registered in Hydra's ConfigStore (config.setup), so a typo'd key or a wrong typ
 composition; converted once with OmegaConf.to_object, so everything below train.py receives these
 types and never a DictConfig. Closed choices are Enums matched by name (OmegaConf 2.3 rejects
 Literal and matches Enums by member name); trainer.precision stays a string, because its
-names ("32", "bf16-mixed") are not identifiers, and config.check validates it.
+names ("32", "bf16-mixed") are not identifiers, and the pre-flight (preflight.py) validates it.
 """
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ class LoggerConfig:
 @dataclass
 class OptimConfig:
     """optimizer.* keys for the trainer, beside the `_target_`'s own arguments (lr, momentum, ...);
-    config.check takes them out before the optimizer is built."""
+    the pre-flight (preflight.py) takes them out before the optimizer is built."""
 
     lr_scaling: LrScaling = LrScaling.none
     reference_batch: int = 256  # lr_scaling=linear: the batch optimizer.lr was tuned for
@@ -235,7 +235,7 @@ class ScheduleConfig:
 
 def defaults_of(cls: type) -> Callable[[], Dict[str, Any]]:
     """An untyped `_target_` node that starts with `cls`'s keys, so `optimizer.lr_scaling=linear`
-    overrides like any key; config.check types them (an Any node cannot hold a typed part)."""
+    overrides like any key; the pre-flight types them (an Any node cannot hold a typed part)."""
     return lambda: {f.name: f.default for f in fields(cls)}
 
 
@@ -248,7 +248,7 @@ class Config:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    # `_target_` nodes: config.check turns them into factories (Hydra partials) for the workers.
+    # `_target_` nodes: the pre-flight turns them into factories (Hydra partials) for the workers.
     model: Any = None
     optimizer: Any = field(default_factory=defaults_of(OptimConfig))
     scheduler: Any = field(default_factory=defaults_of(ScheduleConfig))
