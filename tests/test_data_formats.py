@@ -6,6 +6,7 @@ import gzip
 import io
 import os
 import pickle
+import runpy
 import tarfile
 import urllib.error
 import urllib.request
@@ -341,6 +342,12 @@ def test_the_download_command_has_a_usage_text(capsys):
     assert {"mnist", "fashion_mnist", "kmnist", "cifar10"} <= set(downloadable)
     assert capsys.readouterr().out.startswith(f"usage: python download.py dataset={'|'.join(downloadable)} ")
 
+
+
+def test_the_download_commands_old_name_says_its_new_one(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["data/download.py", "dataset=mnist"])
+    with pytest.raises(SystemExit, match=r"^error: this command is now `python download.py dataset=mnist`$"):
+        runpy.run_path(str(ROOT / "data" / "download.py"), run_name="__main__")
 
 def test_class_images_carry_their_label():
     labels = np.arange(10)
