@@ -1,5 +1,7 @@
-"""Before any process starts: the composed config against this machine, as one-line errors;
-then the typed RunConfig every worker receives."""
+"""The pre-flight, above every layer: before any process starts, the composed config is typed and
+checked against this machine, each layer asked about its own part (distributed: the world; data:
+the dataset's files; training.checkpoint: a resume), every problem one line; then the launch plan
+and the typed RunConfig every worker receives."""
 from __future__ import annotations
 
 import importlib
@@ -34,8 +36,9 @@ def typed(cfg: DictConfig) -> Config:
 
 def check_and_plan(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> LaunchPlan:
     """Everything that can be wrong before training starts, as one-line ConfigErrors, then the launch
-    plan: the config's own values first, then each layer asked about its part. `multirun`: one job of
-    a Hydra `-m` sweep (the launch plan then keeps CUDA out of this process)."""
+    plan: the world against this machine (the batch checks need its size), the config's own values,
+    then the checks that build the model or read files. `multirun`: one job of a Hydra `-m` sweep
+    (the launch plan then keeps CUDA out of this process)."""
     strategy = strategies.get(cfg.strategy)
     plan = plan_launch(cfg.trainer, strategy, cfg.launcher, multirun=multirun)  # the world against this machine
     _check_trainer(cfg.trainer, plan)
