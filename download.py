@@ -61,7 +61,9 @@ def _module(name: str) -> OnDisk:
     """The dataset's module, if it has files to download."""
     downloadable = serving(OnDisk)
     if name not in downloadable:
-        raise ConfigError(f"dataset={name}: choose {' or '.join(downloadable)}, the datasets with files to download")
+        raise ConfigError(
+            f"dataset={name}: choose one of {', '.join(downloadable)}, the datasets with files to download"
+        )
     return dataset_module(name)
 
 

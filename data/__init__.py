@@ -133,10 +133,10 @@ def check(dataset: DatasetConfig, data: DataConfig) -> None:
                 f"per-image transform of the DataLoader path; use data.loader=dataloader, or {off}"
             )
         if not _per_image(module):
-            others = " or ".join(name for name in serving(PerSample) if _per_image(dataset_module(name)))
+            others = ", ".join(name for name in serving(PerSample) if _per_image(dataset_module(name)))
             raise ConfigError(
                 f"dataset.{key}={value} transforms each image, but dataset={dataset.name} serves ready tensors; "
-                f"use dataset={others}, or {off}"
+                f"use a dataset that takes it ({others}), or {off}"
             )
     if resizing and (dataset.val_resize or dataset.resize) is None:
         key = next(iter(resizing))

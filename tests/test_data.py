@@ -148,5 +148,5 @@ def test_per_image_options_on_ready_tensors_name_the_datasets_that_take_them(def
     with pytest.raises(ConfigError) as error:
         data.check(replace(defaults.dataset, random_erase=0.5), defaults.data)
     takes = [name for name in DATASETS if getattr(dataset_module(name), "PER_IMAGE_TRANSFORMS", False)]
-    assert f"dataset={' or '.join(sorted(takes))}, or dataset.random_erase=0" in str(error.value)
+    assert f"use a dataset that takes it ({', '.join(sorted(takes))}), or dataset.random_erase=0" in str(error.value)
     assert {"mnist", "fashion_mnist", "kmnist", "cifar10", "imagefolder"} <= set(takes)

@@ -321,8 +321,8 @@ def test_a_failed_download_is_one_line_with_the_offline_command(tmp_path, monkey
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["dataset=mnsit"], [f"dataset=mnsit: choose {' or '.join(serving(OnDisk))}"]),
-        (["dataset=digits"], [f"dataset=digits: choose {' or '.join(serving(OnDisk))}"]),
+        (["dataset=mnsit"], [f"dataset=mnsit: choose one of {', '.join(serving(OnDisk))}, the datasets with files"]),
+        (["dataset=digits"], [f"dataset=digits: choose one of {', '.join(serving(OnDisk))}, the datasets with files"]),
         (["dataset=mnist", "paths.dat_dir=/x"], ["Could not override 'paths.dat_dir'", "--help"]),
         (["dataset=mnist", "dataset.download=maybe"], ["dataset.download=maybe", "not a valid bool", "--help"]),
         (["--cfg", "job"], ["--cfg: not an option", "--help"]),
