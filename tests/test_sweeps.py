@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from bench import report
-from config.check import check, typed
+from preflight import check_and_plan, typed
 from config.schema import StrategyName
 from config.setup import compose, job_dir
 from errors import ConfigError
@@ -57,7 +57,7 @@ def _sweep_jobs(*overrides: str) -> list[tuple[str, ...]]:
 def test_ready_made_sweeps_compose_job_by_job(sweep):
     # On GPUs, as their figures are meant; here (no GPU) the first job stops, naming the rehearsal.
     with pytest.raises(ConfigError, match="trainer.accelerator=cpu"):
-        check(typed(compose(f"sweep={sweep}", *_sweep_jobs(f"sweep={sweep}")[-1])))
+        check_and_plan(typed(compose(f"sweep={sweep}", *_sweep_jobs(f"sweep={sweep}")[-1])))
     overrides = [f"sweep={sweep}", "trainer.accelerator=cpu"]
     jobs = _sweep_jobs(*overrides)
     configs = [typed(compose(*overrides, *job)) for job in jobs]
@@ -66,10 +66,10 @@ def test_ready_made_sweeps_compose_job_by_job(sweep):
         dp = cfg.strategy.name == StrategyName.dp
         if dp and cfg.trainer.devices > 1:
             with pytest.raises(ConfigError, match="strategy=ddp"):  # DP splits over GPUs, not CPUs
-                check(cfg)
+                check_and_plan(cfg)
             continue
         processes = 1 if dp else cfg.trainer.devices  # DP: one process
-        assert check(cfg).processes_per_node == processes, job
+        assert check_and_plan(cfg).processes_per_node == processes, job
 
 
 def test_a_job_dir_is_named_by_its_overrides_with_floats_to_4_digits_and_stays_apart_from_its_neighbours():
