@@ -1,8 +1,12 @@
 """Hydra's callbacks (conf/config.yaml's hydra.callbacks): what Hydra does before main() runs, made
-to fail in one line and to leave an earlier run's record as it was."""
+to fail in one line and to leave an earlier run's record as it was; and a sweep (`-m`, or an
+hparams_search) saying where it writes, as it starts and as it ends, with the command that compares
+its jobs."""
 from __future__ import annotations
 
+import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +16,8 @@ from omegaconf import DictConfig
 from omegaconf.errors import InterpolationResolutionError
 
 from errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 class OutputDirCheck(Callback):
@@ -64,3 +70,17 @@ def _exit_unless_writable(key: str, directory: str) -> None:
         reason = e.strerror or str(e)
         print(f"error: {key}={directory}: cannot write there ({reason}); choose a writable {key}", file=sys.stderr)
         sys.exit(2)
+
+
+def report_command(sweep_dir: str) -> str:
+    return f"python -m bench.report {shlex.quote(sweep_dir)}"
+
+
+class SweepDir(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = config.hydra.sweep.dir
+        log.info("Sweep dir: %s (a dir per job); once it ends, compare them: %s", sweep_dir, report_command(sweep_dir))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = config.hydra.sweep.dir
+        log.info("Sweep done, in %s; compare its jobs: %s", sweep_dir, report_command(sweep_dir))

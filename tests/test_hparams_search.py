@@ -348,7 +348,7 @@ def test_train_py_returns_the_metric_optimized_metric_names_to_the_sweeper(tmp_p
     assert trial.user_attrs["job"] == f"0_optimizer.lr-{lr:.4g}+optimizer.weight_decay-{decay:.4g}+trainer.batch_size-{batch}"
     overrides = yaml.safe_load((sweep / trial.user_attrs["job"] / ".hydra" / "overrides.yaml").read_text())
     assert f"optimizer.lr={lr!r}" in overrides and f"optimizer.weight_decay={decay!r}" in overrides
-    # Where it wrote, and the report command, as a -m sweep says them (config/announce.py).
+    # Where it wrote, and the report command, as a -m sweep says them (config/callbacks.py).
     report_command = f"python -m bench.report {sweep}"
     assert f"[HYDRA] Sweep dir: {sweep} (a dir per job); once it ends, compare them: {report_command}\n" in done.stdout
     assert done.stdout.endswith(f"[HYDRA] Sweep done, in {sweep}; compare its jobs: {report_command}\n")
