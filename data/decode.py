@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from types import ModuleType
 
 import torch
 
 from config.schema import DatasetConfig, DataConfig, Decode
+from data import DatasetModule, ImageFiles
 from data.crops import flip, resized_crops
 from data.files import Boxes, DecodeHere, EncodedBatch, EncodedFiles, ForDevice, Positioned
 from data.sample_loader import Split
@@ -26,15 +26,15 @@ from errors import ConfigError
 log = logging.getLogger("train")
 
 
-def check(module: ModuleType, dataset: DatasetConfig, data: DataConfig) -> None:
+def check(module: DatasetModule, dataset: DatasetConfig, data: DataConfig) -> None:
     """What image files and data.decode=gpu cannot serve, each refused in one line."""
-    if hasattr(module, "image_files") and dataset.channels != 3:
+    if isinstance(module, ImageFiles) and dataset.channels != 3:
         raise ConfigError(
             f"dataset.channels={dataset.channels}: dataset={dataset.name} decodes its files to RGB; set dataset.channels=3"
         )
     if data.decode != Decode.gpu:
         return
-    if not hasattr(module, "image_files"):
+    if not isinstance(module, ImageFiles):
         raise ConfigError(
             f"data.decode=gpu decodes image files, which dataset={dataset.name} does not hold; use data.decode=auto"
         )
@@ -46,15 +46,15 @@ def check(module: ModuleType, dataset: DatasetConfig, data: DataConfig) -> None:
         )
 
 
-def on_device(module: ModuleType, dataset: DatasetConfig, data: DataConfig, device: torch.device) -> bool:
+def on_device(module: DatasetModule, dataset: DatasetConfig, data: DataConfig, device: torch.device) -> bool:
     """Whether this run decodes its images on the training device (data.decode resolved)."""
     if data.decode != Decode.auto:
         return data.decode == Decode.gpu
-    return device.type == "cuda" and hasattr(module, "image_files") and not per_image_options(dataset)
+    return device.type == "cuda" and isinstance(module, ImageFiles) and not per_image_options(dataset)
 
 
 def splits(
-    module: ModuleType, dataset: DatasetConfig, data: DataConfig, device: torch.device, seed: int, rank: int,
+    module: ImageFiles, dataset: DatasetConfig, data: DataConfig, device: torch.device, seed: int, rank: int,
 ) -> tuple[Split, Split]:
     """The training and validation splits of an image-file dataset: files read in workers, then
     decoded and cut there (data.decode=cpu) or on the training device (gpu), to train_crop
