@@ -270,7 +270,7 @@ def _fork_if_possible() -> str | None:
 
 class EpochIndices(Sampler):
     """The sampler's indices, each with the epoch it was drawn for and its position in it (see
-    EpochSeeded, and data.files.Positioned)."""
+    EpochSeeded, and data.file_batches.Positioned)."""
 
     def __init__(self, sampler: DistributedSampler) -> None:
         self.sampler = sampler

@@ -1,6 +1,6 @@
 """data.decode: where an image file's bytes become pixels.
 
-`cpu`: DataLoader workers decode and cut each batch and hand over uint8 (data/files.py). `gpu`:
+`cpu`: DataLoader workers decode and cut each batch and hand over uint8 (data/file_batches.py). `gpu`:
 workers only read the files and draw the boxes; the training process decodes each batch on its
 device with nvJPEG (`torchvision.io.decode_jpeg(list, device="cuda")`), cuts and resizes each
 image there, flips and normalises the batch. On a CPU run `gpu` does all of this in the training
@@ -18,7 +18,7 @@ import torch
 from config.schema import DatasetConfig, DataConfig, Decode
 from data import DatasetModule, ImageFiles
 from data.crops import flip, resized_crops
-from data.files import Boxes, DecodeHere, EncodedBatch, EncodedFiles, ForDevice, Positioned
+from data.file_batches import Boxes, DecodeHere, EncodedBatch, EncodedFiles, ForDevice, Positioned
 from data.sample_loader import Split
 from data.transforms import ToDevice, erase, per_image_options, policy
 from errors import ConfigError

@@ -46,7 +46,7 @@ def check(cfg: DatasetConfig) -> None:
 
 def image_files(cfg: DatasetConfig) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """(path, class index) of every training and validation image, as torchvision's ImageFolder
-    lists them; data/files.py reads, decodes and cuts them."""
+    lists them; data/file_batches.py reads, decodes and cuts them."""
     check(cfg)
     return tuple(
         ImageFolder(str(_root(cfg) / split), allow_empty=split == "val").samples  # see check

@@ -1,6 +1,6 @@
 """The seeds' augmentations for in-memory sets, built from the dataset config: per sample with
 torchvision (PIL, in DataLoader workers, ending in uint8), or per batch where the set is held; and
-ToDevice, which every loader's batch ends in on the training device. (Image files: data/files.py.)"""
+ToDevice, which every loader's batch ends in on the training device. (Image files: data/file_batches.py.)"""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -47,7 +47,7 @@ def imagenet_transform(cfg: DatasetConfig, train: bool) -> Callable:
     """ImageNet-style, as torchvision's presets: RandomResizedCrop(train_crop) + flip +
     auto_augment for training, Resize(val_resize) + CenterCrop(val_crop) to validate; the sizes
     default to image_size and resize, the keys seeds 001 and 003 set. (Image files take
-    data/files.py's path, which cuts the same boxes.)"""
+    data/file_batches.py's path, which cuts the same boxes.)"""
     from torchvision import transforms as T
 
     if train:

@@ -20,7 +20,7 @@ from config.schema import DatasetConfig
 from config.setup import ROOT
 import download as download_command
 from data import DATASETS, OnDisk, build_loaders, check, cifar10, dataset_module, download, imagefolder, serving
-from data.files import EncodedFiles
+from data.file_batches import EncodedFiles
 from data.idx import IdxDataset, idx_bytes
 from data.mnist import MNIST
 from distributed.context import make_context

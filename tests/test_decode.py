@@ -20,7 +20,7 @@ from torchvision.transforms import functional as TF
 from config.schema import AutoAugment, Config, DataConfig, DatasetConfig, Decode
 from data import Loaders, build_loaders, check, decode, imagefolder
 from data.crops import center_boxes, flip, random_resized_boxes, resized_crops
-from data.files import EncodedBatch, cpu_only
+from data.file_batches import EncodedBatch, cpu_only
 from distributed.context import make_context
 from errors import ConfigError
 from tests.configs import typed_config
@@ -157,7 +157,7 @@ def test_both_decode_paths_train_on_the_same_crops_and_the_cpu_path_on_the_recip
 def test_a_crop_much_larger_than_its_output_decodes_at_a_dct_scale(tmp_path, monkeypatch):
     from PIL import JpegImagePlugin
 
-    from data.files import decode_here, read
+    from data.file_batches import decode_here, read
 
     path = tmp_path / "big.jpg"
     Image.fromarray(_smooth_images([(400, 520)])[0].permute(1, 2, 0).numpy()).save(path, quality=95)
