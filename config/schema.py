@@ -53,6 +53,12 @@ class Loader(Enum):
     device = "device"  # the split held on the device, augmented a batch at a time
 
 
+class Decode(Enum):  # where an image file's JPEG bytes become pixels
+    auto = "auto"  # gpu when training on CUDA from image files, unless a CPU-only augmentation is on; else cpu
+    cpu = "cpu"  # PIL in DataLoader workers, which hand over uint8 crops
+    gpu = "gpu"  # workers read bytes; the training process decodes each batch on its device (nvJPEG)
+
+
 class NonFinite(Enum):
     stop = "stop"  # end the run at the step, naming it; nothing past it is saved
     skip = "skip"  # drop the step's update, count it, go on
@@ -172,6 +178,7 @@ class DataConfig:
     pin_memory: Optional[bool] = None  # None: on when training on CUDA
     persistent_workers: bool = True  # workers live across epochs
     repeated_augmentations: int = 1  # N > 1: each drawn image N times, differently augmented (RASampler)
+    decode: Decode = Decode.auto  # image files: decode in workers (cpu) or a batch at a time on the device (gpu)
 
 
 @dataclass

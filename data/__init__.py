@@ -4,21 +4,21 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Sequence, Union, runtime_checkable
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, get_worker_info
 
 from config.schema import DataConfig, DatasetConfig, Loader
 from data.sampler import train_sampler
-from data.worker_errors import OneLineErrorsLoader
 from distributed.context import DistContext, cpus_per_rank, epoch_seed
 from errors import ConfigError
 
 if TYPE_CHECKING:
     from data.arrays import ImageArrays
+    from data.sample_loader import SampleLoader
     from data.tensor_loader import TensorLoader
 
 # dataset.name -> what serves it: a module ("data.cifar10"), or an object in one ("data.fashion_mnist:
@@ -52,6 +52,14 @@ class PerSample(Protocol):
 
 
 @runtime_checkable
+class ImageFiles(Protocol):
+    """A folder of image files, listed as (path, class index): DataLoader workers read them, and
+    decode and cut them (data.decode=cpu) or hand the bytes to the training device to (gpu)."""
+
+    def image_files(self, cfg: DatasetConfig) -> tuple[Sequence[tuple[str, int]], Sequence[tuple[str, int]]]: ...
+
+
+@runtime_checkable
 class OnDisk(Protocol):
     """Files under dataset.root in torchvision's layout, which rank 0 fetches in a run (or
     `python download.py` ahead of one) and data.check reads whole before launch."""
@@ -61,13 +69,14 @@ class OnDisk(Protocol):
     def read(self, root: Path) -> tuple[ImageArrays, ImageArrays]: ...  # malformed: a one-line ConfigError
 
 
-DatasetModule = Union[InMemory, PerSample]
+DatasetModule = Union[InMemory, PerSample, ImageFiles]
 """What serves one dataset: a module of data/, or an object, named in DATASETS.
 
-Required, one or both: `arrays(cfg)` (InMemory), `load(cfg)` (PerSample); with files to fetch, also
-`files`, `download` and `read` (OnDisk). Optional:
+Required: `arrays(cfg)` (InMemory), `load(cfg)` (PerSample), or both; or `image_files(cfg)`
+(ImageFiles: decoded to RGB, so dataset.channels=3); with files to fetch, also `files`, `download`
+and `read` (OnDisk). Optional:
 - IMAGE_SIZE: int, the stored images' side (data.check holds dataset.image_size to it);
-- PER_IMAGE_TRANSFORMS: bool, whether `load` takes the per-image options (auto_augment, resize, ...);
+- PER_IMAGE_TRANSFORMS: bool, whether `load` or `image_files` takes the per-image options (auto_augment, resize, ...);
 - check(cfg): its own checks before launch, as one-line ConfigErrors;
 - count_classes(cfg) -> int: what dataset.num_classes=null counts.
 Every function takes the typed DatasetConfig (config.schema) or dataset.root; docs/EXTENDING.md has the recipe.
@@ -83,16 +92,16 @@ def dataset_module(name: str) -> DatasetModule:
     where, _, attribute = DATASETS[name].partition(":")
     module = importlib.import_module(where)
     served = getattr(module, attribute) if attribute else module
-    if not isinstance(served, (InMemory, PerSample)):
+    if not isinstance(served, (InMemory, PerSample, ImageFiles)):
         raise ConfigError(
-            f"{DATASETS[name]} serves dataset={name} but has neither arrays(cfg) nor load(cfg); "
+            f"{DATASETS[name]} serves dataset={name} but has none of arrays(cfg), load(cfg), image_files(cfg); "
             "give it one (data.DatasetModule)"
         )
     return served
 
 
 def serving(kind: type) -> list[str]:
-    """The datasets whose module is `kind` (InMemory, PerSample, OnDisk), for the lists messages give."""
+    """The datasets whose module is `kind` (InMemory, PerSample, ImageFiles, OnDisk), for the lists messages give."""
     return sorted(name for name in DATASETS if isinstance(dataset_module(name), kind))
 
 
@@ -110,10 +119,11 @@ def num_classes(dataset: DatasetConfig) -> int:
 
 def check(dataset: DatasetConfig, data: DataConfig) -> None:
     """What train.py can find wrong before any process starts: loader choice, files, folders."""
-    from data import download
+    from data import decode, download
     from data.transforms import per_image_options, resize_options
 
     module = dataset_module(dataset.name)
+    decode.check(module, dataset, data)
     if data.num_workers is not None and data.num_workers < 0:
         raise ConfigError(
             f"data.num_workers={data.num_workers}: use 0 (load in the training process), a number of worker "
@@ -133,7 +143,7 @@ def check(dataset: DatasetConfig, data: DataConfig) -> None:
                 f"per-image transform of the DataLoader path; use data.loader=dataloader, or {off}"
             )
         if not _per_image(module):
-            others = ", ".join(name for name in serving(PerSample) if _per_image(dataset_module(name)))
+            others = ", ".join(name for name in sorted(DATASETS) if _per_image(dataset_module(name)))
             raise ConfigError(
                 f"dataset.{key}={value} transforms each image, but dataset={dataset.name} serves ready tensors; "
                 f"use a dataset that takes it ({others}), or {off}"
@@ -161,9 +171,19 @@ def check(dataset: DatasetConfig, data: DataConfig) -> None:
 
 @dataclass
 class Loaders:
-    train: DataLoader | TensorLoader
-    val: DataLoader | TensorLoader
+    train: SampleLoader | TensorLoader
+    val: SampleLoader | TensorLoader
     train_sampler: DistributedSampler  # call set_epoch(e) before each epoch
+
+    @staticmethod
+    def to_device(loader: Iterable, x: Any, y: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """How every batch reaches the training device: one of these loaders finishes its own
+        batch there (decodes, cuts, normalises: `loader.to_device`); another iterable's batch
+        (a test's) is moved as it is."""
+        finish = getattr(loader, "to_device", None)
+        if finish is not None:
+            return finish(x, y)
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     @property
     def start_processes(self) -> bool:
@@ -185,7 +205,10 @@ def build_loaders(
     """Each rank gets `global_batch / world_size` per step; validation covers every sample once,
     `global_val_batch` (default `global_batch`) at a time. `shuffle=False` (trainer.overfit_batches):
     every epoch draws the same batches; `drop_last`: every training batch has the same shape."""
+    from data import decode
     from data.download import prepare
+    from data.sample_loader import SampleLoader, Split
+    from data.transforms import ToDevice
 
     module = dataset_module(dataset.name)
     prepare(module, dataset, ctx)
@@ -194,7 +217,12 @@ def build_loaders(
     if batched(module, dataset):  # data.check sent data.loader=device nowhere else
         held_on = ctx.device if data.loader == Loader.device else torch.device("cpu")
         return _tensor_loaders(module, dataset, data, ctx, (batch, val_batch), seed, shuffle, drop_last, held_on)
-    train_set, val_set = module.load(dataset)
+    if isinstance(module, ImageFiles):
+        train_split, val_split = decode.splits(module, dataset, data, ctx.device, seed, ctx.rank)
+    else:
+        train_set, val_set = module.load(dataset)
+        finish = ToDevice(dataset, 255, ctx.device)  # the uint8 that PILToTensor ends in
+        train_split, val_split = Split(EpochSeeded(train_set, seed, ctx.rank), finish), Split(val_set, finish)
     workers = num_workers(data, ctx)
     pin = ctx.device.type == "cuda" if data.pin_memory is None else data.pin_memory
     options = dict(
@@ -203,14 +231,11 @@ def build_loaders(
         persistent_workers=data.persistent_workers and workers > 0,
         multiprocessing_context=_fork_if_possible() if workers > 0 else None,
     )
-    sampler = train_sampler(train_set, ctx.world_size, ctx.rank, data.repeated_augmentations, shuffle, seed)
-    train = OneLineErrorsLoader(
-        EpochSeeded(train_set, seed, ctx.rank), batch_size=batch, sampler=EpochIndices(sampler), drop_last=drop_last,
-        **options,
-    )
+    sampler = train_sampler(train_split.dataset, ctx.world_size, ctx.rank, data.repeated_augmentations, shuffle, seed)
+    train = SampleLoader(train_split, batch_size=batch, sampler=EpochIndices(sampler), drop_last=drop_last, **options)
     # A strided shard without padding: every validation sample is counted exactly once globally.
-    val_shard = Subset(val_set, range(ctx.rank, len(val_set), ctx.world_size))
-    val = OneLineErrorsLoader(val_shard, batch_size=val_batch, shuffle=False, **options)
+    val_shard = Subset(val_split.dataset, range(ctx.rank, len(val_split.dataset), ctx.world_size))
+    val = SampleLoader(replace(val_split, dataset=val_shard), batch_size=val_batch, shuffle=False, **options)
     return Loaders(train, val, sampler)
 
 
@@ -219,14 +244,14 @@ def _tensor_loaders(
     seed: int, shuffle: bool, drop_last: bool, held_on: torch.device,
 ) -> Loaders:
     from data.tensor_loader import TensorLoader
-    from data.transforms import BatchTransform
+    from data.transforms import BatchTransform, ToDevice
 
     train_set, val_set = module.arrays(dataset)
-    transform = BatchTransform(dataset, train_set.scale, held_on)
+    transform, to_device = BatchTransform(dataset), ToDevice(dataset, train_set.scale, ctx.device)
     sampler = train_sampler(train_set, ctx.world_size, ctx.rank, data.repeated_augmentations, shuffle, seed)
     batch, val_batch = batches
-    train = TensorLoader(train_set, transform, batch, held_on, sampler, seed, ctx.rank, drop_last)
-    val = TensorLoader(val_set, transform, val_batch, held_on, range(ctx.rank, len(val_set), ctx.world_size))
+    train = TensorLoader(train_set, transform, to_device, batch, held_on, sampler, seed, ctx.rank, drop_last)
+    val = TensorLoader(val_set, transform, to_device, val_batch, held_on, range(ctx.rank, len(val_set), ctx.world_size))
     return Loaders(train, val, sampler)
 
 
@@ -244,7 +269,8 @@ def _fork_if_possible() -> str | None:
 
 
 class EpochIndices(Sampler):
-    """The sampler's indices, each paired with the epoch it was drawn for (see EpochSeeded)."""
+    """The sampler's indices, each with the epoch it was drawn for and its position in it (see
+    EpochSeeded, and data.file_batches.Positioned)."""
 
     def __init__(self, sampler: DistributedSampler) -> None:
         self.sampler = sampler
@@ -252,8 +278,8 @@ class EpochIndices(Sampler):
     def __len__(self) -> int:
         return len(self.sampler)
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        return ((index, self.sampler.epoch) for index in self.sampler)
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        return ((index, self.sampler.epoch, position) for position, index in enumerate(self.sampler))
 
 
 class EpochSeeded(Dataset):
@@ -271,8 +297,8 @@ class EpochSeeded(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, item: tuple[int, int]) -> Any:
-        index, epoch = item
+    def __getitem__(self, item: tuple[int, int, int]) -> Any:
+        index, epoch, _ = item
         worker = get_worker_info()
         if worker is not None and epoch != self.epoch:
             self.epoch = epoch

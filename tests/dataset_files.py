@@ -58,13 +58,27 @@ def write_idx(
     return written
 
 
-def write_image_folder(root: Path, classes: int = 2, per_class: int = 4, size: int = 40) -> Path:
-    """root/{train,val}/class<k>/<i>.png"""
+def write_image_folder(root: Path, classes: int = 2, per_class: int = 4, size: int = 40, suffix: str = ".png") -> Path:
+    """root/{train,val}/class<k>/<i><suffix> (.png, or .jpg: baseline colour JPEGs)"""
     for split, seed in (("train", 0), ("val", 1)):
         labels = np.repeat(np.arange(classes), per_class)
         images = class_images(labels, 3, size, seed)
         for i, (image, label) in enumerate(zip(images, labels)):
-            path = root / split / f"class{label}" / f"{i}.png"
+            path = root / split / f"class{label}" / f"{i}{suffix}"
             path.parent.mkdir(parents=True, exist_ok=True)
             Image.fromarray(image.transpose(1, 2, 0)).save(path)
     return root
+
+
+def write_odd_images(folder: Path, size: tuple[int, int] = (48, 40)) -> dict[str, Path]:
+    """The files an image folder meets besides baseline colour JPEGs: a grey, a CMYK and a
+    progressive JPEG, a PNG; each named by what it is."""
+    rgb = Image.fromarray(class_images(np.array([3]), 3, max(size), seed=7)[0].transpose(1, 2, 0)).resize(size)
+    folder.mkdir(parents=True, exist_ok=True)
+    odd = {"grey": folder / "grey.jpg", "cmyk": folder / "cmyk.jpg", "progressive": folder / "progressive.jpg",
+           "png": folder / "png.png"}
+    rgb.convert("L").save(odd["grey"])
+    rgb.convert("CMYK").save(odd["cmyk"])
+    rgb.save(odd["progressive"], progressive=True)
+    rgb.save(odd["png"])
+    return odd

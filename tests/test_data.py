@@ -114,7 +114,7 @@ def test_each_dataloader_worker_augments_from_a_seed_of_its_own(monkeypatch):
     for worker in (0, 1, 0):
         monkeypatch.setattr(data, "get_worker_info", lambda: SimpleNamespace(id=worker))
         seeded = EpochSeeded(_RandomItems(), seed=0, rank=0)
-        draws.setdefault(worker, []).append([seeded[i, 0].item() for i in range(3)])
+        draws.setdefault(worker, []).append([seeded[i, 0, i].item() for i in range(3)])
     assert draws[0][0] == draws[0][1] != draws[1][0]  # repeatable per worker, apart between workers
 
 

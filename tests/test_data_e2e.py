@@ -15,7 +15,7 @@ from config.schema import Config, Loader
 from config.setup import ROOT
 from data import build_loaders, cifar10
 from distributed.context import make_context
-from tests.dataset_files import write_cifar, write_image_folder, write_idx
+from tests.dataset_files import write_cifar, write_idx, write_image_folder, write_odd_images
 from tests.runs import run_train
 from training.trainer import Batches, evaluate
 
@@ -81,14 +81,17 @@ def test_trains_on_mnist_idx_files_under_ddp(tmp_path):  # one process and data.
     assert (metrics["dataset"], metrics["epochs"], metrics["world_size"]) == ("mnist", 1, 2)
 
 
-@pytest.mark.parametrize("extra", [(), DDP])
+@pytest.mark.parametrize("extra", [("data.decode=gpu",), DDP])  # the GPU path's CPU rehearsal; workers decoding
 def test_trains_on_an_image_folder_at_224(tmp_path, extra):
-    root = write_image_folder(tmp_path / "images", classes=3, per_class=4, size=48)
+    root = write_image_folder(tmp_path / "images", classes=3, per_class=4, size=48, suffix=".jpg")
+    write_odd_images(root / "val" / "class2")  # grey, CMYK, progressive, PNG
     metrics = _train(
         tmp_path / "run", "dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=3",
         "model=simple_cnn", "trainer.epochs=1", "trainer.batch_size=4", "data.num_workers=1", *extra,
     )
     assert metrics["dataset"] == "imagefolder" and metrics["steps"] == 3
+    notes = [line for line in (tmp_path / "run" / "train.log").read_text().splitlines() if "decoded on the CPU" in line]
+    assert len(notes) == (extra != DDP), notes  # data.decode=gpu logs its first odd file once
 
 
 def _one_line_error(result) -> str:

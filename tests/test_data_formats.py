@@ -19,7 +19,8 @@ import torch
 from config.schema import DatasetConfig
 from config.setup import ROOT
 import download as download_command
-from data import DATASETS, OnDisk, check, cifar10, dataset_module, download, imagefolder, serving
+from data import DATASETS, OnDisk, build_loaders, check, cifar10, dataset_module, download, imagefolder, serving
+from data.file_batches import EncodedFiles
 from data.idx import IdxDataset, idx_bytes
 from data.mnist import MNIST
 from distributed.context import make_context
@@ -187,6 +188,11 @@ def test_default_root_is_a_git_ignored_folder_outside_the_package_and_DATA_DIR_m
         (["dataset.root={missing}"], ["no train/ folder"]),
         (["dataset.root={root}", "dataset.num_classes=1000"], ["dataset.num_classes=1000", "set dataset.num_classes=3"]),
         (["dataset.root={root}", "dataset.num_classes=3", "data.loader=device"], ["data.loader=dataloader"]),
+        (["dataset.root={root}", "dataset.num_classes=3", "dataset.channels=1"], ["dataset.channels=1", "dataset.channels=3"]),
+        (["dataset.root={root}", "dataset.num_classes=3", "data.decode=gpu", "dataset.auto_augment=ta_wide"],
+         ["data.decode=gpu", "dataset.auto_augment=ta_wide", "data.decode=cpu", "dataset.auto_augment=null"]),
+        (["dataset.root={root}", "dataset.num_classes=3", "data.decode=gpu", "dataset.random_erase=0.25"],
+         ["dataset.random_erase=0.25", "dataset.random_erase=0"]),
     ],
 )
 def test_image_folder_checks(tmp_path, overrides, words):
@@ -199,16 +205,16 @@ def test_image_folder_checks(tmp_path, overrides, words):
         assert word in str(error.value)
 
 
-def test_image_folder_uses_imagenet_transforms_and_names_an_unreadable_image(tmp_path):
+def test_image_folder_uses_imagenet_sizes_and_names_an_unreadable_image(tmp_path):
     root = write_image_folder(tmp_path, classes=2, per_class=2, size=40)
-    cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2")
-    train, val = imagefolder.load(cfg.dataset)
-    assert train[0][0].shape == val[0][0].shape == (3, 224, 224)
+    cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2", "data.num_workers=0")
+    loaders = build_loaders(cfg.dataset, cfg.data, make_context(0, 0, 1, 1, "cpu", use_process_group=False), 4, 0)
+    assert next(iter(loaders.train))[0].shape == next(iter(loaders.val))[0].shape == (4, 3, 224, 224)
     bad = root / "val" / "class1" / "broken.png"
     bad.write_bytes(b"not a png")
-    train, val = imagefolder.load(cfg.dataset)
+    _, val = imagefolder.image_files(cfg.dataset)
     with pytest.raises(ConfigError, match="broken.png: unreadable image"):
-        val[len(val) - 1]
+        EncodedFiles(val)[len(val) - 1]
 
 
 def _empty_class(root: Path, split: str, name: str = "class1", keep: str | None = None) -> None:
@@ -239,8 +245,8 @@ def test_an_empty_validation_class_is_allowed_and_keeps_every_label_but_an_empty
     _empty_class(root, "val")
     cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=3")
     check(cfg.dataset, cfg.data)
-    train, val = imagefolder.load(cfg.dataset)
-    assert val.class_to_idx == train.class_to_idx and sorted(val.targets) == [0, 0, 2, 2]
+    _, val = imagefolder.image_files(cfg.dataset)
+    assert sorted(label for _, label in val) == [0, 0, 2, 2]  # class2 keeps its label
     for name in ("class0", "class2"):
         _empty_class(root, "val", name)
     with pytest.raises(ConfigError, match=rf"^dataset.root={root}: val/ holds no image .* in any class folder"):

@@ -152,8 +152,8 @@ def test_repeated_augmentation_reaches_both_loaders_each_image_three_times_in_a_
     assert isinstance(loaders.train, torch.utils.data.DataLoader) == (loader == "DataLoader")
     assert isinstance(loaders.train_sampler, RepeatedAugmentationSampler) and loaders.train_sampler.repetitions == 3
     loaders.train_sampler.set_epoch(1)
-    if loader == "DataLoader":  # the indices the loader itself draws (paired with their epoch)
-        indices = [index for index, _ in next(iter(loaders.train.batch_sampler))]
+    if loader == "DataLoader":  # the indices the loader itself draws (with their epoch and position)
+        indices = [index for index, *_ in next(iter(loaders.train.batch_sampler))]
     else:
         indices = list(loaders.train.order)[:12]
     runs = torch.tensor(indices).view(4, 3)

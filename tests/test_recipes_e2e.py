@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from data import build_loaders
+from data import Loaders, build_loaders
 from distributed.context import make_context
 from tests.configs import job_config
 from tests.runs import run_train
@@ -45,7 +45,7 @@ def _first_step(run_dir, *overrides: str):
     torch.manual_seed(job.trainer.seed)
     loaders = build_loaders(job.dataset, job.data, make_context(0, 0, 1, 1, "cpu", False), 64, job.trainer.seed)
     model = job.model()
-    return job, model, next(iter(loaders.train))
+    return job, model, Loaders.to_device(loaders.train, *next(iter(loaders.train)), torch.device("cpu"))
 
 
 def test_warmup_lr_scaling_and_decay_groups(run_dir):

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from config.schema import LoggerConfig
+from data import Loaders
 from distributed.context import DistContext
 from distributed.strategies import gathers_in_forward, unwrap
 
@@ -176,7 +177,7 @@ def masked_crc32c(data: bytes) -> int:
 def _first_samples(loader: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     images, targets = [], []
     for x, y in loader:
-        images.append(x)
+        images.append(Loaders.to_device(loader, x, y, torch.device("cpu"))[0])  # finished as the model sees them
         targets.append(y)
         if sum(len(t) for t in targets) >= n:
             break

@@ -57,7 +57,7 @@ class Batches:
                 if i == skip - 1 and skipped is not None:
                     skipped()
             else:
-                yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                yield Loaders.to_device(loader, x, y, self.device)
             resumed = time.perf_counter()
 
     def count(self, loader: Any) -> int:
