@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import resource
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 
 from config.check import check
 from config.setup import ROOT
-from distributed import context, environment, launch as launching, strategies
+from distributed import collectives, context, environment, launch as launching, strategies
 from distributed.launch import launch, plan_launch
 from errors import ConfigError, RankFailed
 from tests import train_server
@@ -386,6 +387,39 @@ def test_a_rank_aborted_under_nccl_is_named_as_the_one_that_waited(accelerator):
     assert ("look for a peer that hung or died first" in str(error.value)) == (accelerator == "gpu")
 
 
+def _meet(ctx) -> None:
+    context.init(ctx, timeout_s=20)
+    try:
+        collectives.barrier(ctx)
+    finally:
+        context.shutdown(ctx, clean=True)
+
+
+def test_a_neighbour_that_takes_the_port_first_does_not_stop_the_job(monkeypatch):
+    """Seconds pass between the launcher's choice of a port and the ranks' start (they import torch
+    first): another process on the node may take the port meanwhile. This neighbour tries as the
+    ranks start; the job must start all the same."""
+    start, neighbours = launching.mp.start_processes, []
+
+    def taken_first(*args, **kwargs):
+        neighbour = socket.socket()
+        try:
+            neighbour.bind(("127.0.0.1", int(os.environ["MASTER_PORT"])))
+            neighbour.listen()
+            neighbours.append(neighbour)
+        except OSError:  # held for the ranks already
+            neighbour.close()
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(launching.mp, "start_processes", taken_first)
+    plan = launching.LaunchPlan("spawn", "cpu", 2, 2, 1, True, "127.0.0.1", None, start_method="fork")
+    try:
+        launch(plan, _meet)
+    finally:
+        for neighbour in neighbours:
+            neighbour.close()
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(tmp_path, ddp_reference):
     code, stderr = _finish(_torchrun(tmp_path, ["--standalone", "--nproc_per_node=2"], "trainer.devices=2"))
@@ -522,4 +556,5 @@ def test_each_launch_hands_its_forkserver_ranks_its_own_environment(monkeypatch,
     for job in ("first", "second"):
         (tmp_path / job).mkdir()
         launch(check(cfg), _record_master_port, str(tmp_path / job))
-        assert [(tmp_path / job / f"rank{r}").read_text() for r in range(2)] == [os.environ["MASTER_PORT"]] * 2
+        ports = [(tmp_path / job / f"rank{r}").read_text() for r in range(2)]
+        assert ports[0] == ports[1] != "", ports  # the launch's store, not the server's empty MASTER_PORT
