@@ -75,8 +75,7 @@ def check(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> L
         )
     if trainer.grad_clip is not None and trainer.grad_clip <= 0:
         raise ConfigError(f"trainer.grad_clip={trainer.grad_clip}: give a positive max norm, or null for none")
-    for key in ("limit_train_batches", "limit_val_batches", "checkpoint_every_n_steps", "preempt_check_every_n_steps",
-                "overfit_batches"):
+    for key in ("limit_train_batches", "limit_val_batches", "checkpoint_every_n_steps", "overfit_batches"):
         value = getattr(trainer, key)
         if value is not None and value < 1:
             raise ConfigError(f"trainer.{key}={value}: use a positive number, or null")

@@ -78,7 +78,7 @@ def test_gpus_shorthand_means_gpu_accelerator():
 def test_cpu_ddp_plan():
     plan = check(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"))
     assert (plan.accelerator, plan.processes_per_node, plan.process_group) == ("cpu", 2, True)
-    assert set(plan.forward_signals) == {signal.SIGTERM, signal.SIGUSR1}  # passed on to spawned ranks
+    assert set(plan.forward_signals) == {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}  # passed on to spawned ranks
 
 
 def test_resume_auto_starts_fresh_but_a_plain_run_never_overwrites_last_pt(tmp_path):

@@ -80,7 +80,8 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     reset_peak_memory(ctx)
     signals = parse_signals(settings.preempt_signals, "trainer.preempt_signals")
     # From here on a preemption signal is noted, not fatal: the loop stops at an agreed step.
-    preemption = PreemptionWatch(ctx, signals, settings.preempt_check_every_n_steps or settings.log_every_n_steps)
+    requeue = parse_signals(settings.requeue_signals, "trainer.requeue_signals")
+    preemption = PreemptionWatch(ctx, signals, settings.preempt_grace_s, requeue)
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     loaders = build_loaders(
         job.dataset, job.data, ctx, settings.batch_size, settings.seed,
