@@ -16,7 +16,7 @@ from distributed import context, strategies
 from distributed.collectives import all_gather_object
 from distributed.context import DistContext
 from errors import Preempted
-from training.checkpoint import Checkpointer, TrainState, find_resume
+from training.checkpoint import Checkpointer, TrainState, agree_on_resume
 from training.ema import EMA, adjusted_decay
 from training.evaluation import test
 from training.memory import MemoryProbe
@@ -109,7 +109,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     checkpointer = (ShardedCheckpointer if strategy.sharded_checkpoint else Checkpointer)(
         ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema
     )
-    resume = find_resume(settings.resume, job.run_dir)
+    resume = agree_on_resume(settings.resume, job.run_dir, ctx)
     state = checkpointer.restore(resume) if resume else TrainState()
     memory = MemoryProbe(model, optimizer)  # after restore: loading a sharded checkpoint steps the optimizer once
     log_placement(ctx)
