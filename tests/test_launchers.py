@@ -316,19 +316,26 @@ def _assert_rank_zero_wrote(run_dir: Path, world_size: int) -> None:
     assert json.loads((run_dir / "metrics.json").read_text())["world_size"] == world_size
 
 
+SRUN_TASK = {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2"}  # a rank that srun started as a task of its own
+
+
 @pytest.mark.parametrize("env, threads", [
-    ({}, max(1, len(os.sched_getaffinity(0)) // 2)),  # spawned ranks share the launching process's CPUs
-    ({"SLURM_NTASKS": "2", "SLURM_CPUS_PER_TASK": "2"}, 2),  # srun: each rank a task of its own CPUs
-    # srun without --cpus-per-task, its tasks not bound to CPUs: each takes its share of the node's
-    ({"SLURM_NTASKS": "2", "SLURM_CPUS_ON_NODE": str(len(os.sched_getaffinity(0)))},
-     max(1, len(os.sched_getaffinity(0)) // 2)),
-    ({"SLURM_NTASKS": "2", "SLURM_CPUS_ON_NODE": "64"}, len(os.sched_getaffinity(0))),  # bound: its own CPUs
+    ({}, 4),  # spawned ranks share the launching process's 8 CPUs
+    ({"SLURM_CPUS_PER_TASK": "8"}, 4),  # spawned inside `sbatch --cpus-per-task=8`: the same
+    (SRUN_TASK | {"SLURM_CPUS_PER_TASK": "2"}, 2),  # srun -c2: each rank a task of its own CPUs
+    # sbatch -c16 then srun without -c (SLURM 22.05+): the variable says 16, the task is bound to 8
+    (SRUN_TASK | {"SLURM_CPUS_PER_TASK": "16"}, 8),
+    (SRUN_TASK | {"SLURM_CPUS_ON_NODE": "8"}, 4),  # srun without -c, tasks not bound: a share of the node's
+    (SRUN_TASK | {"SLURM_CPUS_ON_NODE": "64"}, 8),  # bound: its own CPUs
+    # `srun -c8 torchrun --nproc-per-node=2`: one task per node, its CPUs shared by the node's 2 ranks
+    (SRUN_TASK | {"SLURM_CPUS_PER_TASK": "8", "TORCHELASTIC_RUN_ID": "j"}, 4),
 ])
 @pytest.mark.parametrize("accelerator", ["cpu", "gpu"])  # a GPU rank's host work: loaders, cpu_offload's step
 def test_a_rank_takes_its_own_cpus_as_threads(monkeypatch, env, threads, accelerator):
     monkeypatch.delenv("OMP_NUM_THREADS")  # the suite's own; a user's would win
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
-    for var in ("SLURM_NTASKS", "SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
+    monkeypatch.setattr(context.os, "sched_getaffinity", lambda pid: set(range(8)))  # the CPUs it is bound to
+    for var in ("SLURM_NTASKS", "SLURM_STEP_ID", "SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(var, raising=False)
     for var, value in env.items():
         monkeypatch.setenv(var, value)

@@ -63,12 +63,13 @@ def configure_kernels(settings: TrainerConfig, ctx: DistContext) -> None:
         torch.backends.cudnn.benchmark = settings.cudnn_benchmark and not settings.deterministic
 
 
-def log_placement(ctx: DistContext) -> None:
+def log_placement(ctx: DistContext, workers: int) -> None:
     """Where each rank runs, as seed 002 has every rank print it: one line from rank 0, by host."""
     if ctx.world_size == 1:
         return
     hosts: dict[str, list[str]] = {}
-    for rank, (host, device) in enumerate(all_gather_object((socket.gethostname(), str(ctx.device)), ctx)):
+    here = (socket.gethostname(), f"{ctx.device} ({context.placement(workers)})")
+    for rank, (host, device) in enumerate(all_gather_object(here, ctx)):
         hosts.setdefault(host, []).append(f"{rank} {device}")
     log.info("ranks by host: %s", "; ".join(f"{host}: {', '.join(ranks)}" for host, ranks in hosts.items()))
 
@@ -112,7 +113,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     resume = agree_on_resume(settings.resume, job.run_dir, ctx)
     state = checkpointer.restore(resume) if resume else TrainState()
     memory = MemoryProbe(model, optimizer)  # after restore: loading a sharded checkpoint steps the optimizer once
-    log_placement(ctx)
+    log_placement(ctx, getattr(loaders.train, "num_workers", 0))
     log.info(
         "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d%s",
         job.labels["model"], job.labels["dataset"], job.labels["strategy"], ctx.world_size, ctx.device.type,
