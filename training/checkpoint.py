@@ -15,7 +15,7 @@ import torch
 import yaml
 from torch import nn
 
-from distributed.collectives import all_gather_object
+from distributed.collectives import all_gather_object, barrier
 from distributed.context import DistContext
 from distributed.strategies import unwrap
 from errors import ConfigError
@@ -154,9 +154,10 @@ def agree_on_resume(resume: str | None, run_dir: Path, ctx: DistContext) -> Path
 
 
 def confirm_shared(made_by_main: Path, ctx: DistContext) -> None:
-    """After rank 0 made `made_by_main` and the ranks met: every rank sees it, or every rank stops
+    """Once rank 0 has made `made_by_main` (the ranks meet first): every rank sees it, or every rank stops
     in one line (a rank that cannot writes where rank 0 never looks). Read from its directory's
     listing, which a network filesystem revalidates, unlike a cached lookup of the name."""
+    barrier(ctx)
     seen = all_gather_object((socket.gethostname(), _listed(made_by_main)), ctx)
     for rank, (host, listed) in enumerate(seen):
         if not listed:
