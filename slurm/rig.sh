@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Two nodes on this machine, to rehearse a multi-node run (torchrun, srun, sbatch) before a cluster:
-#   slurm/rig.sh up DIR [--node-local] [--slurm]   # needs root; with --slurm prints `export SLURM_CONF=...`
+#   slurm/rig.sh up DIR [--node-local] [--slurm]   # as root; --slurm (installs slurm+munge if missing)
+#                                                 # prints `export SLURM_CONF=...`
 #   slurm/rig.sh on DIR a|b CMD [ARG...]          # run CMD on node a or b, in the current directory
 #   slurm/rig.sh runs DIR shared|node-local       # switch DIR/runs while the rig is up
 #   slurm/rig.sh down DIR                          # stop what `up` started, by its pids and namespaces
@@ -15,8 +16,9 @@
 # DIR/runs is where runs go: shared, both nodes see DIR/shared there (a shared filesystem);
 # node-local (--node-local, or `runs DIR node-local`), node a sees DIR/a/runs and node b DIR/b/runs.
 # --slurm: munged and slurmctld on node a, a slurmd on each node (own NodeName, NodeAddr, spool, log),
-# TaskPlugin=task/affinity, so that srun binds each task to its CPUs. Both nodes have the machine's
-# CPUs; SLURM gives each job's tasks CPUs of their own. Clients run on a node: `rig.sh on DIR a sbatch ...`.
+# TaskPlugin=task/affinity, so that srun binds each task to the CPUs SLURM gave it. Each node offers
+# the CPUs this machine lets the script use: the two nodes' tasks share the cores, each bound as a
+# cluster would bind it. Clients run on a node: `rig.sh on DIR a sbatch ...`.
 set -euo pipefail
 
 usage="usage: rig.sh up DIR [--node-local] [--slurm] | on DIR a|b CMD... | runs DIR shared|node-local | down DIR"
@@ -97,9 +99,16 @@ up() {
   return 0
 }
 
+install() {  # SLURM and munge from Debian's packages, where missing
+  command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v srun >/dev/null \
+    && command -v munged >/dev/null && return
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends \
+    slurmctld slurmd slurm-client munge >&2 || { echo "apt-get could not install slurm" >&2; down; exit 3; }
+}
+
 slurm_up() {
-  command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
-    || { echo "slurm is not installed: run slurm/local_cluster.sh up once (it installs it) or apt-get install slurmctld slurmd slurm-client munge" >&2; down; exit 3; }
+  install
   local s=$dir/slurm cpus
   mkdir -p "$s"/{state,munge,rig-a,rig-b}
   chmod 700 "$s/munge"
@@ -180,11 +189,16 @@ down() {
   done
 }
 
-stop() {  # SIGTERM, then SIGKILL after 5 s
+stop() {  # SIGTERM, then SIGKILL after 1 s: the rig keeps no state worth a slow exit (slurmctld takes ~7 s)
   local pid=$1
   kill "$pid" 2>/dev/null || return 0
-  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  for _ in $(seq 10); do running "$pid" || return 0; sleep 0.1; done
   kill -9 "$pid" 2>/dev/null || true
+}
+
+running() {  # a zombie has ended: whoever adopted the daemons may reap it late
+  local state
+  state=$(sed 's/.*) \(.\).*/\1/' "/proc/$1/stat" 2>/dev/null) && [ "$state" != Z ]
 }
 
 case $cmd in

@@ -439,19 +439,6 @@ def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(tmp_path, ddp_re
 
 
 @pytest.mark.slow
-def test_two_torchrun_agents_rendezvous_as_two_nodes(tmp_path, ddp_reference):
-    rendezvous = ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
-                  f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--rdzv_id=two-nodes"]
-    agents = [_torchrun(tmp_path, rendezvous, "trainer.num_nodes=2") for _ in range(2)]
-    for code, stderr in map(_finish, agents):
-        assert code == 0, stderr
-    run_dir = _one_run_dir(tmp_path)
-    assert run_dir.name == "torchrun-two-nodes"
-    _assert_rank_zero_wrote(run_dir, 2)
-    assert same_weights(run_dir, ddp_reference)
-
-
-@pytest.mark.slow
 def test_torchrun_without_a_run_id_stops_before_any_run_dir(tmp_path):
     """`torchrun --master-port=...` leaves --rdzv-id "none": named by it, every such run would land
     in outputs/torchrun-none. Hydra names the dir before main() runs, so the refusal comes from
