@@ -6,9 +6,12 @@ import gc
 import json
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -425,6 +428,53 @@ def test_a_neighbour_that_takes_the_port_first_does_not_stop_the_job(monkeypatch
     finally:
         for neighbour in neighbours:
             neighbour.close()
+
+
+def test_a_torchrun_worker_gets_sigterm_when_its_agent_dies(tmp_path):
+    """torchrun's agent forwards only --signals-to-handle: SLURM's USR1 or a SIGKILL ends it at once.
+    Its workers must not train on as orphans: each gets SIGTERM, a preemption signal (forked here:
+    an agent, and its worker that asks for the signal as a torchrun rank does)."""
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    agent = os.fork()
+    if agent == 0:
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, lambda *_: (got.write_text("SIGTERM"), os._exit(0)))
+            launching._end_with_agent()
+            ready.touch()
+            time.sleep(30)
+            os._exit(1)
+        time.sleep(60)
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        os.kill(agent, signal.SIGKILL)
+        os.waitpid(agent, 0)
+    deadline = time.monotonic() + 10
+    while not got.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert got.exists() and got.read_text() == "SIGTERM"
+
+
+def test_the_download_group_is_made_only_when_rank_0_has_something_to_fetch(monkeypatch):
+    """Its gloo connections between every pair of ranks are, under NCCL, gloo's only use: where a
+    wrong GLOO_SOCKET_IFNAME would first fail, for a dataset every node already has."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    ctx = context.make_context(0, 0, 1, 1, "cpu", use_process_group=True)
+    made, new_group = [], collectives.dist.new_group
+    monkeypatch.setattr(collectives.dist, "new_group", lambda **kw: made.append(kw) or new_group(**kw))
+    context.init(ctx, timeout_s=10)
+    try:
+        fetched = []
+        assert collectives.on_main_first(lambda: fetched.append(1), ctx, timedelta(seconds=10), needed=lambda: False) is None
+        assert (made, fetched) == ([], [])
+        assert collectives.on_main_first(lambda: "fetched", ctx, timedelta(seconds=10), needed=lambda: True) == "fetched"
+        assert len(made) == 1
+    finally:
+        context.shutdown(ctx, clean=True)
 
 
 @pytest.mark.slow
