@@ -126,9 +126,10 @@ def _assert_one_ddp_run(run_dir: Path) -> None:
 
 
 def test_sbatch_template_on_two_nodes_binds_each_rank_to_the_cpus_it_asked_for(rig):
-    """`sbatch --cpus-per-task=2`: since SLURM 22.05 an srun inside does not inherit it, so the
-    template must pass it on, and a rank must never take more threads or loader workers than the
-    CPUs it is bound to (task/affinity binds them here)."""
+    """`sbatch --cpus-per-task=2`: since SLURM 22.05 an srun inside does not inherit it. Where its
+    step gets only what it asks for (--exact, here SLURM_EXACT=1) each task is bound to one CPU while
+    SLURM_CPUS_PER_TASK still says 2. The template must pass it on, and a rank must never take more
+    threads or loader workers than the CPUs it is bound to (task/affinity binds them here)."""
     runs = rig.runs / "template"
     write_mnist(rig.shared / "mnist")  # images decoded and erased one at a time: in loader workers
     per_image = ["dataset=mnist", f"dataset.root={rig.runs / 'mnist'}", "dataset.download=false",
@@ -136,7 +137,7 @@ def test_sbatch_template_on_two_nodes_binds_each_rank_to_the_cpus_it_asked_for(r
     cmd = ["sbatch", "--parsable", f"--output={runs}.out", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2",
            "--gres=gpu:0", str(ROOT / "slurm" / "train.sbatch"), *TINY, *per_image,
            f"hydra.run.dir='{runs}/${{run_name:${{launcher.name}},clock}}'"]
-    env = {k: v for k, v in rig.env.items() if k != "OMP_NUM_THREADS"}  # the rank's own choice
+    env = {k: v for k, v in rig.env.items() if k != "OMP_NUM_THREADS"} | {"SLURM_EXACT": "1"}  # threads: the rank's choice
     submitted = rig.on("a", cmd, env=env)
     assert submitted.returncode == 0, submitted.stderr
     job, out = submitted.stdout.strip(), rig.shared / "template.out"
