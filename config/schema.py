@@ -109,7 +109,8 @@ class TrainerConfig:
     # without one raises), cuDNN benchmark off; slower. CPU runs here are deterministic already.
     deterministic: bool = False
     nonfinite: NonFinite = NonFinite.stop  # a NaN/inf loss: stop the run, or skip the step
-    resume: Optional[str] = None  # a last.pt/best.pt path, or auto: this run dir's last.pt if there is one
+    # a last.pt/best.pt path, or auto: this run dir's last.pt if there is one (null: auto in a requeued SLURM job)
+    resume: Optional[str] = None
     checkpoint_every_n_steps: Optional[int] = None  # also save last.pt every N steps (mid-epoch)
     # Preemption: these signals make every rank finish its step and save last.pt, then exit;
     # under SLURM the requeue signals also requeue the job (SIGTERM is also scancel's: no requeue).
