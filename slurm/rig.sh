@@ -134,6 +134,8 @@ SlurmdLogFile=$s/%n/slurmd.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/affinity
 SchedulerType=sched/backfill
+# A requeued job is held to its begin time, then started by a scheduler pass: every second, not 30-60.
+SchedulerParameters=bf_interval=1,sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 AccountingStorageType=accounting_storage/none

@@ -91,7 +91,9 @@ def scontrol(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{script.parent}:{os.environ['PATH']}")
     for key in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
         monkeypatch.delenv(key, raising=False)
-    return calls
+    handler = signal.getsignal(signal.SIGTERM)  # a requeue ignores SIGTERM from then on
+    yield calls
+    signal.signal(signal.SIGTERM, handler)
 
 
 def test_a_signal_after_the_last_check_still_stops_the_job_once_it_is_saved(tmp_path):
@@ -114,6 +116,8 @@ def test_sigusr1_under_slurm_requeues_the_job(scontrol, monkeypatch, caplog):
         requeue_or_explain(Preempted(signal.SIGUSR1), [signal.SIGUSR1], "python train.py trainer.resume=auto")
     assert scontrol.read_text() == "requeue 4242\n"
     assert "requeued SLURM job 4242" in caplog.text
+    # The requeue SIGTERMs the job's processes: this one still logs that line and leaves by itself.
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
 
 
 @pytest.mark.parametrize("job, signum, codes", [

@@ -28,14 +28,15 @@ pytestmark = pytest.mark.slow
 
 RIG = ROOT / "slurm" / "rig.sh"
 TINY = ["debug=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2"]  # one rank on each node
-# SlowNet sleeps 0.2 s in every forward: slow enough for a signal to land mid-training however long
-# a job takes to start. 16 steps an epoch, a checkpoint every 2: the first says training is under way.
-SLOW = ["trainer.accelerator=cpu", "trainer.epochs=2", "trainer.limit_train_batches=16", "trainer.limit_val_batches=2",
-        "trainer.checkpoint_every_n_steps=2", "trainer.progress_bar=false", "strategy=ddp"]
-ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 # The requeue loop's length: the suite runs 2; `RIG_REQUEUES=10 pytest tests/test_slurm.py -k requeue`
 # is the rehearsal BENCHMARKS.md records.
 REQUEUES = int(os.environ.get("RIG_REQUEUES", "2"))
+# SlowNet sleeps 0.2 s in every forward: slow enough for a signal to land mid-training however long
+# a job takes to start. 16 steps an epoch, a checkpoint every 2: the first says training is under way.
+# Each requeued run trains a few steps (an epoch at most) before the next signal lands.
+SLOW = ["trainer.accelerator=cpu", f"trainer.epochs={max(3, REQUEUES + 2)}", "trainer.limit_train_batches=16",
+        "trainer.limit_val_batches=2", "trainer.checkpoint_every_n_steps=2", "trainer.progress_bar=false", "strategy=ddp"]
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
 @dataclass
@@ -269,7 +270,8 @@ def test_sigusr1_requeues_a_two_node_job_each_time_and_it_resumes_exactly(rig, s
     runs, out = rig.runs / "requeue", rig.shared / "requeue.out"
     submit = ["sbatch", "--parsable", f"--output={rig.runs}/requeue.out", "--nodes=2", "--ntasks-per-node=1",
               "--cpus-per-task=2", "--gres=gpu:0", str(ROOT / "slurm" / "train.sbatch"), *SLOW, *TINY[1:],
-              "model._target_=tests.faults.SlowNet", f"hydra.run.dir='{runs}/${{run_name:${{launcher.name}},clock}}'"]
+              "model._target_=tests.faults.SlowNet", "trainer.preempt_grace_s=1",  # a stop within ~2 steps
+              f"hydra.run.dir='{runs}/${{run_name:${{launcher.name}},clock}}'"]
     submitted = rig.on("a", submit)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]

@@ -95,6 +95,8 @@ def requeue_or_explain(preempted: Preempted, requeue_on: list[signal.Signals], r
         return
     job = _slurm_job_id()
     if job and preempted.signum in requeue_on:
+        # The requeue ends the job's processes with SIGTERM, this one too: it leaves by itself, once it has said so.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
             if result.returncode == 0:
