@@ -80,6 +80,10 @@ up() {
       *) echo "$usage" >&2; exit 2 ;;
     esac
   done
+  if ip netns pids "$ns-a" >/dev/null 2>&1; then
+    echo "a rig is up in $dir already: slurm/rig.sh down $dir first" >&2
+    exit 1
+  fi
   mkdir -p "$dir"/{runs,shared} "$dir"/{a,b}/{tmp,runs}
   echo "$mode" > "$dir/runs.mode"
   ip netns add "$ns-a"
