@@ -57,7 +57,7 @@ def epoch_rate(loaders, epoch: int, device: torch.device, step=None) -> float:
 
 
 def measure(composed, ctx, epochs: int) -> dict[str, float]:
-    from config.check import factory, typed
+    from preflight import factory, typed
     from data import build_loaders
 
     cfg = typed(composed)

@@ -4,14 +4,15 @@ Registered in Hydra's ConfigStore (config.setup), so a typo'd key or a wrong typ
 composition; converted once with OmegaConf.to_object, so everything below train.py receives these
 types and never a DictConfig. Closed choices are Enums matched by name (OmegaConf 2.3 rejects
 Literal and matches Enums by member name); trainer.precision stays a string, because its
-names ("32", "bf16-mixed") are not identifiers, and config.check validates it.
+names ("32", "bf16-mixed") are not identifiers, and the pre-flight (preflight.py) validates it.
 """
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 MISSING = "???"  # OmegaConf's mark for a value the YAML must give (its own MISSING, without importing it)
 
@@ -182,11 +183,11 @@ class AugmentConfig:  # training only
 
 @dataclass
 class DatasetConfig:
-    name: str = MISSING  # digits | synthetic | mnist | cifar10 | imagefolder (conf/dataset/)
+    name: str = MISSING  # conf/dataset/<name>.yaml's; data/__init__.py's DATASETS names what serves it
     channels: int = MISSING
     image_size: int = MISSING  # what the model is built for; ImageNet-style: train_crop's and val_crop's default
-    num_classes: Optional[int] = None  # None: imagefolder counts its class folders
-    root: Optional[str] = None  # where the files live (mnist, cifar10: ${paths.data_dir})
+    num_classes: Optional[int] = None  # None: the dataset counts them, if it can (imagefolder: its class folders)
+    root: Optional[str] = None  # where the files live (datasets with files to fetch: ${paths.data_dir})
     download: bool = True  # rank 0 fetches missing files; false on nodes without internet
     resize: Optional[int] = None  # set: ImageNet-style RandomResizedCrop / Resize + CenterCrop (val_resize's default)
     # ImageNet-style sizes (torchvision's recipe trains at 176 and validates 232 -> 224):
@@ -221,7 +222,7 @@ class LoggerConfig:
 @dataclass
 class OptimConfig:
     """optimizer.* keys for the trainer, beside the `_target_`'s own arguments (lr, momentum, ...);
-    config.check takes them out before the optimizer is built."""
+    the pre-flight (preflight.py) takes them out before the optimizer is built."""
 
     lr_scaling: LrScaling = LrScaling.none
     reference_batch: int = 256  # lr_scaling=linear: the batch optimizer.lr was tuned for
@@ -238,7 +239,7 @@ class ScheduleConfig:
 
 def defaults_of(cls: type) -> Callable[[], Dict[str, Any]]:
     """An untyped `_target_` node that starts with `cls`'s keys, so `optimizer.lr_scaling=linear`
-    overrides like any key; config.check types them (an Any node cannot hold a typed part)."""
+    overrides like any key; the pre-flight types them (an Any node cannot hold a typed part)."""
     return lambda: {f.name: f.default for f in fields(cls)}
 
 
@@ -251,7 +252,7 @@ class Config:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    # `_target_` nodes: config.check turns them into factories (Hydra partials) for the workers.
+    # `_target_` nodes: the pre-flight turns them into factories (Hydra partials) for the workers.
     model: Any = None
     optimizer: Any = field(default_factory=defaults_of(OptimConfig))
     scheduler: Any = field(default_factory=defaults_of(ScheduleConfig))
@@ -279,3 +280,5 @@ class RunConfig:
     hparams: Dict[str, Any]  # the run's main options (TensorBoard's HParams tab)
     swept: Dict[str, Any]  # its command-line overrides, {key: value}: the HParams tab lists them first
     config_yaml: str  # the composed config, saved in every checkpoint
+    preempt_signals: Tuple[signal.Signals, ...]  # trainer.preempt_signals, parsed once before launch
+    requeue_signals: Tuple[signal.Signals, ...] = ()  # trainer.requeue_signals, parsed with them

@@ -5,8 +5,8 @@ import importlib
 import multiprocessing
 import os
 from dataclasses import dataclass
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Union, runtime_checkable
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, get_worker_info
@@ -18,30 +18,92 @@ from distributed.context import DistContext, cpus_per_rank, epoch_seed
 from errors import ConfigError
 
 if TYPE_CHECKING:
+    from data.arrays import ImageArrays
     from data.tensor_loader import TensorLoader
 
-# dataset name -> module with `arrays(cfg) -> (train, val)` ImageArrays where the split fits in
-# memory (cut into batches by a TensorLoader), and `load(cfg) -> (train, val)` datasets for
-# per-sample DataLoaders where it must decode files or transform one image at a time; file-based
-# ones add `files(root)`, `download(root)`, `read(root)`. Imported on use to keep start-up lean.
-_MODULES = {
+# dataset.name -> what serves it: a module ("data.cifar10"), or an object in one ("data.fashion_mnist:
+# FASHION_MNIST"), imported on use to keep start-up lean. The one list of datasets: every message, the
+# download command's usage and the tests derive theirs from it; conf/dataset/<name>.yaml picks one.
+DATASETS = {
     "digits": "data.digits",
     "synthetic": "data.synthetic",
-    "mnist": "data.mnist",
+    "mnist": "data.mnist:MNIST",
+    "fashion_mnist": "data.fashion_mnist:FASHION_MNIST",
+    "kmnist": "data.kmnist:KMNIST",
     "cifar10": "data.cifar10",
     "imagefolder": "data.imagefolder",
 }
 
-def dataset_module(name: str) -> ModuleType:
-    if name not in _MODULES:
-        raise ConfigError(f"dataset.name={name}: choose one of {', '.join(_MODULES)}")
-    return importlib.import_module(_MODULES[name])
+
+@runtime_checkable
+class InMemory(Protocol):
+    """Whole splits that fit in memory: a TensorLoader cuts them into batches and augments a batch at a
+    time, on the CPU or, with data.loader=device, on the training device."""
+
+    def arrays(self, cfg: DatasetConfig) -> tuple[ImageArrays, ImageArrays]: ...  # (train, val)
+
+
+@runtime_checkable
+class PerSample(Protocol):
+    """Datasets of (image tensor, label) for DataLoader workers: files decoded, or images transformed
+    (dataset.auto_augment, resize, random_erase), one at a time."""
+
+    def load(self, cfg: DatasetConfig) -> tuple[Dataset, Dataset]: ...  # (train, val)
+
+
+@runtime_checkable
+class OnDisk(Protocol):
+    """Files under dataset.root in torchvision's layout, which rank 0 fetches in a run (or
+    `python download.py` ahead of one) and data.check reads whole before launch."""
+
+    def files(self, root: Path) -> list[Path]: ...  # every file, as it lies under root
+    def download(self, root: Path) -> None: ...  # torchvision's download code
+    def read(self, root: Path) -> tuple[ImageArrays, ImageArrays]: ...  # malformed: a one-line ConfigError
+
+
+DatasetModule = Union[InMemory, PerSample]
+"""What serves one dataset: a module of data/, or an object, named in DATASETS.
+
+Required, one or both: `arrays(cfg)` (InMemory), `load(cfg)` (PerSample); with files to fetch, also
+`files`, `download` and `read` (OnDisk). Optional:
+- IMAGE_SIZE: int, the stored images' side (data.check holds dataset.image_size to it);
+- PER_IMAGE_TRANSFORMS: bool, whether `load` takes the per-image options (auto_augment, resize, ...);
+- check(cfg): its own checks before launch, as one-line ConfigErrors;
+- count_classes(cfg) -> int: what dataset.num_classes=null counts.
+Every function takes the typed DatasetConfig (config.schema) or dataset.root; docs/EXTENDING.md has the recipe.
+"""
+
+
+def dataset_module(name: str) -> DatasetModule:
+    if name not in DATASETS:
+        raise ConfigError(
+            f"dataset.name={name}: no module serves it; register one in data/__init__.py's DATASETS "
+            f"(\"{name}\": \"data.{name}\"), beside {', '.join(sorted(DATASETS))}"
+        )
+    where, _, attribute = DATASETS[name].partition(":")
+    module = importlib.import_module(where)
+    served = getattr(module, attribute) if attribute else module
+    if not isinstance(served, (InMemory, PerSample)):
+        raise ConfigError(
+            f"{DATASETS[name]} serves dataset={name} but has neither arrays(cfg) nor load(cfg); "
+            "give it one (data.DatasetModule)"
+        )
+    return served
+
+
+def serving(kind: type) -> list[str]:
+    """The datasets whose module is `kind` (InMemory, PerSample, OnDisk), for the lists messages give."""
+    return sorted(name for name in DATASETS if isinstance(dataset_module(name), kind))
+
+
+def _per_image(module: DatasetModule) -> bool:
+    return getattr(module, "PER_IMAGE_TRANSFORMS", False)
 
 
 def num_classes(dataset: DatasetConfig) -> int:
     """dataset.num_classes=null: what the dataset holds (an image folder counts its class folders)."""
     module = dataset_module(dataset.name)
-    if not hasattr(module, "count_classes"):
+    if not hasattr(module, "count_classes"):  # optional (DatasetModule)
         raise ConfigError(f"dataset.num_classes=null: dataset={dataset.name} cannot count its classes; give the number")
     return module.count_classes(dataset)
 
@@ -57,7 +119,7 @@ def check(dataset: DatasetConfig, data: DataConfig) -> None:
             f"data.num_workers={data.num_workers}: use 0 (load in the training process), a number of worker "
             "processes, or null (this task's CPUs shared among its ranks)"
         )
-    if data.loader == Loader.device and not hasattr(module, "arrays"):
+    if data.loader == Loader.device and not isinstance(module, InMemory):
         raise ConfigError(
             f"data.loader=device holds the dataset in device memory, which dataset={dataset.name} does not "
             "suit; use data.loader=dataloader"
@@ -70,10 +132,11 @@ def check(dataset: DatasetConfig, data: DataConfig) -> None:
                 f"data.loader=device transforms whole batches at the stored size, but dataset.{key}={value} is a "
                 f"per-image transform of the DataLoader path; use data.loader=dataloader, or {off}"
             )
-        if not getattr(module, "PER_IMAGE_TRANSFORMS", False):
+        if not _per_image(module):
+            others = ", ".join(name for name in serving(PerSample) if _per_image(dataset_module(name)))
             raise ConfigError(
                 f"dataset.{key}={value} transforms each image, but dataset={dataset.name} serves ready tensors; "
-                f"use dataset=mnist, cifar10 or imagefolder, or {off}"
+                f"use a dataset that takes it ({others}), or {off}"
             )
     if resizing and (dataset.val_resize or dataset.resize) is None:
         key = next(iter(resizing))
@@ -83,14 +146,14 @@ def check(dataset: DatasetConfig, data: DataConfig) -> None:
         )
     stored = getattr(module, "IMAGE_SIZE", None)
     if stored is not None and not resizing and dataset.image_size != stored:  # the model is built for image_size
-        resize = ", or dataset.resize=<px> to resize them" if getattr(module, "PER_IMAGE_TRANSFORMS", False) else ""
+        resize = ", or dataset.resize=<px> to resize them" if _per_image(module) else ""
         raise ConfigError(
             f"dataset.image_size={dataset.image_size}: the {dataset.name} images are {stored}x{stored} and nothing "
             f"resizes them; set dataset.image_size={stored}{resize}"
         )
-    if hasattr(module, "check"):
+    if hasattr(module, "check"):  # optional (DatasetModule)
         module.check(dataset)
-    if hasattr(module, "files"):
+    if isinstance(module, OnDisk):
         download.require(module, dataset)
         if not download.missing(module, dataset):
             module.read(download.dataset_root(dataset))  # a malformed file fails here, in one line
@@ -108,11 +171,11 @@ class Loaders:
         return any(isinstance(loader, DataLoader) and loader.num_workers > 0 for loader in (self.train, self.val))
 
 
-def batched(module: ModuleType, dataset: DatasetConfig) -> bool:
+def batched(module: DatasetModule, dataset: DatasetConfig) -> bool:
     """In memory, with augmentations that run on a whole batch: no per-sample work at all."""
     from data.transforms import per_image_options, resize_options
 
-    return hasattr(module, "arrays") and not resize_options(dataset) and not per_image_options(dataset)
+    return isinstance(module, InMemory) and not resize_options(dataset) and not per_image_options(dataset)
 
 
 def build_loaders(
@@ -152,7 +215,7 @@ def build_loaders(
 
 
 def _tensor_loaders(
-    module: ModuleType, dataset: DatasetConfig, data: DataConfig, ctx: DistContext, batches: tuple[int, int],
+    module: InMemory, dataset: DatasetConfig, data: DataConfig, ctx: DistContext, batches: tuple[int, int],
     seed: int, shuffle: bool, drop_last: bool, held_on: torch.device,
 ) -> Loaders:
     from data.tensor_loader import TensorLoader

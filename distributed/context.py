@@ -52,7 +52,7 @@ def make_context(
     """One process per device: CUDA rank r drives GPU `local_rank`; CPU ranks share the host.
 
     Clusters that bind each task to its own GPU (srun --gpus-per-task=1, --gpu-bind) show every
-    rank one device, cuda:0: `local_rank % visible` finds it (config.check refuses other splits).
+    rank one device, cuda:0: `local_rank % visible` finds it (launch.plan_launch refuses other splits).
     """
     if accelerator != "gpu":
         device = torch.device("cpu")

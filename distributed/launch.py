@@ -43,6 +43,7 @@ class LaunchPlan:
     master_port: int | None  # None: pick a free one (spawn) / torchrun's
     env_rank: EnvRank | None = None  # torchrun/slurm: this process is this one rank
     forward_signals: tuple[signal.Signals, ...] = ()  # passed on to spawned ranks (preemption)
+    requeue_signals: tuple[signal.Signals, ...] = ()  # a SLURM job preempted by one of these is requeued
     start_method: str = "spawn"  # "spawn" | "forkserver" | "fork": how the ranks started here begin
     # A GPU job of a Hydra multirun started here (not a torchrun/SLURM rank): even one process runs
     # in a child. A CUDA context costs memory on every GPU it touched and is released only when its

@@ -2,7 +2,8 @@
 a plain nn.Module and unwraps it again, how a micro-batch skips the gradient all-reduce, and
 whether its checkpoints are sharded.
 
-Chosen once, by `get`; nothing else compares strategy names.
+Chosen once, by `get`; past it only launch._check_gpus's CPU-rehearsal hint (dp rehearses as ddp)
+reads a strategy's name.
 """
 from __future__ import annotations
 

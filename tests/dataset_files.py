@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from data import cifar10, mnist
+from data import cifar10
+from data.idx import TRAIN, VAL, IdxDataset, idx_bytes
+from data.mnist import MNIST
 
 
 def class_images(labels: np.ndarray, channels: int, size: int, seed: int) -> np.ndarray:
@@ -38,16 +40,19 @@ def write_cifar(root: Path, per_batch: int = 40, val: int = 100) -> dict[str, np
     return written
 
 
-def write_mnist(root: Path, train: int = 200, val: int = 100, gz: bool = False) -> dict[str, np.ndarray]:
-    """root/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]; returns what was written."""
-    folder = root / mnist.FOLDER
+def write_idx(
+    root: Path, train: int = 200, val: int = 100, gz: bool = False, dataset: IdxDataset = MNIST
+) -> dict[str, np.ndarray]:
+    """`dataset`'s IDX files as torchvision lays them out, root/<its folder>/raw/{train,t10k}-{images-idx3,
+    labels-idx1}-ubyte[.gz] (MNIST's unless told); returns what was written."""
+    folder = dataset.folder(root)
     folder.mkdir(parents=True, exist_ok=True)
     written = {}
-    for (images_name, labels_name), n, seed in ((mnist.TRAIN, train, 0), (mnist.VAL, val, 1)):
+    for (images_name, labels_name), n, seed in ((TRAIN, train, 0), (VAL, val, 1)):
         labels = labels_for(n, seed)
         images = class_images(labels, 1, 28, seed)[:, 0]
         for name, array in ((images_name, images), (labels_name, labels.astype(np.uint8))):
-            data = mnist.idx_bytes(array)
+            data = idx_bytes(array)
             (folder / (name + ".gz" if gz else name)).write_bytes(gzip.compress(data) if gz else data)
             written[name] = array
     return written

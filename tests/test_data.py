@@ -7,9 +7,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import yaml
 
 import data
-from data import EpochSeeded, build_loaders
+from config.setup import CONF_DIR
+from data import DATASETS, EpochSeeded, build_loaders, dataset_module
 from distributed.context import make_context
 from errors import ConfigError
 from tests.configs import typed_config
@@ -123,3 +125,28 @@ class _RandomItems(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> torch.Tensor:
         return torch.rand(())
+
+
+def test_every_dataset_config_is_served_by_a_registered_module_and_every_module_has_a_config():
+    names = {path.stem: yaml.safe_load(path.read_text())["name"] for path in (CONF_DIR / "dataset").glob("*.yaml")}
+    assert all(stem == name for stem, name in names.items())  # dataset=<file> is dataset.name=<file>
+    assert set(names) == set(DATASETS)
+    for name in DATASETS:
+        dataset_module(name)  # imports, and serves arrays(cfg) or load(cfg)
+
+
+def test_a_dataset_no_module_serves_is_one_line_saying_where_to_register(defaults):
+    with pytest.raises(ConfigError) as error:
+        data.check(replace(defaults.dataset, name="fashion"), defaults.data)
+    assert str(error.value).startswith(
+        'dataset.name=fashion: no module serves it; register one in data/__init__.py\'s DATASETS ("fashion": '
+        '"data.fashion"), beside cifar10, digits, ')
+    assert "\n" not in str(error.value)
+
+
+def test_per_image_options_on_ready_tensors_name_the_datasets_that_take_them(defaults):
+    with pytest.raises(ConfigError) as error:
+        data.check(replace(defaults.dataset, random_erase=0.5), defaults.data)
+    takes = [name for name in DATASETS if getattr(dataset_module(name), "PER_IMAGE_TRANSFORMS", False)]
+    assert f"use a dataset that takes it ({', '.join(sorted(takes))}), or dataset.random_erase=0" in str(error.value)
+    assert {"mnist", "fashion_mnist", "kmnist", "cifar10", "imagefolder"} <= set(takes)

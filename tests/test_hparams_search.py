@@ -343,6 +343,15 @@ def test_train_py_returns_the_metric_optimized_metric_names_to_the_sweeper(tmp_p
     (trial,) = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}").get_trials()
     metrics = yaml.safe_load((sweep / trial.user_attrs["job"] / "metrics.json").read_text())
     assert trial.value == metrics["val_loss"] != metrics["best_val_acc"]
+    # The job's dir names its sampled floats to 4 significant digits; its .hydra/ keeps them whole.
+    lr, decay, batch = (trial.params[k] for k in ("optimizer.lr", "optimizer.weight_decay", "trainer.batch_size"))
+    assert trial.user_attrs["job"] == f"0_optimizer.lr-{lr:.4g}+optimizer.weight_decay-{decay:.4g}+trainer.batch_size-{batch}"
+    overrides = yaml.safe_load((sweep / trial.user_attrs["job"] / ".hydra" / "overrides.yaml").read_text())
+    assert f"optimizer.lr={lr!r}" in overrides and f"optimizer.weight_decay={decay!r}" in overrides
+    # Where it wrote, and the report command, as a -m sweep says them (config/callbacks.py).
+    report_command = f"python -m bench.report {sweep}"
+    assert f"[HYDRA] Sweep dir: {sweep} (a dir per job); once it ends, compare them: {report_command}\n" in done.stdout
+    assert done.stdout.endswith(f"[HYDRA] Sweep done, in {sweep}; compare its jobs: {report_command}\n")
 
 
 def test_a_trials_value_goes_back_to_hydra_as_that_value():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from config.check import check
+from preflight import check_and_plan
 from config.setup import ROOT
 from distributed import collectives, context, environment, launch as launching, strategies
 from distributed.launch import launch, plan_launch
@@ -283,7 +283,7 @@ def test_a_gpu_sweep_job_runs_even_one_process_in_a_child(monkeypatch, strategy)
                 ("cpu", True): ([], ["cpu"]), ("cpu", False): ([], ["cpu"])}
     for (accelerator, multirun), where in expected.items():
         cfg = typed_config(f"strategy={strategy}", f"trainer.accelerator={accelerator}")
-        launch(check(cfg, multirun=multirun), lambda ctx: in_process.append(ctx.device.type))
+        launch(check_and_plan(cfg, multirun=multirun), lambda ctx: in_process.append(ctx.device.type))
         assert (spawned, in_process) == where, (accelerator, multirun)
         spawned.clear()
         in_process.clear()
@@ -378,7 +378,7 @@ def test_train_py_imports_without_a_full_collection_and_leaves_its_imports_froze
 @pytest.mark.parametrize("strategy, rehearsal", [("fsdp", "trainer.devices=2"), ("dp", "trainer.devices=2 strategy=ddp")])
 def test_too_few_gpus_names_a_cpu_rehearsal_of_the_same_strategy(strategy, rehearsal):
     with pytest.raises(ConfigError) as error:
-        check(typed_config("trainer.gpus=2", f"strategy={strategy}"))
+        check_and_plan(typed_config("trainer.gpus=2", f"strategy={strategy}"))
     assert str(error.value).endswith(f"rehearse on CPU with trainer.accelerator=cpu {rehearsal} in place of trainer.gpus")
 
 
@@ -537,7 +537,7 @@ def test_the_start_method_and_port_reach_the_ranks(monkeypatch, start_method):
     monkeypatch.setattr(launching.mp, "set_forkserver_preload", lambda modules: None)  # this process's server
     cfg = typed_config("debug=ddp_cpu", "strategy=ddp", f"launcher.start_method={start_method}",
                        f"launcher.master_port={port}")
-    launch(check(cfg), print)
+    launch(check_and_plan(cfg), print)
     assert started == [(start_method, str(port))]
 
 
@@ -555,7 +555,7 @@ def test_fork_cannot_start_gpu_ranks(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     cfg = typed_config("strategy=ddp", "trainer.gpus=2", "launcher.start_method=fork")
     with pytest.raises(ConfigError, match=r"^launcher.start_method=fork cannot start GPU ranks: .*forkserver"):
-        check(cfg)
+        check_and_plan(cfg)
 
 
 # Imports what the forkserver preloads, train.py as the server does (__mp_main__), with every way into
@@ -599,6 +599,6 @@ def test_each_launch_hands_its_forkserver_ranks_its_own_environment(monkeypatch,
     cfg = typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.start_method=forkserver")
     for job in ("first", "second"):
         (tmp_path / job).mkdir()
-        launch(check(cfg), _record_master_port, str(tmp_path / job))
+        launch(check_and_plan(cfg), _record_master_port, str(tmp_path / job))
         ports = [(tmp_path / job / f"rank{r}").read_text() for r in range(2)]
         assert ports[0] == ports[1] != "", ports  # the launch's store, not the server's empty MASTER_PORT

@@ -9,7 +9,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
-from config.check import swept_overrides
+from config.overrides import swept_overrides
 from config.schema import LoggerConfig
 from distributed.context import DistContext
 from training.reporting import HPARAM_METRICS, Reporter, SampleGrid, image_summary, masked_crc32c

@@ -21,7 +21,7 @@ from typing import Callable
 import pytest
 
 from config.setup import ROOT
-from tests.dataset_files import write_mnist
+from tests.dataset_files import write_idx
 from tests.runs import run_train, same_weights
 
 pytestmark = pytest.mark.slow
@@ -132,7 +132,7 @@ def test_sbatch_template_on_two_nodes_binds_each_rank_to_the_cpus_it_asked_for(r
     SLURM_CPUS_PER_TASK still says 2. The template must pass it on, and a rank must never take more
     threads or loader workers than the CPUs it is bound to (task/affinity binds them here)."""
     runs = rig.runs / "template"
-    write_mnist(rig.shared / "mnist")  # images decoded and erased one at a time: in loader workers
+    write_idx(rig.shared / "mnist")  # images decoded and erased one at a time: in loader workers
     per_image = ["dataset=mnist", f"dataset.root={rig.runs / 'mnist'}", "dataset.download=false",
                  "dataset.random_erase=0.1", "data.num_workers=null"]
     cmd = ["sbatch", "--parsable", f"--output={runs}.out", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2",

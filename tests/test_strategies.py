@@ -23,7 +23,7 @@ from torch.optim.swa_utils import AveragedModel
 from data import build_loaders
 from distributed import context, sharded_state
 from distributed.context import DistContext
-from config.check import check
+from preflight import check_and_plan
 from distributed.launch import launch
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from models.simple_cnn import SimpleCNN
@@ -86,7 +86,7 @@ def _run_all(runs: dict[str, tuple], base: tuple, out: Path, check_sync_bn: bool
     # The ranks fork from this worker's train server (tests/train_server.py): nothing left to import.
     train_server.ensure_running()
     base = (*base, "launcher.start_method=forkserver")
-    plans = {name: check(typed_config(*base, *overrides)) for name, overrides in runs.items()}
+    plans = {name: check_and_plan(typed_config(*base, *overrides)) for name, overrides in runs.items()}
     by_processes: dict[int, list] = {}
     for name, overrides in runs.items():
         job = job_config(out / name, *base, *overrides)

@@ -17,7 +17,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from config.check import check
+from preflight import check_and_plan
 from config.schema import LoggerConfig, NonFinite, StrategyConfig, StrategyName, TrainerConfig
 from data import Loaders
 from distributed import strategies
@@ -143,14 +143,14 @@ def test_the_progress_bar_draws_on_a_terminal_only_and_lines_are_logged_elsewher
 
 def test_fp16_on_cpu_and_multi_device_dp_on_cpu_are_config_errors():
     with pytest.raises(ConfigError, match="trainer.precision=16-mixed needs CUDA.*bf16-mixed"):
-        check(typed_config("trainer.accelerator=cpu", "trainer.precision=16-mixed"))
+        check_and_plan(typed_config("trainer.accelerator=cpu", "trainer.precision=16-mixed"))
     with pytest.raises(ConfigError, match="strategy=dp with trainer.devices=2.*strategy=ddp"):
-        check(typed_config("strategy=dp", "trainer.accelerator=cpu", "trainer.devices=2"))
+        check_and_plan(typed_config("strategy=dp", "trainer.accelerator=cpu", "trainer.devices=2"))
     with pytest.raises(ConfigError, match="trainer.accumulate_grad_batches=0"):
-        check(typed_config("trainer.accumulate_grad_batches=0"))
+        check_and_plan(typed_config("trainer.accumulate_grad_batches=0"))
     with pytest.raises(ConfigError, match="trainer.precision=64"):
-        check(typed_config("trainer.precision=64"))
-    plan = check(typed_config("strategy=dp", "trainer.accelerator=cpu"))
+        check_and_plan(typed_config("trainer.precision=64"))
+    plan = check_and_plan(typed_config("strategy=dp", "trainer.accelerator=cpu"))
     assert (plan.processes_per_node, plan.process_group) == (1, False)
 
 

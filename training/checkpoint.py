@@ -7,14 +7,15 @@ import re
 import shutil
 import socket
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import yaml
 from torch import nn
 
+from config.schema import ScheduleConfig, TrainerConfig
 from distributed.collectives import all_gather_object, barrier
 from distributed.context import DistContext
 from distributed.strategies import unwrap
@@ -81,11 +82,11 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def check_resumable(checkpoint: Any, model: nn.Module, path: Path) -> None:
-    """A train.py checkpoint of this very model; name the first tensor that differs, not all."""
+    """A train.py checkpoint of this very (unwrapped) model; name the first tensor that differs, not all."""
     missing = [key for key in _REQUIRED if not isinstance(checkpoint, dict) or key not in checkpoint]
     if missing:
         raise ConfigError(f"trainer.resume={path}: not a train.py checkpoint (no {', '.join(missing)}); {_FIX}")
-    saved, expected = checkpoint["model"], unwrap(model).state_dict()
+    saved, expected = checkpoint["model"], model.state_dict()
     trained_with = _model_target(checkpoint)
     fix = f"resume with the model it was trained with ({trained_with or 'see its config'})"
     for name, tensor in expected.items():
@@ -130,6 +131,78 @@ def find_resume(resume: str | None, run_dir: Path, env: Mapping[str, str] = os.e
         last = run_dir / "checkpoints" / "last.pt"
         return last if last.exists() else None
     return Path(resume)
+
+
+def _check_schedule(resume: str | None, trained: Mapping[str, Any] | None, scheduler: Mapping[str, Any]) -> None:
+    """The schedule a resume asks for is the one it trained with: loading the scheduler's state puts
+    back the saved T_max, step_size, ..., so a run resumed with `trainer.epochs` raised would train
+    its extra epochs on a cosine already at lr 0; a warmup of another length would change course
+    mid-run."""
+    if trained is None or not isinstance(trained.get("scheduler"), dict):  # a checkpoint that does not say
+        return
+    before = trained["scheduler"]
+    ours = [f.name for f in fields(ScheduleConfig)]  # the warmup, before what it changes (T_max)
+    keys = sorted({*before, *scheduler}, key=lambda k: (k != "_target_", k not in ours, k))
+    key = next((k for k in keys if before.get(k) != scheduler.get(k)), None)
+    if key is None:
+        return
+    epochs = (trained.get("trainer") or {}).get("epochs")
+    fix = (f"resume with trainer.epochs={epochs}, which T_max follows," if key == "T_max" and epochs is not None
+           else "resume with the scheduler it trained with")
+    raise ConfigError(
+        f"trainer.resume={resume} trained with scheduler.{key}={before.get(key, 'none')}, and this run asks for "
+        f"{scheduler.get(key, 'none')}: a resume continues the saved schedule; {fix} or train afresh in a new run dir"
+    )
+
+
+def check_resume(
+    trainer: TrainerConfig, run_dir: Path | None, *, model: Callable[[], nn.Module], scheduler: Mapping[str, Any],
+    warmup_epochs: int, weights: str | None,
+) -> None:
+    """Refuse a checkpoint that cannot continue this run, and never overwrite a run's last.pt. `model`
+    builds the run's model (called only to compare a checkpoint with it); `scheduler`: the scheduler
+    node as configured; `weights`: model.weights."""
+    resume, test_only = trainer.resume, trainer.test_only
+    path = find_resume(resume, run_dir) if run_dir is not None or resume != "auto" else None
+    if path is not None:
+        if not path.exists():
+            raise ConfigError(f"trainer.resume={resume}: no such file; give an existing checkpoint path")
+        if path.is_dir():  # strategy=fsdp's sharded last.pt, checked from its metadata and train state
+            if test_only:  # training.evaluation reads one whole file; strategy=fsdp writes best.pt as one
+                best = path.parent / "best.pt"
+                best = best if best.is_file() else "<that run>/checkpoints/best.pt"
+                raise ConfigError(
+                    f"trainer.test_only=true evaluates a whole-file checkpoint, but trainer.resume={resume} is "
+                    f"strategy=fsdp's sharded last.pt (a directory); give trainer.resume={best}, the best epoch's "
+                    "weights in one file"
+                )
+            from distributed import sharded_state  # late: slow to import (BENCHMARKS.md: Start-up)
+
+            checkpoint = sharded_state.describe(path)
+        else:
+            checkpoint = load_checkpoint(path)
+        check_resumable(checkpoint, model(), path)
+        warmed = isinstance(checkpoint["scheduler"], dict) and "last_step" in checkpoint["scheduler"]  # a Warmup's
+        if not test_only and warmed != bool(warmup_epochs):
+            raise ConfigError(
+                f"trainer.resume={resume} trained {'with' if warmed else 'without'} a warmup and cannot continue "
+                f"{'without' if warmed else 'with'} one; resume with the scheduler.warmup_epochs it trained with"
+            )
+        if not test_only:
+            _check_schedule(resume, trained_config(checkpoint), scheduler)
+    elif test_only and weights is None:
+        raise ConfigError(
+            f"trainer.test_only=true evaluates trained weights, but trainer.resume={resume} names no checkpoint; "
+            "give trainer.resume=<checkpoint> or model.weights=<file>"
+        )
+    if test_only:
+        return  # writes no checkpoint: a run dir's last.pt is safe
+    last = run_dir / "checkpoints" / "last.pt" if run_dir is not None else None
+    if last is not None and last.exists() and (path is None or path.resolve() != last.resolve()):
+        raise ConfigError(
+            f"hydra.run.dir={run_dir} already holds checkpoints/last.pt; continue it with trainer.resume=auto "
+            "or train in another hydra.run.dir"
+        )
 
 
 NOT_SHARED = "the run dir is not shared between nodes"

@@ -24,7 +24,7 @@ from training.metrics import reset_peak_memory
 from training.mixing import Mixing
 from training.optim import check_arguments, parameter_groups
 from training.precision import Precision
-from training.preemption import PreemptionWatch, parse_signals
+from training.preemption import PreemptionWatch
 from training.reporting import Reporter, configure_logging
 from training.schedule import with_warmup
 from training.sharded_checkpoint import ShardedCheckpointer
@@ -79,10 +79,8 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     start = time.perf_counter()
     settings = job.trainer
     reset_peak_memory(ctx)
-    signals = parse_signals(settings.preempt_signals, "trainer.preempt_signals")
     # From here on a preemption signal is noted, not fatal: the loop stops at an agreed step.
-    requeue = parse_signals(settings.requeue_signals, "trainer.requeue_signals")
-    preemption = PreemptionWatch(ctx, signals, settings.preempt_grace_s, requeue)
+    preemption = PreemptionWatch(ctx, list(job.preempt_signals), settings.preempt_grace_s, list(job.requeue_signals))
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     loaders = build_loaders(
         job.dataset, job.data, ctx, settings.batch_size, settings.seed,
