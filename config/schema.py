@@ -128,6 +128,9 @@ class TrainerConfig:
     ema_decay: Optional[float] = None  # EMA of weights and buffers, evaluated beside the model; None: off
     ema_every_n_steps: int = 1  # update the EMA every N optimizer steps (the decay is adjusted for N)
     test_only: bool = False  # evaluate trainer.resume's (or model.weights') weights on the validation set; no training
+    # torch.profiler over N optimizer steps after a warm-up (training.profiling): <run dir>/profile/trace.json
+    # for Perfetto or chrome://tracing, the top operators in the log; on CUDA, kernels and memory too.
+    profile: Optional[int] = None
 
     @property
     def devices_per_node(self) -> int:
@@ -213,9 +216,37 @@ class PathsConfig:  # values in conf/paths/default.yaml: they depend on the mach
     sweep_dir: str = MISSING
 
 
+class WandbMode(Enum):  # wandb.init's
+    offline = "offline"  # <run dir>/wandb/offline-run-*: nothing leaves the machine until `wandb sync <that dir>`
+    online = "online"  # streamed to the W&B server (wandb login, or WANDB_API_KEY)
+    disabled = "disabled"
+
+
+@dataclass
+class WandbConfig:  # logger=wandb: a W&B run per job, named by its overrides, grouped by its sweep
+    mode: Optional[WandbMode] = None  # None: $WANDB_MODE where set, else offline
+    project: Optional[str] = None  # None: $WANDB_PROJECT, else W&B's own default
+    entity: Optional[str] = None  # None: your W&B default (a team's name to log to the team)
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class MlflowConfig:  # logger=mlflow: an MLflow run per job, named by its overrides, a sweep's jobs one experiment
+    # Any MLflow tracking URI (http://host:5000, databricks, sqlite:///path.db). None: $MLFLOW_TRACKING_URI
+    # where set, else SQLite in mlflow.db in the sweep's dir (a single run: its run dir).
+    tracking_uri: Optional[str] = None
+    experiment: Optional[str] = None  # None: the sweep's dir (e.g. search/digits), or "runs" for a single run
+
+
 @dataclass
 class LoggerConfig:
-    tensorboard: bool = True  # scalars, hparams and sample images under <run dir>/tb
+    """Each backend is on when its key is set: conf/logger/ sets one per option, so that
+    `logger=[tensorboard,csv]` (Hydra's list of a group's options) turns on both."""
+
+    tensorboard: bool = False  # scalars, hparams and sample images under <run dir>/tb (logger=tensorboard, the default)
+    csv: bool = False  # <run dir>/metrics.csv, a row per logged step; hparams.csv, the options and final figures
+    wandb: Optional[WandbConfig] = None
+    mlflow: Optional[MlflowConfig] = None
     sample_images: int = 16  # validation images drawn with their predictions each epoch
 
 
@@ -282,3 +313,4 @@ class RunConfig:
     config_yaml: str  # the composed config, saved in every checkpoint
     preempt_signals: Tuple[signal.Signals, ...]  # trainer.preempt_signals, parsed once before launch
     requeue_signals: Tuple[signal.Signals, ...] = ()  # trainer.requeue_signals, parsed with them
+    sweep_dir: Optional[Path] = None  # the dir of the -m sweep or search this job is one of; None: a single run

@@ -66,7 +66,7 @@ def test_hparams_put_the_overrides_first_and_declare_the_metrics(tmp_path):
             "trainer.accelerator=cpu"]
     swept = swept_overrides(task, exclude_keys=["trainer.accelerator"])
     assert swept == {"optimizer": "adamw", "model": "simple_cnn", "optimizer.lr": 0.001, "optimizer.weight_decay": 0.1}
-    reporter = Reporter(DistContext(0, 0, 1, 1, torch.device("cpu"), None), tmp_path, LoggerConfig())
+    reporter = Reporter(DistContext(0, 0, 1, 1, torch.device("cpu"), None), tmp_path, LoggerConfig(tensorboard=True))
     reporter.hparams(options, metrics, swept)
     reporter.close()
 
@@ -109,7 +109,7 @@ def test_tensorboard_checksums_records_in_c_with_its_own_values(tmp_path):
     for size in (0, 1, 12, 1000, 50_000):
         data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
         assert masked_crc32c(data) == tensorboards(data)
-    reporter = Reporter(DistContext(0, 0, 1, 1, torch.device("cpu"), None), tmp_path, LoggerConfig())
+    reporter = Reporter(DistContext(0, 0, 1, 1, torch.device("cpu"), None), tmp_path, LoggerConfig(tensorboard=True))
     reporter.scalars(1, {"x": 1.0})
     reporter.close()
     # The writer's records carry the C checksum, and TensorBoard's reader, which drops any record
@@ -138,7 +138,7 @@ def test_the_grid_is_encoded_again_only_when_a_caption_changes(monkeypatch):
 
 @pytest.mark.parametrize("background", [True, False])
 def test_the_writer_is_made_on_a_thread_or_at_once(tmp_path, background):
-    reporter = Reporter(DistContext(0, 0, 1, 1, torch.device("cpu"), None), tmp_path, LoggerConfig(), background)
+    reporter = Reporter(DistContext(0, 0, 1, 1, torch.device("cpu"), None), tmp_path, LoggerConfig(tensorboard=True), background)
     assert (reporter._making is not None) is background  # at once: made before the constructor returns
     assert background or reporter._made is not None
     reporter.scalars(1, {"lr": 0.1})
