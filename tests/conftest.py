@@ -41,9 +41,9 @@ def fsdp_reference(tmp_path_factory) -> Path:
 
 # pytest-xdist hands whole files to the workers in collection order (--no-loadscope-reorder): the
 # longest first, so that none of them starts last and runs alone while the other workers are done.
-# The two-node rig's (test_slurm.py) and the hung-rank files mostly wait, and overlap with the
+# The two-node rig's (test_slurm*.py) and the hung-rank files mostly wait, and overlap with the
 # others' CPU work. Seconds per file: BENCHMARKS.md (the test suite).
-LONGEST_FIRST = ["test_slurm.py", "test_bench.py", "test_launchers.py", "test_fsdp.py",
+LONGEST_FIRST = ["test_slurm_requeue.py", "test_slurm.py", "test_bench.py", "test_launchers.py", "test_fsdp.py",
                  "test_resume_preempt.py", "test_strategies.py", "test_hung_rank.py"]
 
 
