@@ -94,8 +94,7 @@ def _check_trainer(trainer: TrainerConfig, plan: LaunchPlan) -> None:
         )
     if trainer.grad_clip is not None and trainer.grad_clip <= 0:
         raise ConfigError(f"trainer.grad_clip={trainer.grad_clip}: give a positive max norm, or null for none")
-    for key in ("limit_train_batches", "limit_val_batches", "checkpoint_every_n_steps", "preempt_check_every_n_steps",
-                "overfit_batches"):
+    for key in ("limit_train_batches", "limit_val_batches", "checkpoint_every_n_steps", "overfit_batches"):
         value = getattr(trainer, key)
         if value is not None and value < 1:
             raise ConfigError(f"trainer.{key}={value}: use a positive number, or null")
@@ -226,11 +225,12 @@ def target_arguments(node: Any, cls: type) -> dict[str, Any]:
 
 def run_config(
     cfg: DictConfig, settings: Config, run_dir: Path, choices: dict[str, str], swept: dict[str, Any],
-    preempt_signals: tuple[signal.Signals, ...],
+    preempt_signals: tuple[signal.Signals, ...], requeue_signals: tuple[signal.Signals, ...] = (),
 ) -> RunConfig:
     """The typed config every worker receives. `settings`: `cfg` typed; `choices`: the group
-    options Hydra picked; `swept`: the job's overrides (`swept_overrides`); `preempt_signals`:
-    trainer.preempt_signals as check_and_plan parsed them (its plan's forward_signals)."""
+    options Hydra picked; `swept`: the job's overrides (`swept_overrides`); `preempt_signals`,
+    `requeue_signals`: trainer.preempt_signals and requeue_signals as check_and_plan parsed them
+    (its plan's forward_signals and requeue_signals)."""
     labels = {group: choices[group] for group in ("model", "dataset", "strategy")}
     resolve_num_classes(settings)
     cfg.dataset.num_classes = settings.dataset.num_classes  # the model node interpolates it
@@ -257,6 +257,7 @@ def run_config(
         swept=swept,
         config_yaml=OmegaConf.to_yaml(cfg, resolve=True),  # the values this run used
         preempt_signals=preempt_signals,
+        requeue_signals=requeue_signals,
     )
 
 

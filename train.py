@@ -47,7 +47,9 @@ def main(cfg: DictConfig) -> float | None:
     swept = swept_overrides(overrides, hydra_cfg.job.config.override_dirname.exclude_keys)
     try:
         plan = check_and_plan(settings, run_dir, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
-        launch(plan, run, run_config(cfg, settings, run_dir, hydra_cfg.runtime.choices, swept, plan.forward_signals))
+        launch(plan, run, run_config(
+            cfg, settings, run_dir, hydra_cfg.runtime.choices, swept, plan.forward_signals, plan.requeue_signals,
+        ))
     except ConfigError as e:
         restore_run_record()
         print(f"error: {e}", file=sys.stderr)

@@ -116,13 +116,17 @@ class TrainerConfig:
     # without one raises), cuDNN benchmark off; slower. CPU runs here are deterministic already.
     deterministic: bool = False
     nonfinite: NonFinite = NonFinite.stop  # a NaN/inf loss: stop the run, or skip the step
-    resume: Optional[str] = None  # a last.pt/best.pt path, or auto: this run dir's last.pt if there is one
+    # a last.pt/best.pt path, or auto: this run dir's last.pt if there is one (null: auto in a requeued SLURM job)
+    resume: Optional[str] = None
     checkpoint_every_n_steps: Optional[int] = None  # also save last.pt every N steps (mid-epoch)
     # Preemption: these signals make every rank finish its step and save last.pt, then exit;
     # under SLURM the requeue signals also requeue the job (SIGTERM is also scancel's: no requeue).
-    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
-    requeue_signals: List[str] = field(default_factory=lambda: ["SIGUSR1"])
-    preempt_check_every_n_steps: Optional[int] = None  # None: ranks agree on a stop at each log step
+    # USR1: slurm/train.sbatch's --signal; USR2: hydra/launcher=submitit_slurm's (submitit's own).
+    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"])
+    requeue_signals: List[str] = field(default_factory=lambda: ["SIGUSR1", "SIGUSR2"])
+    # Seconds from the signal to SIGKILL: SLURM's KillWait after SIGTERM, torchrun's --shutdown-timeout,
+    # the lead of `--signal=USR1@90`. The ranks check for a signal a quarter of it apart.
+    preempt_grace_s: float = 30.0
     # Recipes (torchvision's reference scripts):
     label_smoothing: float = 0.0  # cross-entropy against (1 - s) x the label + s spread over all classes
     mixup_alpha: float = 0.0  # > 0: MixUp with Beta(alpha, alpha) on every training batch
@@ -315,4 +319,5 @@ class RunConfig:
     swept: Dict[str, Any]  # its command-line overrides, {key: value}: the HParams tab lists them first
     config_yaml: str  # the composed config, saved in every checkpoint
     preempt_signals: Tuple[signal.Signals, ...]  # trainer.preempt_signals, parsed once before launch
+    requeue_signals: Tuple[signal.Signals, ...] = ()  # trainer.requeue_signals, parsed with them
     sweep_dir: Optional[Path] = None  # the dir of the -m sweep or search this job is one of; None: a single run

@@ -75,7 +75,7 @@ def prepare(module: DatasetModule, cfg: DatasetConfig, ctx: DistContext) -> None
         require(module, cfg)
         fetch(module, cfg)
 
-    on_main_first(fetch_on_main, ctx, _DOWNLOAD_TIMEOUT)
+    on_main_first(fetch_on_main, ctx, _DOWNLOAD_TIMEOUT, needed=lambda: bool(missing(module, cfg)))
     absent = missing(module, cfg)
     if absent:  # this rank's node does not share rank 0's filesystem
         raise ConfigError(

@@ -275,6 +275,13 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
 
 
+def for_evaluation(model: nn.Module) -> nn.Module:
+    """The module evaluation runs: DataParallel as it is, splitting each batch over its GPUs as in
+    training; anything else unwrapped (DDP's forward would sync buffers across ranks whose
+    validation shards differ in length)."""
+    return model if isinstance(model, nn.DataParallel) else unwrap(model)
+
+
 def prepare_evaluation(model: nn.Module, batches: int, ctx: DistContext) -> int:
     """FSDP all-gathers parameters in every forward, so ranks must run their forwards together:
     how many empty ones this rank adds to match the busiest rank's `batches` (0 without FSDP).

@@ -29,4 +29,5 @@ def job_config(run_dir: Path, *overrides: str) -> RunConfig:
         del cfg["hydra"]
     settings = typed(cfg)
     signals = tuple(parse_signals(settings.trainer.preempt_signals, "trainer.preempt_signals"))
-    return run_config(cfg, settings, run_dir, choices, swept_overrides(overrides), signals)
+    requeue = tuple(parse_signals(settings.trainer.requeue_signals, "trainer.requeue_signals"))
+    return run_config(cfg, settings, run_dir, choices, swept_overrides(overrides), signals, requeue)

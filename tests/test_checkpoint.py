@@ -12,7 +12,8 @@ from distributed.context import DistContext, make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
 from training.checkpoint import (
-    Checkpointer, TrainState, _host_copy, check_resumable, find_resume, load_checkpoint, restore_rng, save_checkpoint,
+    Checkpointer, TrainState, _host_copy, check_resumable, confirm_shared, find_resume, load_checkpoint, restore_rng,
+    save_checkpoint,
 )
 
 
@@ -226,6 +227,25 @@ def test_resume_auto_finds_last_pt_or_starts_fresh(tmp_path):
     assert find_resume("auto", tmp_path) == tmp_path / "checkpoints" / "last.pt"
     assert find_resume("/elsewhere/best.pt", tmp_path) == Path("/elsewhere/best.pt")
     assert find_resume(None, tmp_path) is None
+
+
+def test_a_job_slurm_restarted_resumes_unless_told_otherwise(tmp_path):
+    """A requeued job (the template's, or submitit's, which reruns the same command) continues."""
+    save_checkpoint({"epoch": 1}, tmp_path / "checkpoints" / "last.pt")
+    restarted = {"SLURM_RESTART_COUNT": "1"}
+    assert find_resume(None, tmp_path, restarted) == tmp_path / "checkpoints" / "last.pt"
+    assert find_resume(None, tmp_path, {"SLURM_RESTART_COUNT": "0"}) is None
+    assert find_resume("/elsewhere/best.pt", tmp_path, restarted) == Path("/elsewhere/best.pt")
+
+
+def test_a_temp_dir_a_rank_cannot_see_stops_it_in_one_line(tmp_path):
+    """strategy=fsdp: rank 0 makes the temp dir every rank writes its shards into; a rank on a node
+    that does not share the run dir would write them where rank 0 never looks."""
+    ctx = DistContext(0, 0, 1, 1, torch.device("cpu"), None)
+    (tmp_path / ".last.pt.shards.tmp").mkdir()
+    confirm_shared(tmp_path / ".last.pt.shards.tmp", ctx)
+    with pytest.raises(ConfigError, match=r"^the run dir is not shared between nodes: rank 0 made .* but rank 0 on "):
+        confirm_shared(tmp_path / "elsewhere" / ".last.pt.shards.tmp", ctx)
 
 
 def test_a_gpu_runs_random_streams_resumed_on_the_cpu_restore_the_host_stream_only(monkeypatch):

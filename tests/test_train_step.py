@@ -345,3 +345,17 @@ def test_sync_batchnorm_swaps_every_batchnorm_and_keeps_its_statistics(process_g
 
 def _wrap(model: nn.Module, strategy: StrategyConfig, ctx: DistContext) -> nn.Module:
     return strategies.get(strategy).wrap(model, ctx, compile_mode=None, precision_dtype=None)
+
+
+def test_evaluate_runs_the_dataparallel_that_splits_the_batch_over_its_gpus():
+    """strategy=dp validates on every GPU it trains on only if evaluate calls the DataParallel, not
+    its module (which would run each whole batch on the first GPU). On CPU a DataParallel calls its
+    module as it is, so which one evaluate calls can be seen here."""
+    from training.trainer import evaluate
+
+    wrapped = nn.DataParallel(nn.Sequential(nn.Flatten(), nn.Linear(4, 10)))
+    called = []
+    wrapped.register_forward_hook(lambda module, inputs, output: called.append(module))
+    batches = [(torch.randn(6, 1, 2, 2), torch.randint(0, 10, (6,))) for _ in range(2)]
+    averages = evaluate(wrapped, batches, Batches(CPU, None), DistContext(0, 0, 1, 1, CPU, None))
+    assert averages.samples == 12 and len(called) == 2 and all(module is wrapped for module in called)

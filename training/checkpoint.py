@@ -5,6 +5,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -15,7 +16,7 @@ import yaml
 from torch import nn
 
 from config.schema import ScheduleConfig, TrainerConfig
-from distributed.collectives import all_gather_object
+from distributed.collectives import all_gather_object, barrier
 from distributed.context import DistContext
 from distributed.strategies import unwrap
 from errors import ConfigError
@@ -118,8 +119,12 @@ def trained_config(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-def find_resume(resume: str | None, run_dir: Path) -> Path | None:
-    """`auto`: this run dir's last.pt if a previous attempt left one, else start fresh."""
+def find_resume(resume: str | None, run_dir: Path, env: Mapping[str, str] = os.environ) -> Path | None:
+    """`auto`: this run dir's last.pt if a previous attempt left one, else start fresh. In a job that
+    SLURM restarted (requeued: SLURM_RESTART_COUNT), null means auto: the requeued job, of
+    slurm/train.sbatch or of hydra/launcher=submitit_slurm alike, goes on from where it stopped."""
+    if resume is None and int(env.get("SLURM_RESTART_COUNT") or 0) > 0:
+        resume = "auto"
     if resume is None:
         return None
     if resume == "auto":
@@ -198,6 +203,65 @@ def check_resume(
             f"hydra.run.dir={run_dir} already holds checkpoints/last.pt; continue it with trainer.resume=auto "
             "or train in another hydra.run.dir"
         )
+
+
+NOT_SHARED = "the run dir is not shared between nodes"
+_SHARE_FIX = "put hydra.run.dir on a filesystem that every node mounts (docs/clusters.md)"
+
+
+def agree_on_resume(resume: str | None, run_dir: Path, ctx: DistContext) -> Path | None:
+    """The checkpoint to resume from, as rank 0 decides it; every rank must see that very file (its
+    step and size), or every rank stops with the same one-line error. A rank that started afresh
+    while the others resumed would train other weights, or wait in a collective they never reach."""
+    path = find_resume(resume, run_dir)
+    if ctx.world_size == 1:
+        return path
+    views = all_gather_object((socket.gethostname(), str(path) if path else None, _identity(path)), ctx)
+    _, decided, identity = views[0]
+    for rank, (host, mine, seen) in enumerate(views):
+        if (mine, seen) != (decided, identity):
+            what = f"resumes from {decided} ({_describe(identity)})" if decided else "starts afresh"
+            sees = f"sees {_describe(seen)} at {mine or run_dir / 'checkpoints' / 'last.pt'}"
+            raise ConfigError(f"{NOT_SHARED}: rank 0 {what} but rank {rank} on {host} {sees}; {_SHARE_FIX}")
+    return path
+
+
+def confirm_shared(made_by_main: Path, ctx: DistContext) -> None:
+    """Once rank 0 has made `made_by_main` (the ranks meet first): every rank sees it, or every rank stops
+    in one line (a rank that cannot writes where rank 0 never looks). Read from its directory's
+    listing, which a network filesystem revalidates, unlike a cached lookup of the name."""
+    barrier(ctx)
+    seen = all_gather_object((socket.gethostname(), _listed(made_by_main)), ctx)
+    for rank, (host, listed) in enumerate(seen):
+        if not listed:
+            raise ConfigError(f"{NOT_SHARED}: rank 0 made {made_by_main} but rank {rank} on {host} cannot see it; {_SHARE_FIX}")
+
+
+def _listed(path: Path) -> bool:
+    try:
+        return path.name in os.listdir(path.parent)
+    except OSError:
+        return False
+
+
+def _identity(path: Path | None) -> tuple[int, int] | None:
+    """(step, bytes) of a checkpoint as this rank sees it; None where it sees none. strategy=fsdp's
+    last.pt is a directory named after its step (training/sharded_checkpoint.py)."""
+    if path is None or not _listed(path):
+        return None
+    if path.is_dir():
+        version = path.resolve()
+        step = re.search(r"\.step(\d+)\.", version.name)
+        return (int(step[1]) if step else -1, sum(f.stat().st_size for f in version.iterdir() if f.is_file()))
+    try:
+        step = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("step", -1)
+    except Exception:  # not a checkpoint this rank can read: its size still tells
+        step = -1
+    return (int(step), path.stat().st_size)
+
+
+def _describe(identity: tuple[int, int] | None) -> str:
+    return f"step {identity[0]}, {identity[1]} bytes" if identity else "no checkpoint"
 
 
 @dataclass

@@ -18,7 +18,7 @@ from config.schema import NonFinite, TrainerConfig
 from data import Loaders
 from distributed.collectives import all_reduce_max
 from distributed.context import DistContext, epoch_seed
-from distributed.strategies import Strategy, prepare_evaluation, unwrap
+from distributed.strategies import Strategy, for_evaluation, prepare_evaluation, unwrap
 from errors import NonFiniteLoss
 from training.checkpoint import Checkpointer, TrainState, restore_rng
 from training.ema import EMA
@@ -364,7 +364,7 @@ class Trainer:
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable, batches: Batches, ctx: DistContext) -> Averages:
     """Loss, accuracy and top-5 over every rank's validation shard, summed across ranks."""
-    net = unwrap(model)  # DDP's forward would try to sync buffers; shards may differ in length
+    net = for_evaluation(model)
     net.eval()
     sums = Accumulator(ctx.device, top5=True)
     padding = prepare_evaluation(net, batches.count(loader), ctx)  # FSDP: every forward takes all ranks
