@@ -1,0 +1,44 @@
+"""hydra/sweeper=optuna_study as Hydra runs it (`-m`), in this process, with a task function of
+our own: what a search does, seen only through Hydra's API, the study and its results file, so
+that it holds however the plugin's modules are laid out inside."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import yaml
+from hydra.test_utils.test_utils import SweepTaskFunction
+from optuna.trial import TrialState
+
+
+def _search(sweep_dir: Path, n_trials: int) -> list[float]:
+    """One `-m` run of the search over x in [0, 1] in `sweep_dir`, whose every second job raises;
+    the x of each job it launched."""
+    launched = []
+
+    def task(cfg):
+        launched.append(cfg.x)
+        if len(launched) % 2 == 0:
+            raise RuntimeError("diverged")
+        return cfg.x
+
+    sweep = SweepTaskFunction()
+    sweep.calling_file, sweep.calling_module = __file__, None
+    sweep.task_function, sweep.config_path, sweep.config_name = task, None, None
+    sweep.temp_dir = str(sweep_dir)
+    sweep.overrides = [
+        "hydra/sweeper=optuna_study", "hydra.job.chdir=false", "hydra.sweeper.study_name=s",
+        f"hydra.sweeper.n_trials={n_trials}", "hydra.sweeper.max_failure_rate=1.0", "+x=interval(0, 1)",
+    ]
+    sweep.__enter__()  # not `with`: its exit deletes the sweep dir, which holds the study
+    return launched
+
+
+def test_a_search_counts_complete_trials_only_and_its_rerun_counts_the_studys(tmp_path):
+    sweep_dir = tmp_path / "search"
+    assert len(_search(sweep_dir, n_trials=2)) == 3  # ok, failed, ok: a failed trial is not one of n_trials
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert (results["n_trials"], results["complete"], len(results["trials"])) == (2, 2, 3)
+    assert _search(sweep_dir, n_trials=2) == []  # the same command again: the study is complete
