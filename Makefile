@@ -2,12 +2,14 @@
 # make test:       the same set-up, then the whole test suite (what CI runs).
 # make test-fast:  the suite less the tests marked slow (end-to-end train.py runs): the inner loop.
 # make bench-deps: Lightning and what it needs, for python -m bench.peers (requirements-bench.txt).
+# make mutation:   mutation testing of the core modules (mutmut, requirements-mutation.txt): a score per
+#                  module against the fast unit tests; tens of minutes, so not part of make test (docs/TESTING.md).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-fast bench-deps
+.PHONY: train test test-fast bench-deps mutation
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,3 +27,7 @@ test-fast: $(STAMP)
 
 bench-deps: $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-bench.txt
+
+mutation: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-mutation.txt
+	$(PY) -m tests.mutation $(ARGS)
