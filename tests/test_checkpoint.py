@@ -87,6 +87,15 @@ def test_a_write_that_fails_midway_leaves_the_previous_file_and_no_temp(tmp_path
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 
 
+def test_a_save_that_fails_before_its_temp_file_exists_raises_its_own_error(tmp_path, monkeypatch):
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("training.checkpoint.open", disk_full, raising=False)  # the temp file's open
+    with pytest.raises(OSError, match="No space left"):  # not the clean-up's FileNotFoundError
+        save_checkpoint({"epoch": 1}, tmp_path / "last.pt")
+
+
 def _checkpoint(model: nn.Module, best: float = 0.5) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": None,

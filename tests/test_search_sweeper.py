@@ -8,16 +8,17 @@ from pathlib import Path
 import optuna
 import yaml
 from hydra.test_utils.test_utils import SweepTaskFunction
+from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
 
-def _search(sweep_dir: Path, n_trials: int) -> list[float]:
-    """One `-m` run of the search over x in [0, 1] in `sweep_dir`, whose every second job raises;
-    the x of each job it launched."""
+def _search(sweep_dir: Path, n_trials: int) -> list[dict]:
+    """One `-m` run in `sweep_dir` of a search over x in [0, 1] and z in 0.5, 1, 1.5, whose every
+    second job raises; the config of each job it launched."""
     launched = []
 
     def task(cfg):
-        launched.append(cfg.x)
+        launched.append(dict(cfg))
         if len(launched) % 2 == 0:
             raise RuntimeError("diverged")
         return cfg.x
@@ -29,6 +30,7 @@ def _search(sweep_dir: Path, n_trials: int) -> list[float]:
     sweep.overrides = [
         "hydra/sweeper=optuna_study", "hydra.job.chdir=false", "hydra.sweeper.study_name=s",
         f"hydra.sweeper.n_trials={n_trials}", "hydra.sweeper.max_failure_rate=1.0", "+x=interval(0, 1)",
+        "+z=range(0.5, 2.0, 0.5)",
     ]
     sweep.__enter__()  # not `with`: its exit deletes the sweep dir, which holds the study
     return launched
@@ -36,9 +38,14 @@ def _search(sweep_dir: Path, n_trials: int) -> list[float]:
 
 def test_a_search_counts_complete_trials_only_and_its_rerun_counts_the_studys(tmp_path):
     sweep_dir = tmp_path / "search"
-    assert len(_search(sweep_dir, n_trials=2)) == 3  # ok, failed, ok: a failed trial is not one of n_trials
+    jobs = _search(sweep_dir, n_trials=2)
+    assert len(jobs) == 3  # ok, failed, ok: a failed trial is not one of n_trials
+    assert all(job["z"] in (0.5, 1.0, 1.5) for job in jobs)
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    assert study.trials[0].distributions == {
+        "+x": FloatDistribution(0.0, 1.0), "+z": FloatDistribution(0.5, 1.5, step=0.5),  # range's stop excluded
+    }
     results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert (results["n_trials"], results["complete"], len(results["trials"])) == (2, 2, 3)
     assert _search(sweep_dir, n_trials=2) == []  # the same command again: the study is complete
