@@ -1,7 +1,7 @@
 """`make mutation`: mutmut 3 over the modules setup.cfg's [mutmut] only_mutate names, against the fast
 unit tests its pytest_add_cli_args_test_selection names; then each module's score, less the
-equivalent mutants docs/TESTING.md lists. `python -m tests.mutation --score` prints the score of
-the last run again."""
+equivalent mutants docs/TESTING.md lists. `python -m tests.mutation config/check.py` runs one module
+(keeping the others' results); `--score` prints the score of the last runs again."""
 from __future__ import annotations
 
 import configparser
@@ -60,8 +60,10 @@ def score() -> bool:
 
 def main(argv: list[str]) -> int:
     if "--score" not in argv:
-        shutil.rmtree(ROOT / "mutants", ignore_errors=True)  # a run from scratch: no result cached from other code
-        names = [p for module in modules() for p in patterns(module)]
+        chosen = [module for module in modules() if module in argv] or modules()
+        if chosen == modules():
+            shutil.rmtree(ROOT / "mutants", ignore_errors=True)  # from scratch: no result cached from other code
+        names = [p for module in chosen for p in patterns(module)]
         subprocess.run([sys.executable, "-m", "mutmut", "run", *names], cwd=ROOT, check=True)
     return 0 if score() else 1
 
