@@ -22,7 +22,7 @@ def test_the_order_is_the_seeded_permutation_of_seed_plus_epoch_each_image_n_tim
 
 
 def test_without_shuffle_each_image_comes_n_times_in_the_sets_order():
-    assert _ranks(4, 2, 2, shuffle=False) == [[0, 1], [0, 1]]
+    assert _ranks(6, 2, 2, shuffle=False) == [[0, 1, 2], [0, 1, 2]]
 
 
 def test_its_default_seed_is_distributed_samplers():
@@ -34,4 +34,5 @@ def test_its_default_seed_is_distributed_samplers():
 @pytest.mark.parametrize("world, repetitions", [(2, 1), (4, 1), (8, 3)])
 def test_every_rank_draws_as_many_samples_as_it_counts_even_from_a_set_smaller_than_the_world(world, repetitions):
     # Ranks that drew fewer batches than the others would wait for them at the next all-reduce.
-    assert _ranks(1, world, repetitions) == [[0]] * world
+    samplers = [RepeatedAugmentationSampler([0], world, rank, repetitions) for rank in range(world)]
+    assert [list(sampler) for sampler in samplers] == [[0]] * world and {len(s) for s in samplers} == {1}

@@ -28,9 +28,9 @@ def test_a_one_step_warmup_reaches_the_lr_after_that_step():
 
 
 def test_the_warmup_ends_at_the_lr_exactly():
-    # start + (1 - start) * k / k misses 1 by an ulp for some starts (0.005): the end is the lr itself.
+    # start + (1 - start) * k / k misses 1 by an ulp for some (start, k), 0.01 and 3 among them.
     optimizer = _sgd(0.3)
-    Warmup(optimizer, None, start_factor=0.005, epochs=1, steps=2).step_update(2)
+    Warmup(optimizer, None, start_factor=0.01, epochs=1, steps=3).step_update(3)
     assert _lr(optimizer) == 0.3
 
 
