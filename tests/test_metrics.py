@@ -1,13 +1,16 @@
-"""Validation's sums (one cross-entropy and one argmax over the whole set; test_recipes.py holds
-top-5 and the split into shards), and where each rank puts its devices' peak memory."""
+"""The sums behind every reported loss and accuracy: validation's (one cross-entropy and one argmax
+over the whole set, in float64; test_recipes.py holds top-5 and the split into shards), a training
+window's, the device they stay on, and where each rank puts its devices' peak memory."""
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from distributed.context import make_context
-from training.metrics import Accumulator, peak_memory_mb
+from training.metrics import Accumulator, Averages, Window, peak_memory_mb
 
 
 def test_validation_sums_give_the_mean_loss_and_the_accuracy_of_the_whole_set():
@@ -29,3 +32,42 @@ def test_each_rank_fills_its_own_devices_slots_of_the_jobs_peak_memory(monkeypat
     ctx = make_context(1, 1, 2, 2, "gpu", use_process_group=False, devices_per_process=2)
     assert peak_memory_mb(ctx) == [0.0, 0.0, 3.0, 5.0]
     assert peak_memory_mb(make_context(0, 0, 1, 1, "cpu", use_process_group=False)) is None
+
+
+def test_the_loss_is_summed_in_float64():
+    # One huge loss beside small ones: float32 sums would drop the small ones (its ulp at 1e8 is 8).
+    logits = torch.tensor([[0.0, 1e8], [0.0, 0.0], [0.0, 0.0]])
+    targets = torch.tensor([0, 0, 1])
+    sums = Accumulator(torch.device("cpu"), top5=True)
+    sums.update_validation(logits, targets)
+    assert sums.averages().loss == pytest.approx((1e8 + 2 * math.log(2)) / 3, rel=1e-15)
+
+
+def test_a_window_averages_its_finite_micro_batches_and_names_the_first_non_finite_step():
+    window = Window()
+    assert window.first_nonfinite() is None
+    batches = [  # (loss, logits, targets, optimizer step)
+        (2.0, [[1.0, 0.0], [0.0, 2.0]], [0, 0], 1),  # one of two right, by the argmax of each row
+        (float("nan"), [[0.0, 1.0]] * 3, [1, 1, 1], 2),  # left out of the averages
+        (4.0, [[0.0, 1.0]], [1], 2),
+        (float("inf"), [[0.0, 1.0]], [1], 3),
+    ]
+    for loss, logits, targets, step in batches:
+        window.update(torch.tensor(loss), torch.tensor(logits), torch.tensor(targets), step)
+    assert window.first_nonfinite() == 2
+    figures = window.drain(torch.device("cpu")).averages()
+    assert (figures.loss, figures.acc, figures.samples) == ((2.0 * 2 + 4.0) / 3, 2 / 3, 3)
+    assert window.first_nonfinite() is None  # drained
+    one = Window()
+    one.update(torch.tensor(0.5), torch.tensor([[0.0, 1.0]]), torch.tensor([1]), 1)
+    assert one.drain(torch.device("cpu")).averages() == Averages(0.5, 1.0, 1)  # one sample: not halved
+
+
+def test_sums_stay_on_the_device_of_the_batches():
+    # The meta device stands for a GPU: a sum kept elsewhere would fail to mix with its tensors.
+    meta = torch.device("meta")
+    sums = Accumulator(meta, top5=True)
+    sums.update_validation(torch.empty(4, 10, device=meta), torch.zeros(4, dtype=torch.long, device=meta))
+    window = Window()
+    window.update(torch.empty((), device=meta), torch.empty(4, 10, device=meta), torch.zeros(4, device=meta), 1)
+    assert sums.sums.device == window.drain(meta).sums.device == meta
