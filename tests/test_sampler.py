@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from data.sampler import RepeatedAugmentationSampler
+from data.sampler import RepeatedAugmentationSampler, train_sampler
 
 
 def _ranks(size: int, world: int, repetitions: int, **options) -> list[list[int]]:
@@ -36,3 +36,13 @@ def test_every_rank_draws_as_many_samples_as_it_counts_even_from_a_set_smaller_t
     # Ranks that drew fewer batches than the others would wait for them at the next all-reduce.
     samplers = [RepeatedAugmentationSampler([0], world, rank, repetitions) for rank in range(world)]
     assert [list(sampler) for sampler in samplers] == [[0]] * world and {len(s) for s in samplers} == {1}
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_train_sampler_hands_on_the_order_options(shuffle):
+    data = list(range(8))
+    plain = train_sampler(data, 2, 1, repetitions=1, shuffle=shuffle, seed=3)
+    assert list(plain) == list(DistributedSampler(data, 2, 1, shuffle=shuffle, seed=3))
+    repeated = train_sampler(data, 2, 1, repetitions=2, shuffle=shuffle, seed=3)  # 2: already repeated
+    assert list(repeated) == list(RepeatedAugmentationSampler(data, 2, 1, 2, shuffle=shuffle, seed=3))
+    assert list(repeated) != list(plain)
