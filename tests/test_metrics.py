@@ -26,11 +26,18 @@ def test_validation_sums_give_the_mean_loss_and_the_accuracy_of_the_whole_set():
 def test_each_rank_fills_its_own_devices_slots_of_the_jobs_peak_memory(monkeypatch):
     # Rank 1 of 2, driving two GPUs (dp within a rank): its peaks go to slots 2 and 3; the all-reduce
     # (none without a process group) sums the ranks' slots. CUDA's counters and tensors faked on the host.
-    zeros = torch.zeros
-    monkeypatch.setattr(torch, "zeros", lambda *shape, device=None, **kwargs: zeros(*shape, **kwargs))
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: {0: 3e6, 1: 5e6}[device.index])
-    ctx = make_context(1, 1, 2, 2, "gpu", use_process_group=False, devices_per_process=2)
-    assert peak_memory_mb(ctx) == [0.0, 0.0, 3.0, 5.0]
+    zeros, placed = torch.zeros, []
+
+    def host_zeros(*shape, device=None, **kwargs):
+        placed.append(device)
+        return zeros(*shape, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", host_zeros)
+    peaks = {0: 123456789, 1: 987654321}  # bytes: more digits than float32 holds
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: peaks[device.index])
+    for rank, slots in ((0, [123.456789, 987.654321, 0.0, 0.0]), (1, [0.0, 0.0, 123.456789, 987.654321])):
+        ctx = make_context(rank, rank, 2, 2, "gpu", use_process_group=False, devices_per_process=2)
+        assert peak_memory_mb(ctx) == pytest.approx(slots, rel=1e-12, abs=0) and placed[-1] == ctx.device
     assert peak_memory_mb(make_context(0, 0, 1, 1, "cpu", use_process_group=False)) is None
 
 

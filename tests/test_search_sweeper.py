@@ -3,6 +3,8 @@ our own: what a search does, seen only through Hydra's API, the study and its re
 that it holds however the plugin's modules are laid out inside."""
 from __future__ import annotations
 
+import sqlite3
+import warnings
 from pathlib import Path
 
 import optuna
@@ -18,7 +20,7 @@ def _search(sweep_dir: Path, n_trials: int) -> list[dict]:
     launched = []
 
     def task(cfg):
-        launched.append(dict(cfg))
+        launched.append({**cfg, "beats": _heartbeats(sweep_dir)})
         if len(launched) % 2 == 0:
             raise RuntimeError("diverged")
         return cfg.x
@@ -32,8 +34,17 @@ def _search(sweep_dir: Path, n_trials: int) -> list[dict]:
         f"hydra.sweeper.n_trials={n_trials}", "hydra.sweeper.max_failure_rate=1.0", "+x=interval(0, 1)",
         "+z=range(0.5, 2.0, 0.5)",
     ]
-    sweep.__enter__()  # not `with`: its exit deletes the sweep dir, which holds the study
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        sweep.__enter__()  # not `with`: its exit deletes the sweep dir, which holds the study
+    assert not [w for w in warned if "Heartbeat of storage" in str(w.message)]  # ask/tell beats by itself
     return launched
+
+
+def _heartbeats(sweep_dir: Path) -> int:
+    """The heartbeats the study's storage holds: one per trial its sweeper ran, as another sweeper sees them."""
+    with sqlite3.connect(sweep_dir / "optuna.db") as connection:
+        return connection.execute("SELECT count(*) FROM trial_heartbeats").fetchone()[0]
 
 
 def test_a_search_counts_complete_trials_only_and_its_rerun_counts_the_studys(tmp_path):
@@ -41,6 +52,7 @@ def test_a_search_counts_complete_trials_only_and_its_rerun_counts_the_studys(tm
     jobs = _search(sweep_dir, n_trials=2)
     assert len(jobs) == 3  # ok, failed, ok: a failed trial is not one of n_trials
     assert all(job["z"] in (0.5, 1.0, 1.5) for job in jobs)
+    assert [job["beats"] for job in jobs] == [1, 2, 3]  # each running trial beats from its start
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
     assert study.trials[0].distributions == {
