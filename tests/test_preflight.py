@@ -1,7 +1,8 @@
-"""The pre-flight check of a resume against the run dir and the checkpoint, whole lines: what
-passes and what is refused (test_config.py and test_recipes.py hold the keys' own checks)."""
+"""The pre-flight check, in whole lines: a resume against the run dir and the checkpoint, and the
+recipe keys' ranges, ends included (test_config.py and test_recipes.py hold the other checks)."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,12 @@ def _last_pt(run_dir: Path, scheduler_config: dict | None = None) -> Path:
 
 
 def _refusal(*overrides: str, run_dir: Path | None = None) -> str:
+    return _refusal_of(typed_config(*overrides), run_dir)
+
+
+def _refusal_of(cfg, run_dir: Path | None = None) -> str:
     with pytest.raises(ConfigError) as refused:
-        check(typed_config(*overrides), run_dir)
+        check(cfg, run_dir)
     return str(refused.value)
 
 
@@ -59,3 +64,43 @@ def test_a_scheduler_key_the_checkpoint_lacks_is_named_as_none(tmp_path):
         f"trainer.resume={path} trained with scheduler.gamma=none, and this run asks for 0.1: a resume continues "
         "the saved schedule; resume with the scheduler it trained with or train afresh in a new run dir"
     )
+
+
+# A recipe key outside its range (set on one composed config: the check refuses it before any model
+# is built), and the whole line that refuses it.
+RANGES = [
+    ("trainer", "label_smoothing", 1.0, "0 (off) up to below 1"),
+    ("dataset", "random_erase", 1.5, "a probability, 0 (off) to 1"),
+    ("trainer", "mixup_alpha", -0.1, "0 (off) or a Beta(alpha, alpha)"),
+    ("trainer", "cutmix_alpha", -1.0, "0 (off) or a Beta(alpha, alpha)"),
+    ("trainer", "ema_decay", 0.0, "a decay in (0, 1), e.g. 0.99998, or null"),
+    ("trainer", "ema_decay", 1.0, "a decay in (0, 1), e.g. 0.99998, or null"),
+    ("trainer", "ema_every_n_steps", 0, "1 or more"),
+    ("scheduler", "warmup_epochs", -1, "0 (off) or more"),
+    ("scheduler", "warmup_start_factor", 0.0, "a fraction of the lr in (0, 1]"),
+    ("optimizer", "reference_batch", 0, "the batch lr was tuned for"),
+    ("optimizer", "norm_weight_decay", -0.1, "null (as weight_decay) or 0 and up"),
+    ("data", "repeated_augmentations", 0, "1 (off) or more"),
+]
+
+
+@pytest.fixture(scope="module")
+def composed():
+    return typed_config()
+
+
+@pytest.mark.parametrize("section, key, value, allowed", RANGES)
+def test_a_recipe_key_out_of_its_range_is_one_line_naming_what_it_takes(composed, section, key, value, allowed):
+    cfg = copy.deepcopy(composed)
+    node = getattr(cfg, section)
+    if isinstance(node, dict):  # the _target_ nodes: optimizer, scheduler
+        node[key] = value
+    else:
+        setattr(node, key, value)
+    assert _refusal_of(cfg) == f"{section}.{key}={value}: use {allowed}"
+
+
+def test_a_warmup_may_start_at_the_full_lr(composed):
+    cfg = copy.deepcopy(composed)
+    cfg.scheduler["warmup_start_factor"] = 1.0
+    check(cfg)
