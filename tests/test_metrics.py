@@ -65,6 +65,11 @@ def test_a_window_averages_its_finite_micro_batches_and_names_the_first_non_fini
     figures = window.drain(torch.device("cpu")).averages()
     assert (figures.loss, figures.acc, figures.samples) == ((2.0 * 2 + 4.0) / 3, 2 / 3, 3)
     assert window.first_nonfinite() is None  # drained
+    window.update(torch.tensor(1.0), torch.tensor([[0.0, 1.0]]), torch.tensor([0]), 4)
+    epoch = Accumulator(torch.device("cpu"))
+    epoch.add(window.drain(torch.device("cpu")))
+    epoch.add(Accumulator(torch.device("cpu")))  # an empty window adds nothing, and replaces nothing
+    assert epoch.averages() == Averages(1.0, 0.0, 1)
     one = Window()
     one.update(torch.tensor(0.5), torch.tensor([[0.0, 1.0]]), torch.tensor([1]), 1)
     assert one.drain(torch.device("cpu")).averages() == Averages(0.5, 1.0, 1)  # one sample: not halved
