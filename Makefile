@@ -2,6 +2,8 @@
 # make test:       the same set-up plus requirements-test.txt, then the whole test suite (what CI runs).
 # make test-fast:  the suite less the tests marked slow (end-to-end train.py runs): the inner loop.
 # make bench-deps: Lightning and what it needs, for python -m bench.peers (requirements-bench.txt).
+# make mutation:   mutation testing of the core modules (mutmut, requirements-mutation.txt): a score per
+#                  module against the fast unit tests; tens of minutes, so not part of make test (docs/TESTING.md).
 # Each requirements file has its own stamp in .venv: a file that changed is installed again, alone.
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +11,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: train test test-fast bench-deps
+.PHONY: train test test-fast bench-deps mutation
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +28,10 @@ $(STAMP)-bench: requirements-bench.txt $(STAMP)
 	$(PIP) -r requirements-bench.txt
 	touch $@
 
+$(STAMP)-mutation: requirements-mutation.txt $(STAMP)-test
+	$(PIP) -r requirements-mutation.txt
+	touch $@
+
 train: $(STAMP)
 	$(PY) train.py $(ARGS)
 
@@ -36,3 +42,6 @@ test-fast: $(STAMP)-test
 	$(PY) -m pytest -m "not slow" $(ARGS)
 
 bench-deps: $(STAMP)-bench
+
+mutation: $(STAMP)-mutation
+	$(PY) -m tests.mutation $(ARGS)

@@ -35,30 +35,26 @@ def test_a_failed_save_leaves_the_previous_file_intact(tmp_path):
     assert path.read_bytes() == before
 
 
-def test_the_directory_is_fsynced_after_the_rename_so_the_new_entry_survives_a_crash(tmp_path, monkeypatch):
+def test_the_file_is_fsynced_then_renamed_then_its_directory_fsynced(tmp_path, monkeypatch):
+    """A crash after the rename finds the new bytes only if they were on disk first, and the new
+    directory entry only once the directory is fsynced after it."""
     path = tmp_path / "ckpt" / "last.pt"
-    events, opened = [], {}
-    real_open, real_fsync, real_replace = os.open, os.fsync, os.replace
-
-    def record_open(name, flags, *args):
-        fd = real_open(name, flags, *args)
-        opened[fd] = Path(name)
-        return fd
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
 
     def record_fsync(fd):
-        events.append(("fsync", opened.get(fd)))
+        events.append(("fsync", os.fstat(fd).st_ino))
         real_fsync(fd)
 
     def record_replace(src, dst):
         events.append(("replace", Path(dst)))
         real_replace(src, dst)
 
-    monkeypatch.setattr(os, "open", record_open)
     monkeypatch.setattr(os, "fsync", record_fsync)
     monkeypatch.setattr(os, "replace", record_replace)
     save_checkpoint({"epoch": 1}, path)
-    after = events[events.index(("replace", path)) + 1:]
-    assert ("fsync", path.parent) in after, events
+    # A rename keeps the inode: the file fsynced first is the one now named last.pt.
+    assert events == [("fsync", path.stat().st_ino), ("replace", path), ("fsync", path.parent.stat().st_ino)]
 
 
 def test_a_host_copy_of_host_tensors_shares_no_memory_with_them():
@@ -90,6 +86,15 @@ def test_a_write_that_fails_midway_leaves_the_previous_file_and_no_temp(tmp_path
         save_checkpoint({"epoch": 2, "model": {"w": torch.ones(1000)}}, path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_a_save_that_fails_before_its_temp_file_exists_raises_its_own_error(tmp_path, monkeypatch):
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("training.checkpoint.open", disk_full, raising=False)  # the temp file's open
+    with pytest.raises(OSError, match="No space left"):  # not the clean-up's FileNotFoundError
+        save_checkpoint({"epoch": 1}, tmp_path / "last.pt")
 
 
 def _checkpoint(model: nn.Module, best: float = 0.5) -> dict:
@@ -160,6 +165,21 @@ def test_an_equal_score_leaves_best_pt_as_it_was(tmp_path):
     checkpointer.save(TrainState(epoch=2, best_val_acc=0.9), best=True)
     checkpointer.close()
     assert (tmp_path / "best.pt").read_bytes() == before
+
+
+def test_only_rank_zero_writes_checkpoints(tmp_path):
+    """Every rank calls save() (a mid-epoch one gathers their random streams); rank 1 of 2 writes
+    nothing, not even under a temp name of its own, while rank 0 writes both files."""
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for rank in (1, 0):
+        ctx = make_context(rank, rank, 2, 2, "cpu", use_process_group=False)
+        checkpointer = Checkpointer(ctx, tmp_path / f"rank{rank}", model, optimizer, None, "a: 1\n")
+        checkpointer.save(TrainState(epoch=1, best_val_acc=0.9), best=True)  # an epoch's end
+        checkpointer.save(TrainState(epoch=1, step=3, batch=3, best_val_acc=0.9))  # mid-epoch
+        checkpointer.close()
+    assert [p for p in (tmp_path / "rank1").rglob("*") if not p.is_dir()] == []
+    assert sorted(p.name for p in (tmp_path / "rank0").iterdir()) == ["best.pt", "last.pt"]
 
 
 def test_restore_brings_back_the_best_top5_and_whose_weights_were_best(tmp_path):

@@ -159,7 +159,8 @@ def test_sigterm_saves_mid_epoch_and_resume_continues_exactly(tmp_path, uninterr
     sig = signal.SIGTERM
     run_dir = tmp_path / "run"
     run = Run(run_dir, *TINY)
-    run.wait_for(lambda: run.logged("from epoch 1"))
+    # After the first epoch: the resumed epoch is one whose order the sampler's default epoch (0) is not.
+    run.wait_for(lambda: run.logged("epoch 1/3"))
     run.proc.send_signal(sig)
     assert run.finish() == 128 + sig, run.output()
     output = run.output()
@@ -167,6 +168,7 @@ def test_sigterm_saves_mid_epoch_and_resume_continues_exactly(tmp_path, uninterr
     assert f"hydra.run.dir={run_dir}" in output and "trainer.resume=auto" in output
     stopped = _checkpoint(run_dir)
     assert f"SIGTERM: every rank stops after step {stopped['step']};" in (run_dir / "train.log").read_text()
+    assert stopped["epoch"] >= 1
     result = run_train(run_dir, *TINY, "trainer.resume=auto")
     assert result.returncode == 0, result.stderr
     _assert_same_weights(_checkpoint(run_dir), uninterrupted)

@@ -174,6 +174,16 @@ def test_label_smoothing_ema_and_repeated_augmentation_train_the_same_under_ddp(
     assert relative_error(averaged["single_recipe"], {f"module.{k}": v for k, v in single.items()}) > 1e-3
 
 
+def test_every_strategy_reports_the_training_figures_of_the_whole_global_batch(equivalence):
+    # Each rank of 2 trains on half the batch: its own loss and accuracy alone would be half the story.
+    out, _ = equivalence
+    for name, reference in (("dp", "single"), ("ddp", "single"), ("fsdp", "single"), ("ddp_acc2", "single_acc2"),
+                            ("ddp_recipe", "single_recipe")):
+        ran, expected = _metrics(out / name), _metrics(out / reference)
+        assert ran["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-5), name
+        assert ran["train_acc"] == pytest.approx(expected["train_acc"], abs=1e-9), name
+
+
 def test_the_tolerance_tells_different_training_apart(weights):
     # The same steps at another batch size land far outside 1e-5: the checks above can fail.
     assert relative_error(weights["single"][0], weights["single_2B"][0]) > 1e-3
