@@ -40,15 +40,18 @@ class RankFailed(Exception):
 
 
 class Preempted(Exception):
-    """A preemption signal stopped training after last.pt was saved; exit as the signal would."""
+    """A preemption signal stopped training after last.pt was saved; exit as the signal would.
+    `requeued`: rank 0 requeues the SLURM job once the ranks have left the group."""
 
-    def __init__(self, signum: int, is_main: bool = True) -> None:
+    def __init__(self, signum: int, is_main: bool = True, requeued: bool = False) -> None:
         super().__init__(f"preempted by {signal.Signals(signum).name}")
-        self.signum, self.is_main = signum, is_main
+        self.signum, self.is_main, self.requeued = signum, is_main, requeued
 
     @property
     def exit_code(self) -> int:
-        return 128 + self.signum
+        # The other ranks of a job that rank 0 requeues leave quietly: exited 128 + the signal, they
+        # would make `srun --kill-on-bad-exit` kill rank 0 before its `scontrol requeue` ran.
+        return 0 if self.requeued and not self.is_main else 128 + self.signum
 
 
 class NonFiniteLoss(Exception):

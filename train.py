@@ -1,16 +1,17 @@
 """Train an image classifier: python train.py [group=option ...] [key=value ...].
 
-Hydra composes the config; config.check tests it against this machine before any process
-starts; the launcher runs training.run's worker once per device with the typed RunConfig.
+Hydra composes the config; the pre-flight (preflight.py) checks it against this machine before
+any process starts and plans the launch; the launcher runs training.run's worker once per device
+with the typed RunConfig.
 """
 from __future__ import annotations
 
 import gc
 
-# What the imports below make (~300k objects: torch, Hydra, the project) lives as long as the
-# process, yet Python would walk it all in a full collection each time it grew by a quarter. Off
-# while importing, then frozen out of every later collection: 0.4 s of the default job's 3.8 s
-# (BENCHMARKS.md). The few cycles the imports leave behind (~1 MB) stay.
+# What the imports below make (torch, Hydra, the project) lives as long as the process, yet Python
+# would walk it all in a full collection each time it grew by a quarter. Off while importing, then
+# frozen out of every later collection (what that saves: BENCHMARKS.md, "The start-up's full
+# collections"). The few cycles the imports leave behind stay.
 gc.disable()
 
 import json
@@ -24,10 +25,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from config import setup
-from config.check import check, check_override_keys, restore_run_record, run_config, swept_overrides, typed
+from config.callbacks import restore_run_record
+from config.overrides import check_override_keys, swept_overrides
 from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
-from training.preemption import parse_signals, requeue_or_explain, resume_command
+from preflight import check_and_plan, run_config, typed
+from training.preemption import requeue_or_explain, resume_command
 from training.run import run
 
 gc.freeze()
@@ -43,8 +46,10 @@ def main(cfg: DictConfig) -> float | None:
     settings = typed(cfg)
     swept = swept_overrides(overrides, hydra_cfg.job.config.override_dirname.exclude_keys)
     try:
-        plan = check(settings, run_dir, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
-        launch(plan, run, run_config(cfg, settings, run_dir, hydra_cfg.runtime.choices, swept))
+        plan = check_and_plan(settings, run_dir, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
+        launch(plan, run, run_config(
+            cfg, settings, run_dir, hydra_cfg.runtime.choices, swept, plan.forward_signals, plan.requeue_signals,
+        ))
     except ConfigError as e:
         restore_run_record()
         print(f"error: {e}", file=sys.stderr)
@@ -54,8 +59,7 @@ def main(cfg: DictConfig) -> float | None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     except Preempted as e:
-        requeue = parse_signals(settings.trainer.requeue_signals, "trainer.requeue_signals")
-        requeue_or_explain(e, requeue, resume_command(overrides, str(run_dir)))
+        requeue_or_explain(e, list(plan.requeue_signals), resume_command(overrides, str(run_dir)))
         sys.exit(e.exit_code)
     # A sweeper (hydra/sweeper, hparams_search) optimises what the task function returns.
     metrics = run_dir / "metrics.json"  # rank 0's; other torchrun/SLURM ranks return None

@@ -43,11 +43,13 @@ def write_cifar_shaped(root: Path, images: int) -> None:
 
 def epoch_rate(loaders, epoch: int, device: torch.device, step=None) -> float:
     """Samples/s of one pass over the training loader, `step(x, y)` on each batch if given."""
+    from data import Loaders
+
     loaders.train_sampler.set_epoch(epoch)
     samples = 0
     start = time.perf_counter()
     for x, y in loaders.train:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # as the loop does
+        x, y = Loaders.to_device(loaders.train, x, y, device)  # as the loop does
         if step is not None:
             step(x, y)
         samples += len(y)
@@ -57,7 +59,7 @@ def epoch_rate(loaders, epoch: int, device: torch.device, step=None) -> float:
 
 
 def measure(composed, ctx, epochs: int) -> dict[str, float]:
-    from config.check import factory, typed
+    from preflight import factory, typed
     from data import build_loaders
 
     cfg = typed(composed)

@@ -1,6 +1,6 @@
 """Where a GPU training step's time goes, CUDA only (elsewhere it says so and exits 0).
 
-python -m bench.gpu_profile [--steps 20] [--only REGEX]
+python -m bench.gpu_profile [--steps 20] [--only REGEX] [--trace-dir DIR]
 
 bench.gpu's job, one step at a time (ResNet-50, 128 CIFAR-shaped images, bf16 autocast, channels
 last, SGD): eager, and compiled with CUDA graphs (also with SGD's fused kernel); then under DDP
@@ -8,10 +8,11 @@ at world size 1 over NCCL (wrapped as train.py does: compiled inside, gradients 
 with the views zeroed or freed between steps, with and without the per-forward buffer broadcast
 (strategy.forward_sync_buffers), and with compiled autograd taking DDP's reducer into the trace.
 For each: the wall time per step against the time the GPU spends in kernels per step
-(torch.profiler), and the kernels launched per step. A wall time well above the GPU's: the CPU
-launching kernels sets the pace, not the GPU running them. Then the CPU operators whose time DDP
-adds to the eager step, and the CPU operators and GPU kernels whose time it adds to the graphed
-step without the buffer broadcast.
+(torch.profiler, run as trainer.profile runs it: training.profiling), and the kernels launched per
+step. A wall time well above the GPU's: the CPU launching kernels sets the pace, not the GPU running
+them. Then the CPU operators whose time DDP adds to the eager step, and the CPU operators and GPU
+kernels whose time it adds to the graphed step without the buffer broadcast. --trace-dir writes
+each setup's trace, for Perfetto (ui.perfetto.dev) or chrome://tracing.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import contextlib
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -27,10 +29,10 @@ import torch.nn.functional as F
 import torchvision
 from torch.autograd import DeviceType
 from torch.nn.parallel import DistributedDataParallel
-from torch.profiler import ProfilerActivity, profile
 
 from bench.common import table
 from distributed.strategies import SYNC_BUFFERS_ARG
+from training.profiling import profile_steps
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="steps timed, and steps profiled")
     parser.add_argument("--only", default="", help="the setups whose name this regular expression matches")
+    parser.add_argument("--trace-dir", type=Path, help="a dir to write each setup's trace to")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench.gpu_profile: skipped, no CUDA device visible")
@@ -75,7 +78,8 @@ def main() -> None:
     rows, cpu_ms, gpu_ms = [], {}, {}
     for setup in [s for s in SETUPS if re.search(args.only, s.name)]:
         with dynamo_config(setup):
-            row, cpu_ms[setup.name], gpu_ms[setup.name] = measure(setup, args.steps)
+            trace = args.trace_dir / f"{re.sub('[^a-z0-9]+', '_', setup.name.lower())}.json" if args.trace_dir else None
+            row, cpu_ms[setup.name], gpu_ms[setup.name] = measure(setup, args.steps, trace)
         rows.append(row)
     dist.destroy_process_group()
     print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; {args.steps} steps each\n")
@@ -87,7 +91,7 @@ def main() -> None:
     print_added("GPU kernels DDP adds to the graphed step", gpu_ms, *graphed_pair)
 
 
-def measure(setup: Setup, steps: int) -> tuple[list, dict[str, float], dict[str, float]]:
+def measure(setup: Setup, steps: int, trace: Path | None = None) -> tuple[list, dict[str, float], dict[str, float]]:
     """The setup's table row, and its CPU operators' and GPU kernels' ms per step."""
     step = training_step(setup)
     for _ in range(10):  # compiles, records the graphs, lets cuDNN pick its algorithms
@@ -98,10 +102,7 @@ def measure(setup: Setup, steps: int) -> tuple[list, dict[str, float], dict[str,
         step()
     torch.cuda.synchronize()
     wall_ms = (time.perf_counter() - start) * 1e3 / steps
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
+    prof = profile_steps(step, steps, torch.device("cuda", 0), trace, wait=0).profiler  # warmed up above
     # GPU user annotations (DDP's "DistributedDataParallel.forward" range) are spans, not kernels
     kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
     busy_ms = sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / steps

@@ -1,11 +1,15 @@
 """Summarise a sweep: python -m bench.report <sweep or outputs dir> [--png PATH].
 
-Reads every run's metrics.json under the directory and the overrides that made it
-(.hydra/overrides.yaml), prints a markdown table with a column per override that differs between
-the runs, speed-up and scaling efficiency where runs differ in device count and nothing else,
-and, for an hparams_search, the best trial from optimization_results.yaml. report.png holds the
-plots that fit: scaling against devices when devices vary, else the optimised metric per
-configuration; accuracy against wall time; the metric over a search's trials.
+Reads every run's metrics.json under the directory, the overrides that made it
+(.hydra/overrides.yaml) and the config it ran with (.hydra/config.yaml, .hydra/hydra.yaml's group
+choices), prints a markdown table with a column per overridden key whose value differs between the
+runs (each cell what that run used, override or default), speed-up and scaling efficiency where
+runs differ in device count and nothing else, and, for an hparams_search, the best trial from
+optimization_results.yaml. report.png holds the plots that fit: scaling against devices when
+devices vary, else the optimised metric per configuration; accuracy against wall time; the metric
+over a search's trials. Runs are labelled by their own overrides, shortened from the middle where
+long, with a legend under the plots that gives each shortened label's overrides and each trial's
+parameters.
 """
 from __future__ import annotations
 
@@ -13,7 +17,9 @@ import argparse
 import json
 import re
 import sys
-from dataclasses import dataclass
+import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +52,9 @@ class Run:
     overrides: tuple[tuple[str, str], ...] = ()  # (key, value) from .hydra/overrides.yaml, as typed
     objective: str = "best_val_acc"  # the run's optimized_metric
     objective_value: float | None = None
+    # Every key of .hydra/config.yaml (dotted) and every group's option (.hydra/hydra.yaml), as a
+    # config spells them: what the run used where it overrode nothing.
+    settings: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def identity(self) -> tuple[Any, ...]:
@@ -81,7 +90,9 @@ def _natural(name: str) -> list[Any]:
 
 
 def _run(name: str, m: dict[str, Any], run_dir: Path) -> Run:
-    objective = _optimized_metric(run_dir)
+    settings = read_settings(run_dir)
+    objective = settings.get("optimized_metric", "null")
+    objective = "best_val_acc" if objective == "null" else objective
     return Run(
         name=name,
         strategy=m.get("strategy", "?"),
@@ -98,6 +109,7 @@ def _run(name: str, m: dict[str, Any], run_dir: Path) -> Run:
         overrides=read_overrides(run_dir),
         objective=objective,
         objective_value=float(m[objective]) if isinstance(m.get(objective), (int, float)) else None,
+        settings=settings,
     )
 
 
@@ -114,10 +126,45 @@ def read_overrides(run_dir: Path) -> tuple[tuple[str, str], ...]:
     )
 
 
-def _optimized_metric(run_dir: Path) -> str:
-    path = run_dir / ".hydra" / "config.yaml"
-    config = yaml.safe_load(path.read_text()) if path.is_file() else None
-    return (config or {}).get("optimized_metric") or "best_val_acc"
+def read_settings(run_dir: Path) -> dict[str, str]:
+    """What the run's record says it used: {dotted key: value} from .hydra/config.yaml, and
+    {group: option} from .hydra/hydra.yaml (optimizer: sgd); empty if it kept no record."""
+    record = run_dir / ".hydra"
+    settings: dict[str, str] = {}
+    if (record / "config.yaml").is_file():
+        _flatten(yaml.safe_load((record / "config.yaml").read_text()) or {}, "", settings)
+    if (record / "hydra.yaml").is_file():
+        hydra = yaml.safe_load((record / "hydra.yaml").read_text()) or {}
+        choices = hydra.get("hydra", {}).get("runtime", {}).get("choices") or {}
+        settings.update((group, _spelled(option)) for group, option in choices.items())
+    return settings
+
+
+def _flatten(node: Mapping[str, Any], prefix: str, into: dict[str, str]) -> None:
+    for key, value in node.items():
+        if isinstance(value, Mapping):
+            _flatten(value, f"{prefix}{key}.", into)
+        else:
+            into[f"{prefix}{key}"] = _spelled(value)
+
+
+def _spelled(value: Any) -> str:
+    """A YAML value as an override would give it: null, true, 0.05."""
+    return json.dumps(value) if value is None or isinstance(value, (bool, list)) else str(value)
+
+
+def used(run: Run, key: str) -> str | None:
+    """What the run used for `key`: its override as typed, else its config's value (for a group,
+    the option Hydra picked); None where the run kept no record of it."""
+    return dict(run.overrides).get(key, run.settings.get(key))
+
+
+def _comparable(value: str | None) -> Any:
+    """1 and 1.0 are one value."""
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return value
 
 
 def _state_mb(m: dict[str, Any]) -> float | None:
@@ -134,24 +181,57 @@ def _largest(peak: float | list[float] | None) -> float | None:
 
 
 def swept_keys(runs: list[Run]) -> list[str]:
-    """Override keys whose value is not the same in every run (absent counts as a value), in command-line order."""
+    """Overridden keys whose value, as each run used it, is not the same in every run, in command-line order."""
     keys: dict[str, None] = {}
     for run in runs:
         keys.update(dict.fromkeys(k for k, _ in run.overrides))
-    return [k for k in keys if len({dict(run.overrides).get(k) for run in runs}) > 1]
+    return [k for k in keys if len({_comparable(used(run, k)) for run in runs}) > 1]
 
 
 def label(run: Run, keys: list[str]) -> str:
-    """The run named by the overrides that tell it from the others; its directory if none do."""
+    """The run named by its own overrides of the keys that tell the runs apart."""
     values = dict(run.overrides)
-    return " ".join(f"{k}={short(values[k])}" for k in keys if k in values) or run.name
+    own = " ".join(f"{k}={short(values[k])}" for k in keys if k in values)
+    return own or ("(shared overrides only)" if run.overrides else "(defaults)")
 
 
-def plot_label(run: Run, keys: list[str], longest: int = 40) -> str:
-    """label(), or where that is too long for a plot (a search's sampled floats), the job number."""
-    text = label(run, keys)
-    number = re.match(r"\d+", run.name)
-    return text if len(text) <= longest or number is None else f"#{number.group()}"
+LONGEST = 48  # characters of a label in a plot: a search's sampled floats run past it
+
+
+def plot_labels(runs: list[Run], keys: list[str]) -> dict[str, str]:
+    """Each run's label for a plot (by run name): label(), shortened from the middle past LONGEST
+    characters, and numbered (2), (3), ... in the table's order where runs would share one."""
+    labels: dict[str, str] = {}
+    seen: dict[str, int] = {}
+    for run in runs:
+        text = middle(label(run, keys), LONGEST)
+        seen[text] = seen.get(text, 0) + 1
+        labels[run.name] = text if seen[text] == 1 else f"{text} ({seen[text]})"
+    return labels
+
+
+def middle(text: str, longest: int) -> str:
+    """`text` with its middle cut to an ellipsis, to `longest` characters: both ends tell runs apart.
+    Its first and last overrides whole where they fit, else a cut through them."""
+    if len(text) <= longest:
+        return text
+    first, last = text.split(" ")[0], text.split(" ")[-1]
+    if len(first) + len(last) + 3 <= longest:
+        return f"{first} … {last}"
+    head = (longest - 1) // 2
+    return f"{text[:head]}…{text[len(text) - (longest - 1 - head):]}"
+
+
+def legend(runs: list[Run], labels: Mapping[str, str], keys: list[str], search: dict[str, Any] | None) -> list[str]:
+    """The lines under the plots: each shortened label with every override of its run, and each of
+    a search's trials with its parameters."""
+    lines = [f"{labels[run.name]}: {' '.join(f'{k}={v}' for k, v in run.overrides)}"
+             for run in runs if len(label(run, keys)) > LONGEST]
+    for trial in (search or {}).get("trials") or []:
+        params = " ".join(f"{k}={short(str(v))}" for k, v in (trial.get("params") or {}).items())
+        state = "" if trial.get("state") == "COMPLETE" else f" ({trial.get('state', '?').lower()})"
+        lines.append(f"trial {trial['number']}: {params}{state}")
+    return lines
 
 
 def short(value: str | None) -> str:
@@ -199,9 +279,8 @@ def markdown(table: list[Row]) -> str:
     lines = [f"| {' | '.join(header)} |", f"| {' | '.join(align)} |"]
     for row in table:
         r = row.run
-        values = dict(r.overrides)
         cells = [
-            *(short(values.get(k)) for k in extra), r.strategy, str(r.devices), r.model, r.dataset,
+            *(short(used(r, k)) for k in extra), r.strategy, str(r.devices), r.model, r.dataset,
             _or_dash(r.batch_size, "{}"), f"{r.samples_per_s:,.0f}", _or_dash(row.speedup, "{:.2f}×"),
             _or_dash(row.efficiency, "{:.0%}"), f"{r.val_acc:.2%}", f"{r.best_val_acc:.2%}",
             *(_or_dash(r.objective_value if r.objective == o else None, "{:.4g}") for o in objectives),
@@ -237,8 +316,16 @@ def search_summary(search: dict[str, Any]) -> str:
 
 
 def plot(table: list[Row], path: Path, search: dict[str, Any] | None = None) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(table, search)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def figure(table: list[Row], search: dict[str, Any] | None = None) -> Any:
     """Scaling panels when devices vary, else the optimised metric per configuration; accuracy against
-    wall time; and a search's metric over its trials."""
+    wall time; a search's metric over its trials; under them, the legend()."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: a file is the point
@@ -248,29 +335,46 @@ def plot(table: list[Row], path: Path, search: dict[str, Any] | None = None) -> 
     keys = swept_keys(runs)
     devices_vary = len({r.devices for r in runs}) > 1
     panels = (3 if devices_vary else 2) + (search is not None)
-    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.8))
-    if devices_vary:
-        _scaling(axes[0], axes[1], table, [k for k in keys if k not in DEVICE_KEYS | LAYOUT_KEYS])
+    if devices_vary:  # a line per configuration, named by what it is apart from its device count
+        keys = [k for k in keys if k not in DEVICE_KEYS | LAYOUT_KEYS]
+        first: dict[tuple[Any, ...], Run] = {}
+        for run in runs:
+            first.setdefault(run.identity, run)
+        labelled = list(first.values())
     else:
-        _objective_per_configuration(axes[0], runs, keys)
-    _accuracy_vs_wall_time(axes[2 if devices_vary else 1], runs, keys, annotate=not devices_vary)
+        labelled = runs
+    labels = plot_labels(labelled, keys)
+    width = 5.5 * panels
+    notes = [wrapped for line in legend(labelled, labels, keys, search)  # ~14 monospace characters an inch
+             for wrapped in textwrap.wrap(line, int(width * 14) - 4, subsequent_indent="    ")]
+    notes_inches = 0.15 * len(notes) + 0.2 if notes else 0.0
+    fig, axes = plt.subplots(1, panels, figsize=(width, 4.8 + notes_inches), squeeze=False)
+    axes = list(axes[0])
+    if devices_vary:
+        _scaling(axes[0], axes[1], table, labels, keys)
+    else:
+        _objective_per_configuration(axes[0], runs, labels)
+    _accuracy_vs_wall_time(axes[2 if devices_vary else 1], runs, labels, annotate=not devices_vary)
     if search is not None:
         _search_trials(axes[-1], search)
     for ax in axes:
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    below = notes_inches / (4.8 + notes_inches)  # the figure's share under the plots, for the legend
+    fig.tight_layout(rect=(0, below, 1, 1))
+    if notes:
+        fig.text(0.01, below - 0.1 / (4.8 + notes_inches), "\n".join(notes), va="top", family="monospace",
+                 fontsize="small")
+    return fig
 
 
-def _scaling(throughput: Any, efficiency: Any, table: list[Row], keys: list[str]) -> None:
-    """Throughput and efficiency against devices, one line per configuration."""
+def _scaling(throughput: Any, efficiency: Any, table: list[Row], labels: Mapping[str, str], keys: list[str]) -> None:
+    """Throughput and efficiency against devices, one line per configuration, labelled as its first run."""
     series: dict[tuple[Any, ...], list[Row]] = {}
     for row in table:
         series.setdefault(row.run.identity, []).append(row)
     for points in series.values():
+        name = labels[points[0].run.name] if keys else points[0].run.strategy
         points = sorted(points, key=lambda row: row.run.devices)
-        name = plot_label(points[0].run, keys) if keys else points[0].run.strategy
         devices = [row.run.devices for row in points]
         (line,) = throughput.plot(devices, [row.run.samples_per_s for row in points], "o-", label=name)
         scaled = [(row.run.devices, row.efficiency) for row in points if row.efficiency is not None]
@@ -287,28 +391,33 @@ def _scaling(throughput: Any, efficiency: Any, table: list[Row], keys: list[str]
     throughput.legend(fontsize="small")
 
 
-def _objective_per_configuration(ax: Any, runs: list[Run], keys: list[str]) -> None:
+def _objective_per_configuration(ax: Any, runs: list[Run], labels: Mapping[str, str]) -> None:
     objective = runs[0].objective if len({r.objective for r in runs}) == 1 else "best_val_acc"
     values = [r.objective_value if r.objective == objective else r.best_val_acc for r in runs]
     positions = range(len(runs))
     ax.barh(positions, [v if v is not None else 0.0 for v in values], color="tab:blue")
-    ax.set_yticks(positions, [plot_label(r, keys) for r in runs], fontsize="small")
+    ax.set_yticks(positions, [labels[r.name] for r in runs], fontsize="small")
     ax.invert_yaxis()  # first run on top, as in the table
     ax.set(title=f"{objective} per configuration", xlabel=objective)
 
 
-def _accuracy_vs_wall_time(ax: Any, runs: list[Run], keys: list[str], annotate: bool) -> None:
+def _accuracy_vs_wall_time(ax: Any, runs: list[Run], labels: Mapping[str, str], annotate: bool) -> None:
     ax.scatter([r.wall_s for r in runs], [r.best_val_acc for r in runs], color="tab:blue")
     if annotate:
+        times = [r.wall_s for r in runs]
+        middle_s = (min(times) + max(times)) / 2
         for r in runs:
-            ax.annotate(plot_label(r, keys), (r.wall_s, r.best_val_acc), fontsize="x-small",
-                        xytext=(4, 4), textcoords="offset points")
-        ax.margins(x=0.3, y=0.1)  # room for the labels of the outermost points
+            left = r.wall_s > middle_s  # a label runs towards the middle, not off the right edge
+            ax.annotate(labels[r.name], (r.wall_s, r.best_val_acc), fontsize="x-small", ha="right" if left else "left",
+                        xytext=(-4 if left else 4, 4), textcoords="offset points")
+        ax.margins(x=0.1, y=0.1)
     ax.set(title="Accuracy vs wall time", xlabel="wall time (s)", ylabel="best val accuracy")
 
 
 def _search_trials(ax: Any, search: dict[str, Any]) -> None:
     """Each complete trial's value by trial number, the best so far as a step line, the best trial ringed."""
+    from matplotlib.ticker import MaxNLocator
+
     metric = search.get("metric", "value")
     done = [(t["number"], t["value"]) for t in search.get("trials") or [] if t.get("state") == "COMPLETE"]
     if done:
@@ -321,7 +430,8 @@ def _search_trials(ax: Any, search: dict[str, Any]) -> None:
             ax.plot([search["best_trial"]], [search["best_value"]], "o", markersize=12, fillstyle="none",
                     color="tab:red", label=f"best: trial {search['best_trial']}")
         ax.legend(fontsize="small")
-    ax.set(title=f"{metric} over the trials", xlabel="trial (#job)", ylabel=metric)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are whole numbers: no tick at 0.5
+    ax.set(title=f"{metric} over the trials (parameters: below)", xlabel="trial (its job's number)", ylabel=metric)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,3 +1,3 @@
-"""The edge between Hydra and the code: `schema` declares every key (plain dataclasses, imported
-everywhere); `setup` registers it with Hydra and composes; `check` turns a composed config into a
-launch plan and a typed `RunConfig`. Only `setup` and `check` import Hydra or OmegaConf."""
+"""The bottom layer: `schema` declares every key (plain dataclasses, imported everywhere); the rest
+is Hydra's setup: `setup` registers the schema and the resolvers and composes, `overrides` reads
+the command line's keys, `callbacks` holds Hydra's callbacks. Only these three import Hydra."""

@@ -4,14 +4,15 @@ Registered in Hydra's ConfigStore (config.setup), so a typo'd key or a wrong typ
 composition; converted once with OmegaConf.to_object, so everything below train.py receives these
 types and never a DictConfig. Closed choices are Enums matched by name (OmegaConf 2.3 rejects
 Literal and matches Enums by member name); trainer.precision stays a string, because its
-names ("32", "bf16-mixed") are not identifiers, and config.check validates it.
+names ("32", "bf16-mixed") are not identifiers, and the pre-flight (preflight.py) validates it.
 """
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 MISSING = "???"  # OmegaConf's mark for a value the YAML must give (its own MISSING, without importing it)
 
@@ -50,6 +51,12 @@ class Backend(Enum):  # torch.distributed's (the ImageNet example's --dist-backe
 class Loader(Enum):
     dataloader = "dataloader"  # workers, per-sample transforms
     device = "device"  # the split held on the device, augmented a batch at a time
+
+
+class Decode(Enum):  # where an image file's JPEG bytes become pixels
+    auto = "auto"  # gpu when training on CUDA from image files, unless a CPU-only augmentation is on; else cpu
+    cpu = "cpu"  # PIL in DataLoader workers, which hand over uint8 crops
+    gpu = "gpu"  # workers read bytes; the training process decodes each batch on its device (nvJPEG)
 
 
 class NonFinite(Enum):
@@ -109,13 +116,17 @@ class TrainerConfig:
     # without one raises), cuDNN benchmark off; slower. CPU runs here are deterministic already.
     deterministic: bool = False
     nonfinite: NonFinite = NonFinite.stop  # a NaN/inf loss: stop the run, or skip the step
-    resume: Optional[str] = None  # a last.pt/best.pt path, or auto: this run dir's last.pt if there is one
+    # a last.pt/best.pt path, or auto: this run dir's last.pt if there is one (null: auto in a requeued SLURM job)
+    resume: Optional[str] = None
     checkpoint_every_n_steps: Optional[int] = None  # also save last.pt every N steps (mid-epoch)
     # Preemption: these signals make every rank finish its step and save last.pt, then exit;
     # under SLURM the requeue signals also requeue the job (SIGTERM is also scancel's: no requeue).
-    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
-    requeue_signals: List[str] = field(default_factory=lambda: ["SIGUSR1"])
-    preempt_check_every_n_steps: Optional[int] = None  # None: ranks agree on a stop at each log step
+    # USR1: slurm/train.sbatch's --signal; USR2: hydra/launcher=submitit_slurm's (submitit's own).
+    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"])
+    requeue_signals: List[str] = field(default_factory=lambda: ["SIGUSR1", "SIGUSR2"])
+    # Seconds from the signal to SIGKILL: SLURM's KillWait after SIGTERM, torchrun's --shutdown-timeout,
+    # the lead of `--signal=USR1@90`. The ranks check for a signal a quarter of it apart.
+    preempt_grace_s: float = 30.0
     # Recipes (torchvision's reference scripts):
     label_smoothing: float = 0.0  # cross-entropy against (1 - s) x the label + s spread over all classes
     mixup_alpha: float = 0.0  # > 0: MixUp with Beta(alpha, alpha) on every training batch
@@ -123,6 +134,9 @@ class TrainerConfig:
     ema_decay: Optional[float] = None  # EMA of weights and buffers, evaluated beside the model; None: off
     ema_every_n_steps: int = 1  # update the EMA every N optimizer steps (the decay is adjusted for N)
     test_only: bool = False  # evaluate trainer.resume's (or model.weights') weights on the validation set; no training
+    # torch.profiler over N optimizer steps after a warm-up (training.profiling): <run dir>/profile/trace.json
+    # for Perfetto or chrome://tracing, the top operators in the log; on CUDA, kernels and memory too.
+    profile: Optional[int] = None
 
     @property
     def devices_per_node(self) -> int:
@@ -168,6 +182,7 @@ class DataConfig:
     pin_memory: Optional[bool] = None  # None: on when training on CUDA
     persistent_workers: bool = True  # workers live across epochs
     repeated_augmentations: int = 1  # N > 1: each drawn image N times, differently augmented (RASampler)
+    decode: Decode = Decode.auto  # image files: decode in workers (cpu) or a batch at a time on the device (gpu)
 
 
 @dataclass
@@ -178,11 +193,11 @@ class AugmentConfig:  # training only
 
 @dataclass
 class DatasetConfig:
-    name: str = MISSING  # digits | synthetic | mnist | cifar10 | imagefolder (conf/dataset/)
+    name: str = MISSING  # conf/dataset/<name>.yaml's; data/__init__.py's DATASETS names what serves it
     channels: int = MISSING
     image_size: int = MISSING  # what the model is built for; ImageNet-style: train_crop's and val_crop's default
-    num_classes: Optional[int] = None  # None: imagefolder counts its class folders
-    root: Optional[str] = None  # where the files live (mnist, cifar10: ${paths.data_dir})
+    num_classes: Optional[int] = None  # None: the dataset counts them, if it can (imagefolder: its class folders)
+    root: Optional[str] = None  # where the files live (datasets with files to fetch: ${paths.data_dir})
     download: bool = True  # rank 0 fetches missing files; false on nodes without internet
     resize: Optional[int] = None  # set: ImageNet-style RandomResizedCrop / Resize + CenterCrop (val_resize's default)
     # ImageNet-style sizes (torchvision's recipe trains at 176 and validates 232 -> 224):
@@ -208,16 +223,44 @@ class PathsConfig:  # values in conf/paths/default.yaml: they depend on the mach
     sweep_dir: str = MISSING
 
 
+class WandbMode(Enum):  # wandb.init's
+    offline = "offline"  # <run dir>/wandb/offline-run-*: nothing leaves the machine until `wandb sync <that dir>`
+    online = "online"  # streamed to the W&B server (wandb login, or WANDB_API_KEY)
+    disabled = "disabled"
+
+
+@dataclass
+class WandbConfig:  # logger=wandb: a W&B run per job, named by its overrides, grouped by its sweep
+    mode: Optional[WandbMode] = None  # None: $WANDB_MODE where set, else offline
+    project: Optional[str] = None  # None: $WANDB_PROJECT, else W&B's own default
+    entity: Optional[str] = None  # None: your W&B default (a team's name to log to the team)
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class MlflowConfig:  # logger=mlflow: an MLflow run per job, named by its overrides, a sweep's jobs one experiment
+    # Any MLflow tracking URI (http://host:5000, databricks, sqlite:///path.db). None: $MLFLOW_TRACKING_URI
+    # where set, else SQLite in mlflow.db in the sweep's dir (a single run: its run dir).
+    tracking_uri: Optional[str] = None
+    experiment: Optional[str] = None  # None: the sweep's dir (e.g. search/digits), or "runs" for a single run
+
+
 @dataclass
 class LoggerConfig:
-    tensorboard: bool = True  # scalars, hparams and sample images under <run dir>/tb
+    """Each backend is on when its key is set: conf/logger/ sets one per option, so that
+    `logger=[tensorboard,csv]` (Hydra's list of a group's options) turns on both."""
+
+    tensorboard: bool = False  # scalars, hparams and sample images under <run dir>/tb (logger=tensorboard, the default)
+    csv: bool = False  # <run dir>/metrics.csv, a row per logged step; hparams.csv, the options and final figures
+    wandb: Optional[WandbConfig] = None
+    mlflow: Optional[MlflowConfig] = None
     sample_images: int = 16  # validation images drawn with their predictions each epoch
 
 
 @dataclass
 class OptimConfig:
     """optimizer.* keys for the trainer, beside the `_target_`'s own arguments (lr, momentum, ...);
-    config.check takes them out before the optimizer is built."""
+    the pre-flight (preflight.py) takes them out before the optimizer is built."""
 
     lr_scaling: LrScaling = LrScaling.none
     reference_batch: int = 256  # lr_scaling=linear: the batch optimizer.lr was tuned for
@@ -234,7 +277,7 @@ class ScheduleConfig:
 
 def defaults_of(cls: type) -> Callable[[], Dict[str, Any]]:
     """An untyped `_target_` node that starts with `cls`'s keys, so `optimizer.lr_scaling=linear`
-    overrides like any key; config.check types them (an Any node cannot hold a typed part)."""
+    overrides like any key; the pre-flight types them (an Any node cannot hold a typed part)."""
     return lambda: {f.name: f.default for f in fields(cls)}
 
 
@@ -247,7 +290,7 @@ class Config:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    # `_target_` nodes: config.check turns them into factories (Hydra partials) for the workers.
+    # `_target_` nodes: the pre-flight turns them into factories (Hydra partials) for the workers.
     model: Any = None
     optimizer: Any = field(default_factory=defaults_of(OptimConfig))
     scheduler: Any = field(default_factory=defaults_of(ScheduleConfig))
@@ -279,3 +322,6 @@ class RunConfig:
     hparams: Dict[str, Any]  # the run's main options (TensorBoard's HParams tab)
     swept: Dict[str, Any]  # its command-line overrides, {key: value}: the HParams tab lists them first
     config_yaml: str  # the composed config, saved in every checkpoint
+    preempt_signals: Tuple[signal.Signals, ...]  # trainer.preempt_signals, parsed once before launch
+    requeue_signals: Tuple[signal.Signals, ...] = ()  # trainer.requeue_signals, parsed with them
+    sweep_dir: Optional[Path] = None  # the dir of the -m sweep or search this job is one of; None: a single run

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf
 
 from config.schema import Config, devices_per_node
@@ -30,25 +35,55 @@ def _per_node(batch: int, *, _root_: DictConfig) -> int:
     return batch * _root_.trainer.num_nodes
 
 
-def _epochs_after_warmup(*, _root_: DictConfig) -> int:
-    """${epochs_after_warmup:}: the epochs a scheduler runs once scheduler.warmup_epochs are done
-    (torchvision's cosine T_max = epochs - warmup epochs); at least 1."""
-    return max(1, _root_.trainer.epochs - _root_.scheduler.warmup_epochs)
+def _epochs_after_warmup(epochs: int, warmup_epochs: int) -> int:
+    """${epochs_after_warmup:${trainer.epochs},${scheduler.warmup_epochs}}: the epochs a scheduler
+    runs once the warmup is done (torchvision's cosine T_max = epochs - warmup epochs); at least 1.
+    Its inputs are named in the config, so that `--cfg job` says what it is worked out from."""
+    return max(1, epochs - warmup_epochs)
 
 
-def _name(choice: Enum | str) -> str:
+def _name(choice: object) -> str:
     """An Enum key (launcher.name) reaches a resolver as the member: its name is the choice."""
     return choice.name if isinstance(choice, Enum) else str(choice)
 
 
-def _job_dir(num: int, overrides: str) -> str:
-    """A sweep job's dir: its number, then the overrides that tell it from the others, if any. A
-    name past what file systems take (255 bytes; a search's sampled floats are long) keeps its
-    start and a hash of the whole, so that it stays apart from its neighbours'."""
-    name = f"{num}_{overrides}" if overrides else str(num)
+def _spelled(value: Any) -> str:
+    """${spelled:${trainer.gpus}}: a value as a config spells it (null, true, auto), where Python
+    would print None, True, Accelerator.auto: for the values --help shows."""
+    return json.dumps(value) if value is None or isinstance(value, bool) else _name(value)
+
+
+def _job_dir(*, _root_: DictConfig) -> str:
+    """${job_dir:}: a sweep job's dir (hydra.sweep.subdir), from the job's number and overrides."""
+    job = _root_.hydra.job
+    naming = job.config.override_dirname
+    num = None if OmegaConf.is_missing(job, "num") else job.num  # missing: --cfg all --resolve, outside a sweep
+    return job_dir(num, list(_root_.hydra.overrides.task), naming.exclude_keys, naming.kv_sep, naming.item_sep)
+
+
+def job_dir(num: int | None, overrides: Sequence[str], exclude_keys: Sequence[str] = (), kv_sep: str = "=",
+            item_sep: str = ",") -> str:
+    """Its number, then the overrides that tell it from the others, if any, as Hydra's
+    override_dirname joins them, but with floats to 4 significant digits: a search's sampled
+    0.03028525153605885 names its dir 0.03029 (the exact value stays in its .hydra/; the number
+    keeps two such jobs apart). A name past what file systems take (255 bytes) keeps its start
+    and a hash of the whole, so that it stays apart from its neighbours'."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    lines = sorted(_four_digits(o) for o in parsed if o.key_or_group not in exclude_keys)
+    dirname = item_sep.join(lines).replace("=", kv_sep)
+    prefix = "<job number>" if num is None else str(num)
+    name = f"{prefix}_{dirname}" if dirname else prefix
     if len(name.encode()) <= _NAME_BYTES:
         return name
     return f"{name.encode()[:_NAME_BYTES - 13].decode(errors='ignore')}~{hashlib.sha1(name.encode()).hexdigest()[:12]}"
+
+
+def _four_digits(override: Override) -> str:
+    line = override.input_line
+    value = override.value()
+    if not isinstance(value, float) or float(f"{value:.4g}") == value:
+        return line  # as typed: 1e-3 stays 1e-3
+    return f"{line.split('=', 1)[0]}={value:.4g}"
 
 
 _NAME_BYTES = 200  # file systems take 255 bytes a name: room to spare
@@ -63,6 +98,7 @@ RESOLVERS = {
     "per_node": _per_node,
     "job_dir": _job_dir,
     "epochs_after_warmup": _epochs_after_warmup,
+    "spelled": _spelled,
     "project_root": lambda: str(ROOT),
 }
 

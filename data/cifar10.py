@@ -15,7 +15,7 @@ import torch
 
 from config.schema import DatasetConfig
 from data.arrays import ArrayDataset, ImageArrays, transformed
-from data.download import dataset_root
+from data.download import dataset_root, fetch_command
 from errors import ConfigError
 
 FOLDER = "cifar-10-batches-py"
@@ -76,7 +76,7 @@ def _read_split(root: Path, names: list[str]) -> ImageArrays:
 
 
 def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    fix = f"delete it and run python -m data.download dataset=cifar10 dataset.root={path.parents[1]}"
+    fix = f"delete it and run {fetch_command('cifar10', path.parents[1])}"
     try:
         with path.open("rb") as f:
             entry = _Unpickler(f, encoding="latin1").load()

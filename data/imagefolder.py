@@ -4,14 +4,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from PIL import Image
+from torchvision.datasets import ImageFolder
 
 from config.schema import DatasetConfig
-from data.transforms import imagenet_transform
 from errors import ConfigError
 
 SPLITS = ("train", "val")
-PER_IMAGE_TRANSFORMS = True  # PIL images through torchvision transforms (dataset.auto_augment, ...)
+PER_IMAGE_TRANSFORMS = True  # decoded and cut per image (dataset.auto_augment, ... apply)
 
 
 def count_classes(cfg: DatasetConfig) -> int:
@@ -45,16 +44,12 @@ def check(cfg: DatasetConfig) -> None:
         )
 
 
-def load(cfg: DatasetConfig):
-    from torchvision.datasets import ImageFolder
-
+def image_files(cfg: DatasetConfig) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(path, class index) of every training and validation image, as torchvision's ImageFolder
+    lists them; data/file_batches.py reads, decodes and cuts them."""
     check(cfg)
-    root = Path(cfg.root)
     return tuple(
-        ImageFolder(
-            str(root / split), transform=imagenet_transform(cfg, train=split == "train"), loader=_open,
-            allow_empty=split == "val",  # see check
-        )
+        ImageFolder(str(_root(cfg) / split), allow_empty=split == "val").samples  # see check
         for split in SPLITS
     )
 
@@ -85,11 +80,3 @@ def _holds_an_image(folder: Path, extensions: tuple[str, ...]) -> bool:
             elif entry.name.lower().endswith(extensions):
                 return True
     return any(_holds_an_image(Path(sub), extensions) for sub in subfolders)
-
-
-def _open(path: str) -> Image.Image:
-    try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except OSError as e:  # PIL's UnidentifiedImageError is an OSError too
-        raise ConfigError(f"{path}: unreadable image ({e}); delete or replace it") from None

@@ -31,7 +31,8 @@ class RepeatedAugmentationSampler(DistributedSampler):
         else:
             order = torch.arange(len(self.dataset))
         repeated = order.repeat_interleave(self.repetitions).tolist()
-        repeated += repeated[: self.repeated_size - len(repeated)]  # every rank the same count
+        # Every rank the same count: the order again from its start, as often as a set smaller than the world needs.
+        repeated = (repeated * math.ceil(self.repeated_size / len(repeated)))[: self.repeated_size]
         return iter(repeated[self.rank:self.repeated_size:self.num_replicas][: self.num_samples])
 
 

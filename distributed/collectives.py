@@ -47,11 +47,27 @@ def all_gather_object(obj: T, ctx: DistContext) -> list[T]:
     return gathered
 
 
-def on_main_first(fn: Callable[[], T], ctx: DistContext, timeout: timedelta) -> T:
+def on_main_first(
+    fn: Callable[[], T], ctx: DistContext, timeout: timedelta, needed: Callable[[], bool] = lambda: True,
+) -> T | None:
     """Rank 0 runs `fn` while the others wait up to `timeout` (not launcher.timeout_s: a download
-    may take minutes), then every rank returns what it returned or raises what it raised."""
+    may take minutes), then every rank returns what it returned or raises what it raised.
+
+    `needed()`, asked on rank 0: whether `fn` has anything to do. When not, no rank runs it and
+    all return None, told over the default group: the waiting takes a gloo group of its own, whose
+    connections between every pair of ranks are, under NCCL, gloo's only use, and so where a wrong
+    GLOO_SOCKET_IFNAME would first fail."""
     if not ctx.distributed:
         return fn()
+    todo = torch.zeros(1, device=ctx.device)
+    if ctx.is_main:
+        try:
+            todo.fill_(needed())
+        except Exception:  # fn meets it again, and every rank learns it from there
+            todo.fill_(1)
+    broadcast_from_main([todo], ctx)
+    if not todo.item():
+        return None
     group = dist.new_group(backend="gloo", timeout=timeout)
     outcome: list[Any] = [None]
     if ctx.is_main:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import gc
 import importlib
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Mapping
@@ -11,6 +12,9 @@ from typing import Mapping
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from distributed import environment
+from errors import ConfigError, first_line
 
 # Every rank imports it at its first optimizer step (torch/optim/optimizer.py: step and zero_grad
 # import it on their first call; ~0.9 s of CPU). Imported up front, a rank can freeze it and a
@@ -48,7 +52,7 @@ def make_context(
     """One process per device: CUDA rank r drives GPU `local_rank`; CPU ranks share the host.
 
     Clusters that bind each task to its own GPU (srun --gpus-per-task=1, --gpu-bind) show every
-    rank one device, cuda:0: `local_rank % visible` finds it (config.check refuses other splits).
+    rank one device, cuda:0: `local_rank % visible` finds it (launch.plan_launch refuses other splits).
     """
     if accelerator != "gpu":
         device = torch.device("cpu")
@@ -62,41 +66,81 @@ def make_context(
 
 
 def cpus_per_rank(local_world_size: int, env: Mapping[str, str] = os.environ) -> int:
-    """The CPUs one rank may use. Under srun each rank is a task of its own: --cpus-per-task of
-    them, or without it its share of the job's CPUs on this node (srun binds a task to its own
-    CPUs or lets it see them all; taking them all, the node's ranks would fight over each core).
-    Otherwise the ranks on this node share what the launching process may run on."""
+    """The CPUs one rank may use, never more than this process may run on (the CPUs srun, taskset or
+    a cgroup bound it to).
+
+    Under srun each rank is a task of its own: srun's --cpus-per-task of them, or without it its
+    share of the job's CPUs on this node. Since SLURM 22.05 srun does not take sbatch's
+    --cpus-per-task, yet its tasks inherit SLURM_CPUS_PER_TASK: a task bound to one CPU may read 8
+    there. Otherwise (spawn, torchrun, also `srun torchrun`) the node's ranks share what the process
+    that started them may use, an equal part each."""
     mine = len(os.sched_getaffinity(0))
-    if int(env.get("SLURM_NTASKS", "1")) > 1:
-        if env.get("SLURM_CPUS_PER_TASK"):
-            return max(1, int(env["SLURM_CPUS_PER_TASK"]))
-        return max(1, min(mine, int(env.get("SLURM_CPUS_ON_NODE") or mine) // local_world_size))
-    return max(1, int(env.get("SLURM_CPUS_PER_TASK") or mine) // local_world_size)
+    asked = int(env.get("SLURM_CPUS_PER_TASK") or 0)
+    if environment.detect(env) == "slurm":
+        return max(1, min(mine, asked or int(env.get("SLURM_CPUS_ON_NODE") or mine) // local_world_size))
+    return max(1, min(mine, asked or mine) // local_world_size)
+
+
+def placement(workers: int) -> str:
+    """This rank's CPUs, threads and loader workers, for the log's line of where each rank runs."""
+    return f"CPUs {_ranges(sorted(os.sched_getaffinity(0)))}, {torch.get_num_threads()} threads, {workers} loader workers"
+
+
+def _ranges(cpus: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5", as taskset and SLURM write CPU lists."""
+    spans: list[list[int]] = []
+    for cpu in cpus:
+        if spans and cpu == spans[-1][1] + 1:
+            spans[-1][1] = cpu
+        else:
+            spans.append([cpu, cpu])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in spans)
 
 
 def init(ctx: DistContext, timeout_s: float) -> None:
     """Join the process group. MASTER_ADDR/MASTER_PORT come from the launcher (env://)."""
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
-    if ctx.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
+    if "OMP_NUM_THREADS" not in os.environ:
         # Each rank would start one thread per core: a node's N ranks would fight over every core,
         # CPU ranks with their compute, GPU ranks with their host work (batches cut and augmented in
         # memory, cpu_offload's optimizer step). torchrun sets OMP_NUM_THREADS=1 for the same reason.
         torch.set_num_threads(cpus_per_rank(ctx.local_world_size))
     if ctx.distributed:
-        dist.init_process_group(
-            ctx.backend,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            timeout=timedelta(seconds=timeout_s),
-            # NCCL wants to know its device up front, or it guesses from the rank.
-            device_id=ctx.device if ctx.device.type == "cuda" else None,
-        )
+        if ctx.world_size > ctx.local_world_size:  # more than one node
+            environment.check_interfaces("gloo" in ctx.backend, "nccl" in ctx.backend, os.environ)
+        try:
+            dist.init_process_group(
+                ctx.backend,
+                rank=ctx.rank,
+                world_size=ctx.world_size,
+                timeout=timedelta(seconds=timeout_s),
+                # NCCL wants to know its device up front, or it guesses from the rank.
+                device_id=ctx.device if ctx.device.type == "cuda" else None,
+            )
+        except RuntimeError as e:  # torch.distributed's DistError, gloo's and NCCL's own
+            raise _unreachable(ctx, e) from None
         # shutdown() collects every object not frozen. What exists now lives as long as the process:
         # the imports, the optimizer's included (train.py froze its own; torch._dynamo's ~135k
         # objects come now). Frozen, they are left out of that walk: 0.06 s of CPU less per rank.
         importlib.import_module(OPTIMIZER_IMPORT)
         gc.freeze()
+
+
+def _unreachable(ctx: DistContext, error: RuntimeError) -> Exception:
+    """A rank that could not connect to its peers, in one line that names the variable to set
+    (environment.check_interfaces refuses loopback before launch; another wrong interface shows
+    here); any other error as it is."""
+    text = str(error)
+    var = "GLOO_SOCKET_IFNAME" if "connectFullMesh" in text else "NCCL_SOCKET_IFNAME" if "NCCL" in text else None
+    if var is None:
+        return error
+    chosen = f"{var}={os.environ[var]}" if os.environ.get(var) else f"{var} unset"
+    return ConfigError(
+        f"rank {ctx.rank} on {socket.gethostname()} could not connect to the other ranks with {chosen} "
+        f"({first_line(error)}); set {var} to the interface the nodes reach each other on (`ip -br addr` "
+        "lists them; NCCL_DEBUG=INFO logs NCCL's choice; docs/clusters.md)"
+    )
 
 
 def shutdown(ctx: DistContext, clean: bool) -> None:

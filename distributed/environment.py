@@ -4,7 +4,11 @@ Pure functions of an env mapping, so each launcher's parsing is testable without
 """
 from __future__ import annotations
 
+import fcntl
+import ipaddress
 import re
+import socket
+import struct
 import subprocess
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -12,6 +16,8 @@ from typing import Callable, Mapping
 from errors import ConfigError
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+_SIOCGIFFLAGS, _IFF_LOOPBACK = 0x8913, 0x8  # netdevice(7)
+_FIND_IT = "the interface the nodes reach each other on (`ip -br addr` lists them; docs/clusters.md)"
 
 
 @dataclass(frozen=True)
@@ -166,3 +172,48 @@ def scontrol_hostnames(nodelist: str) -> list[str]:
             f"`scontrol show hostnames {nodelist}` failed ({e}); set launcher.master_addr=<the job's first node>"
         ) from e
     return out.stdout.split()
+
+
+def check_interfaces(gloo: bool, nccl: bool, env: Mapping[str, str]) -> None:
+    """Ranks on several nodes must not talk over loopback, where gloo's default often lands: it
+    binds the address the hostname resolves to, and Debian's /etc/hosts maps that to 127.0.1.1.
+    A peer told that address connects to its own node and fails (connection refused), while the
+    rank that waits for it hangs well past launcher.timeout_s. NCCL skips loopback unless told."""
+    if gloo:
+        names = [name for name in env.get("GLOO_SOCKET_IFNAME", "").split(",") if name]
+        for name in names:
+            _check_interface("GLOO_SOCKET_IFNAME", name, exact=True)
+        if not names:
+            host = socket.gethostname()
+            address = _resolved(host)
+            if address is None or ipaddress.ip_address(address).is_loopback:
+                raise ConfigError(
+                    f"GLOO_SOCKET_IFNAME is not set, so gloo binds the address {host} resolves to, "
+                    f"{address or 'none: then loopback'}, which the other nodes cannot reach; "
+                    f"set GLOO_SOCKET_IFNAME to {_FIND_IT}"
+                )
+    ifname = env.get("NCCL_SOCKET_IFNAME", "")
+    if nccl and ifname and not ifname.startswith("^"):  # ^: the interfaces it must not use
+        for name in ifname.removeprefix("=").split(","):
+            _check_interface("NCCL_SOCKET_IFNAME", name, exact=False)  # NCCL takes a prefix: eth, ib
+
+
+def _check_interface(var: str, name: str, exact: bool) -> None:
+    host = socket.gethostname()
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            request = struct.pack("16sH", name.encode()[:15], 0)
+            flags = struct.unpack("16sH", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, request)[:18])[1]
+    except OSError:
+        if exact:
+            raise ConfigError(f"{var}={name}: {host} has no such interface; set it to {_FIND_IT}") from None
+        return  # NCCL may mean it as a prefix
+    if flags & _IFF_LOOPBACK:
+        raise ConfigError(f"{var}={name} is loopback, which the other nodes cannot reach; set it to {_FIND_IT}")
+
+
+def _resolved(host: str) -> str | None:
+    try:
+        return socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0]
+    except (OSError, IndexError):
+        return None

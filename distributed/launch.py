@@ -2,6 +2,8 @@
 rank of a world that torchrun or SLURM's srun started."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import gc
 import os
@@ -10,9 +12,10 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
@@ -25,6 +28,7 @@ from errors import ConfigError, Preempted, RankFailed, raised_elsewhere
 
 # After one rank fails, the others get this long to leave on their own, then SIGTERM, then SIGKILL.
 _GRACE_S = 5.0
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class LaunchPlan:
     master_port: int | None  # None: pick a free one (spawn) / torchrun's
     env_rank: EnvRank | None = None  # torchrun/slurm: this process is this one rank
     forward_signals: tuple[signal.Signals, ...] = ()  # passed on to spawned ranks (preemption)
+    requeue_signals: tuple[signal.Signals, ...] = ()  # a SLURM job preempted by one of these is requeued
     start_method: str = "spawn"  # "spawn" | "forkserver" | "fork": how the ranks started here begin
     # A GPU job of a Hydra multirun started here (not a torchrun/SLURM rank): even one process runs
     # in a child. A CUDA context costs memory on every GPU it touched and is released only when its
@@ -195,16 +200,55 @@ def _check_world(
 
 def launch(plan: LaunchPlan, worker: Callable[..., Any], *args: Any) -> None:
     """Run `worker(ctx, *args)` once per device; returns when every rank has finished."""
-    if plan.process_group and plan.master_addr is not None:
-        # A fixed port (the seeds' 12355) collides with any other job on the node.
-        os.environ["MASTER_ADDR"] = plan.master_addr
-        os.environ["MASTER_PORT"] = str(plan.master_port or _free_port(plan.master_addr))
     if plan.env_rank is not None:
+        if plan.env_rank.launcher == "torchrun":
+            _end_with_agent()  # torchrun exported MASTER_ADDR/PORT
+        elif plan.process_group:
+            os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = plan.master_addr, str(plan.master_port)
         worker(plan.context(plan.env_rank.rank, plan.env_rank.local_rank), *args)
-    elif plan.processes_per_node == 1 and not plan.own_process:  # CPU, or a single run: in this process
-        _run_rank(0, plan, worker, args)
-    else:
-        _spawn(plan, worker, args)
+        return
+    with _store(plan):
+        if plan.processes_per_node == 1 and not plan.own_process:  # CPU, or a single run: in this process
+            _run_rank(0, plan, worker, args)
+        else:
+            _spawn(plan, worker, args)
+
+
+@contextlib.contextmanager
+def _store(plan: LaunchPlan) -> Iterator[None]:
+    """The ranks' TCPStore, hosted here while they run, as torchrun's agent hosts its workers': its
+    server binds launcher.master_port, or a free port (0) and says which, so no other process can
+    take the port between its choice and rank 0's bind (the seeds' fixed 12355 collides with any
+    other job on the node). The ranks connect to it as clients (env://, TORCHELASTIC_USE_AGENT_STORE)."""
+    if not plan.process_group or plan.master_addr is None:
+        yield
+        return
+    store = dist.TCPStore(plan.master_addr, plan.master_port or 0, is_master=True, wait_for_workers=False)
+    hosted = {"MASTER_ADDR": plan.master_addr, "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    before = {var: os.environ.get(var) for var in hosted}
+    os.environ.update(hosted)
+    try:
+        yield
+    finally:
+        for var, value in before.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+        del store
+
+
+def _end_with_agent() -> None:
+    """A torchrun worker gets SIGTERM once its agent dies, as a spawned rank gets SIGINT once its
+    launcher does. The agent forwards only its --signals-to-handle (SIGTERM, SIGINT, SIGHUP,
+    SIGQUIT by default): SLURM's USR1, or a SIGKILL, ends it at once and its workers would train on
+    as orphans, writing into the run dir. SIGTERM is a preemption signal: where
+    trainer.preempt_signals has it, the ranks stop at their next agreed step and save last.pt."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # the agent died before the request: no signal will come
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
@@ -324,7 +368,7 @@ def _run_rank(local_rank: int, plan: LaunchPlan, worker: Callable[..., Any], arg
 
 
 def _check_port_free(addr: str, port: int) -> None:
-    """Rank 0 listens on launcher.master_port; a port in use would fail only after the timeout."""
+    """The ranks' store listens on launcher.master_port: say now that it cannot."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the TCPStore binds
         try:
@@ -338,9 +382,3 @@ def _check_port_free(addr: str, port: int) -> None:
                 f"launcher.master_port={port} is already in use on {addr}; pick another port "
                 "or leave launcher.master_port=null for a free one"
             ) from None
-
-
-def _free_port(addr: str) -> int:
-    with socket.socket() as s:
-        s.bind((addr, 0))
-        return s.getsockname()[1]

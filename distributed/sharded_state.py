@@ -73,8 +73,8 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, ctx: Di
 
 
 def describe(path: Path) -> dict[str, Any]:
-    """What config.check asks of a checkpoint, without loading its tensors or a process group:
-    the train state, and the model's tensors as meta tensors of their full shapes."""
+    """What training.checkpoint.check_resume asks of a checkpoint, without loading its tensors or a
+    process group: the train state, and the model's tensors as meta tensors of their full shapes."""
     metadata = read_metadata(path)
     if _TRAIN_STATE not in metadata.state_dict_metadata:
         raise ConfigError(f"trainer.resume={path}: not a train.py checkpoint (no {_TRAIN_STATE}); {_FIX}")

@@ -2,7 +2,8 @@
 a plain nn.Module and unwraps it again, how a micro-batch skips the gradient all-reduce, and
 whether its checkpoints are sharded.
 
-Chosen once, by `get`; nothing else compares strategy names.
+Chosen once, by `get`; past it only launch._check_gpus's CPU-rehearsal hint (dp rehearses as ddp)
+reads a strategy's name.
 """
 from __future__ import annotations
 
@@ -272,6 +273,13 @@ def unwrap(model: nn.Module) -> nn.Module:
     if isinstance(model, AutocastReplica):
         model = model.module
     return getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
+
+
+def for_evaluation(model: nn.Module) -> nn.Module:
+    """The module evaluation runs: DataParallel as it is, splitting each batch over its GPUs as in
+    training; anything else unwrapped (DDP's forward would sync buffers across ranks whose
+    validation shards differ in length)."""
+    return model if isinstance(model, nn.DataParallel) else unwrap(model)
 
 
 def prepare_evaluation(model: nn.Module, batches: int, ctx: DistContext) -> int:

@@ -42,7 +42,7 @@ def resnet(
 def check(
     arch: str, in_channels: int, num_classes: int, stem: str = "imagenet", weights: str | None = None
 ) -> None:
-    """config.check: a ResNet torchvision has, a stem this module builds, weights that fit."""
+    """Before launch: a ResNet torchvision has, a stem this module builds, weights that fit."""
     import torchvision
 
     builder = torchvision.models.get_model_builder

@@ -28,7 +28,7 @@ def torchvision_classifier(arch: str, num_classes: int, in_channels: int = 3, we
 
 
 def check(arch: str, in_channels: int, num_classes: int, weights: str | None = None) -> None:
-    """config.check: a name torchvision knows, images it can take, weights that fit."""
+    """Before launch: a name torchvision knows, images it can take, weights that fit."""
     import torchvision
 
     names = torchvision.models.list_models(module=torchvision.models)  # classifiers, not detection/video

@@ -5,9 +5,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
-from config.check import run_config, swept_overrides, typed
+from config.overrides import swept_overrides
 from config.schema import Config, RunConfig
 from config.setup import compose
+from preflight import run_config, typed
+from training.preemption import parse_signals
 
 
 def compose_config(*overrides: str) -> DictConfig:
@@ -25,4 +27,7 @@ def job_config(run_dir: Path, *overrides: str) -> RunConfig:
     choices = dict(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]
-    return run_config(cfg, typed(cfg), run_dir, choices, swept_overrides(overrides))
+    settings = typed(cfg)
+    signals = tuple(parse_signals(settings.trainer.preempt_signals, "trainer.preempt_signals"))
+    requeue = tuple(parse_signals(settings.trainer.requeue_signals, "trainer.requeue_signals"))
+    return run_config(cfg, settings, run_dir, choices, swept_overrides(overrides), signals, requeue)

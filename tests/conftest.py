@@ -26,8 +26,8 @@ def run_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def ddp_reference(tmp_path_factory) -> Path:
-    """The tiny 2-rank DDP job (tests/runs.py's reference), which test_launchers.py holds spawned
-    and forkserver ranks to, and the launcher tests torchrun's and SLURM's ranks."""
+    """The tiny 2-rank DDP job (tests/runs.py's reference), which test_launchers.py holds spawned,
+    forkserver and torchrun's ranks to; test_slurm.py resumes a copy of its last.pt."""
     from tests.runs import reference
     return reference(tmp_path_factory.mktemp("reference_ddp") / "run", "ddp")
 
@@ -41,8 +41,8 @@ def fsdp_reference(tmp_path_factory) -> Path:
 
 # pytest-xdist hands whole files to the workers in collection order (--no-loadscope-reorder): the
 # longest first, so that none of them starts last and runs alone while the other workers are done.
-# The SLURM and hung-rank files mostly wait, and overlap with the others' CPU work. Seconds per file:
-# BENCHMARKS.md (the test suite).
+# The two-node rig's (test_slurm*.py) and the hung-rank files mostly wait, and overlap with the
+# others' CPU work. Seconds per file: BENCHMARKS.md (the test suite).
 LONGEST_FIRST = ["test_slurm_requeue.py", "test_slurm.py", "test_bench.py", "test_launchers.py", "test_fsdp.py",
                  "test_resume_preempt.py", "test_strategies.py", "test_hung_rank.py"]
 

@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from data import cifar10, mnist
+from data import cifar10
+from data.idx import TRAIN, VAL, IdxDataset, idx_bytes
+from data.mnist import MNIST
 
 
 def class_images(labels: np.ndarray, channels: int, size: int, seed: int) -> np.ndarray:
@@ -38,28 +40,45 @@ def write_cifar(root: Path, per_batch: int = 40, val: int = 100) -> dict[str, np
     return written
 
 
-def write_mnist(root: Path, train: int = 200, val: int = 100, gz: bool = False) -> dict[str, np.ndarray]:
-    """root/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]; returns what was written."""
-    folder = root / mnist.FOLDER
+def write_idx(
+    root: Path, train: int = 200, val: int = 100, gz: bool = False, dataset: IdxDataset = MNIST
+) -> dict[str, np.ndarray]:
+    """`dataset`'s IDX files as torchvision lays them out, root/<its folder>/raw/{train,t10k}-{images-idx3,
+    labels-idx1}-ubyte[.gz] (MNIST's unless told); returns what was written."""
+    folder = dataset.folder(root)
     folder.mkdir(parents=True, exist_ok=True)
     written = {}
-    for (images_name, labels_name), n, seed in ((mnist.TRAIN, train, 0), (mnist.VAL, val, 1)):
+    for (images_name, labels_name), n, seed in ((TRAIN, train, 0), (VAL, val, 1)):
         labels = labels_for(n, seed)
         images = class_images(labels, 1, 28, seed)[:, 0]
         for name, array in ((images_name, images), (labels_name, labels.astype(np.uint8))):
-            data = mnist.idx_bytes(array)
+            data = idx_bytes(array)
             (folder / (name + ".gz" if gz else name)).write_bytes(gzip.compress(data) if gz else data)
             written[name] = array
     return written
 
 
-def write_image_folder(root: Path, classes: int = 2, per_class: int = 4, size: int = 40) -> Path:
-    """root/{train,val}/class<k>/<i>.png"""
+def write_image_folder(root: Path, classes: int = 2, per_class: int = 4, size: int = 40, suffix: str = ".png") -> Path:
+    """root/{train,val}/class<k>/<i><suffix> (.png, or .jpg: baseline colour JPEGs)"""
     for split, seed in (("train", 0), ("val", 1)):
         labels = np.repeat(np.arange(classes), per_class)
         images = class_images(labels, 3, size, seed)
         for i, (image, label) in enumerate(zip(images, labels)):
-            path = root / split / f"class{label}" / f"{i}.png"
+            path = root / split / f"class{label}" / f"{i}{suffix}"
             path.parent.mkdir(parents=True, exist_ok=True)
             Image.fromarray(image.transpose(1, 2, 0)).save(path)
     return root
+
+
+def write_odd_images(folder: Path, size: tuple[int, int] = (48, 40)) -> dict[str, Path]:
+    """The files an image folder meets besides baseline colour JPEGs: a grey, a CMYK and a
+    progressive JPEG, a PNG; each named by what it is."""
+    rgb = Image.fromarray(class_images(np.array([3]), 3, max(size), seed=7)[0].transpose(1, 2, 0)).resize(size)
+    folder.mkdir(parents=True, exist_ok=True)
+    odd = {"grey": folder / "grey.jpg", "cmyk": folder / "cmyk.jpg", "progressive": folder / "progressive.jpg",
+           "png": folder / "png.png"}
+    rgb.convert("L").save(odd["grey"])
+    rgb.convert("CMYK").save(odd["cmyk"])
+    rgb.save(odd["progressive"], progressive=True)
+    rgb.save(odd["png"])
+    return odd

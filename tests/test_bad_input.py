@@ -11,7 +11,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from config.check import check
+from preflight import check_and_plan
 from distributed import sharded_state
 from distributed.context import make_context
 from errors import ConfigError
@@ -83,7 +83,7 @@ def _snapshot(directory):
 
 # One case per way train.py can stop: (overrides, exit code, words the message must contain); {root} is
 # the fixture's directory. These go through `python train.py` end to end; the rest below go through
-# the same code in this process: Hydra's composition, and config.check.check, which train.py calls.
+# the same code in this process: Hydra's composition, and preflight.check_and_plan, which train.py calls.
 HYDRA = 1  # Hydra's own composition errors: a few lines, no traceback
 OURS = 2  # train.py's checks: exactly one line
 EXIT_PATHS = {
@@ -102,7 +102,7 @@ COMPOSITION = {  # Hydra's errors: the same words train.py prints (exit 1)
     "wrong type": (["trainer.epochs=many"], ["trainer.epochs", "many"]),
     "unknown key": (["trainer.epoch=3"], ["trainer.epoch"]),
 }
-CHECKS = {  # config.check.check's ConfigErrors: the one line train.py prints after "error: " (exit 2)
+CHECKS = {  # preflight.check_and_plan's ConfigErrors: the one line train.py prints after "error: " (exit 2)
     "more GPUs than visible": (["trainer.devices=2", "trainer.accelerator=gpu", "strategy=ddp"],
                                ["trainer.devices=2 asks for 2 GPU(s)", "trainer.accelerator=cpu trainer.devices=2"]),
     "more GPUs than visible, as trainer.gpus": (  # gpus=N also picks the GPU: the rehearsal replaces it
@@ -149,7 +149,8 @@ CHECKS = {  # config.check.check's ConfigErrors: the one line train.py prints af
         ["dataset.image_size=16"], ["dataset.image_size=16", "digits images are 8x8", "set dataset.image_size=8"]),
     "model that returns no logits": (
         ["dataset=synthetic", "model._target_=torch.nn.Identity"], ["returns (2, 3, 32, 32)", "not logits (2, 10)"]),
-    "fine-tuning without the weights": (["experiment=seed001"], ["model.weights=", "resnet18-f37072fd.pth", "no such file"]),
+    "fine-tuning without the weights": (
+        ["experiment=cifar10_resnet18_finetune_dp"], ["model.weights=", "resnet18-f37072fd.pth", "no such file"]),
 }
 
 
@@ -197,7 +198,7 @@ def test_a_config_that_cannot_run_is_one_line_naming_the_key_and_touches_nothing
     before = _snapshot(run_dir / "checkpoints"), _snapshot(run_dir / ".hydra")
     fill = lambda text: text.format(root=files, port=taken_port)  # noqa: E731
     with pytest.raises(ConfigError) as error:
-        check(typed_config(*map(fill, overrides)), run_dir)
+        check_and_plan(typed_config(*map(fill, overrides)), run_dir)
     message = str(error.value)
     assert "\n" not in message, message
     for word in map(fill, words):

@@ -177,3 +177,20 @@ def test_fsdp_ratio_is_fsdp_over_ddp(monkeypatch, capsys):
     # One repeat: the median ratio is the ratio of the medians.
     ratio = number(fsdp["samples/s (median)"]) / number(ddp["samples/s (median)"])
     assert number(fsdp["ratio to ddp(2) (median of pairs)"]) == pytest.approx(ratio, rel=0.01)
+
+
+@pytest.mark.slow
+def test_imagefolder_prints_each_path_against_todays_and_the_cut_against_roi_align(monkeypatch, capsys):
+    # In this process (torch imported already): --quick writes 16 small JPEGs and runs one round.
+    monkeypatch.setattr(sys, "argv", ["bench.imagefolder", "--quick"])
+    importlib.import_module("bench.imagefolder").main()
+    out = capsys.readouterr().out
+    loaders, decode, cuts = (table_rows(block) for block in out.split("\n\n") if "\n|" in "\n" + block)
+    by_name = {row[next(iter(row))]: row for row in loaders}
+    assert number(by_name["today, per core"]["× today"]) == 1.0
+    target = by_name[f"data.decode=cpu, {len(__import__('os').sched_getaffinity(0))} workers"]["target"]
+    assert target.startswith("≥ 1.5×: ") and target.endswith("target")
+    assert [row["decode alone (PIL), per core"] for row in decode] == [
+        "original", "data.prepare --max-side 500 --quality 90", "data.prepare --max-side 400 --quality 90"]
+    assert len(cuts) == 4 and all(row["device"] == "cpu" for row in cuts)
+    assert "no CUDA device" in out

@@ -12,7 +12,8 @@ from distributed.context import DistContext, make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
 from training.checkpoint import (
-    Checkpointer, TrainState, _host_copy, check_resumable, find_resume, load_checkpoint, restore_rng, save_checkpoint,
+    Checkpointer, TrainState, _host_copy, check_resumable, confirm_shared, find_resume, load_checkpoint, restore_rng,
+    save_checkpoint,
 )
 
 
@@ -34,30 +35,26 @@ def test_a_failed_save_leaves_the_previous_file_intact(tmp_path):
     assert path.read_bytes() == before
 
 
-def test_the_directory_is_fsynced_after_the_rename_so_the_new_entry_survives_a_crash(tmp_path, monkeypatch):
+def test_the_file_is_fsynced_then_renamed_then_its_directory_fsynced(tmp_path, monkeypatch):
+    """A crash after the rename finds the new bytes only if they were on disk first, and the new
+    directory entry only once the directory is fsynced after it."""
     path = tmp_path / "ckpt" / "last.pt"
-    events, opened = [], {}
-    real_open, real_fsync, real_replace = os.open, os.fsync, os.replace
-
-    def record_open(name, flags, *args):
-        fd = real_open(name, flags, *args)
-        opened[fd] = Path(name)
-        return fd
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
 
     def record_fsync(fd):
-        events.append(("fsync", opened.get(fd)))
+        events.append(("fsync", os.fstat(fd).st_ino))
         real_fsync(fd)
 
     def record_replace(src, dst):
         events.append(("replace", Path(dst)))
         real_replace(src, dst)
 
-    monkeypatch.setattr(os, "open", record_open)
     monkeypatch.setattr(os, "fsync", record_fsync)
     monkeypatch.setattr(os, "replace", record_replace)
     save_checkpoint({"epoch": 1}, path)
-    after = events[events.index(("replace", path)) + 1:]
-    assert ("fsync", path.parent) in after, events
+    # A rename keeps the inode: the file fsynced first is the one now named last.pt.
+    assert events == [("fsync", path.stat().st_ino), ("replace", path), ("fsync", path.parent.stat().st_ino)]
 
 
 def test_a_host_copy_of_host_tensors_shares_no_memory_with_them():
@@ -89,6 +86,15 @@ def test_a_write_that_fails_midway_leaves_the_previous_file_and_no_temp(tmp_path
         save_checkpoint({"epoch": 2, "model": {"w": torch.ones(1000)}}, path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_a_save_that_fails_before_its_temp_file_exists_raises_its_own_error(tmp_path, monkeypatch):
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("training.checkpoint.open", disk_full, raising=False)  # the temp file's open
+    with pytest.raises(OSError, match="No space left"):  # not the clean-up's FileNotFoundError
+        save_checkpoint({"epoch": 1}, tmp_path / "last.pt")
 
 
 def _checkpoint(model: nn.Module, best: float = 0.5) -> dict:
@@ -161,6 +167,21 @@ def test_an_equal_score_leaves_best_pt_as_it_was(tmp_path):
     assert (tmp_path / "best.pt").read_bytes() == before
 
 
+def test_only_rank_zero_writes_checkpoints(tmp_path):
+    """Every rank calls save() (a mid-epoch one gathers their random streams); rank 1 of 2 writes
+    nothing, not even under a temp name of its own, while rank 0 writes both files."""
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for rank in (1, 0):
+        ctx = make_context(rank, rank, 2, 2, "cpu", use_process_group=False)
+        checkpointer = Checkpointer(ctx, tmp_path / f"rank{rank}", model, optimizer, None, "a: 1\n")
+        checkpointer.save(TrainState(epoch=1, best_val_acc=0.9), best=True)  # an epoch's end
+        checkpointer.save(TrainState(epoch=1, step=3, batch=3, best_val_acc=0.9))  # mid-epoch
+        checkpointer.close()
+    assert [p for p in (tmp_path / "rank1").rglob("*") if not p.is_dir()] == []
+    assert sorted(p.name for p in (tmp_path / "rank0").iterdir()) == ["best.pt", "last.pt"]
+
+
 def test_restore_brings_back_the_best_top5_and_whose_weights_were_best(tmp_path):
     model = nn.Linear(2, 1)
     saver = _checkpointer(tmp_path, model)
@@ -226,6 +247,25 @@ def test_resume_auto_finds_last_pt_or_starts_fresh(tmp_path):
     assert find_resume("auto", tmp_path) == tmp_path / "checkpoints" / "last.pt"
     assert find_resume("/elsewhere/best.pt", tmp_path) == Path("/elsewhere/best.pt")
     assert find_resume(None, tmp_path) is None
+
+
+def test_a_job_slurm_restarted_resumes_unless_told_otherwise(tmp_path):
+    """A requeued job (the template's, or submitit's, which reruns the same command) continues."""
+    save_checkpoint({"epoch": 1}, tmp_path / "checkpoints" / "last.pt")
+    restarted = {"SLURM_RESTART_COUNT": "1"}
+    assert find_resume(None, tmp_path, restarted) == tmp_path / "checkpoints" / "last.pt"
+    assert find_resume(None, tmp_path, {"SLURM_RESTART_COUNT": "0"}) is None
+    assert find_resume("/elsewhere/best.pt", tmp_path, restarted) == Path("/elsewhere/best.pt")
+
+
+def test_a_temp_dir_a_rank_cannot_see_stops_it_in_one_line(tmp_path):
+    """strategy=fsdp: rank 0 makes the temp dir every rank writes its shards into; a rank on a node
+    that does not share the run dir would write them where rank 0 never looks."""
+    ctx = DistContext(0, 0, 1, 1, torch.device("cpu"), None)
+    (tmp_path / ".last.pt.shards.tmp").mkdir()
+    confirm_shared(tmp_path / ".last.pt.shards.tmp", ctx)
+    with pytest.raises(ConfigError, match=r"^the run dir is not shared between nodes: rank 0 made .* but rank 0 on "):
+        confirm_shared(tmp_path / "elsewhere" / ".last.pt.shards.tmp", ctx)
 
 
 def test_a_gpu_runs_random_streams_resumed_on_the_cpu_restore_the_host_stream_only(monkeypatch):

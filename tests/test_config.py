@@ -8,7 +8,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from errors import ConfigError
-from config.check import check, check_override_keys
+from config.overrides import check_override_keys
+from preflight import check_and_plan
 from training.preemption import parse_signals
 from tests.configs import compose_config, typed_config
 from tests.runs import run_train
@@ -65,28 +66,29 @@ def test_a_closed_choice_outside_its_values_fails_at_composition_naming_them(ove
 )
 def test_check_names_the_key_and_the_fix(overrides, words):
     with pytest.raises(ConfigError) as error:
-        check(typed_config(*overrides))
+        check_and_plan(typed_config(*overrides))
     for word in words:
         assert word in str(error.value)
 
 
 def test_gpus_shorthand_means_gpu_accelerator():
     with pytest.raises(ConfigError, match="asks for 2 GPU"):
-        check(typed_config("trainer.gpus=2", "strategy=ddp"))
+        check_and_plan(typed_config("trainer.gpus=2", "strategy=ddp"))
 
 
 def test_cpu_ddp_plan():
-    plan = check(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"))
+    plan = check_and_plan(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"))
     assert (plan.accelerator, plan.processes_per_node, plan.process_group) == ("cpu", 2, True)
-    assert set(plan.forward_signals) == {signal.SIGTERM, signal.SIGUSR1}  # passed on to spawned ranks
+    assert set(plan.forward_signals) == {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}  # passed on to spawned ranks
+    assert plan.requeue_signals == (signal.SIGUSR1, signal.SIGUSR2)  # parsed with them, for the ranks and train.py
 
 
 def test_resume_auto_starts_fresh_but_a_plain_run_never_overwrites_last_pt(tmp_path):
-    assert check(typed_config("trainer.resume=auto"), tmp_path).world_size == 1  # no last.pt yet: fresh
+    assert check_and_plan(typed_config("trainer.resume=auto"), tmp_path).world_size == 1  # no last.pt yet: fresh
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.pt").write_bytes(b"a previous attempt")
     with pytest.raises(ConfigError, match="already holds checkpoints/last.pt; continue it with trainer.resume=auto"):
-        check(typed_config(), tmp_path)
+        check_and_plan(typed_config(), tmp_path)
 
 
 def test_signal_names_may_drop_the_sig_prefix():
@@ -142,37 +144,38 @@ def test_a_model_optimizer_or_scheduler_key_its_file_lacks_names_the_nearest(ove
 
 
 def test_keys_an_experiment_or_group_choice_brings_pass_the_key_check():
-    # seed001 picks its own model (conf/experiment/seed001.yaml): its keys are the composed node's.
-    check_override_keys(["experiment=seed001", "model.arch=resnet18", "optimizer.lr=0.1", "scheduler.step_size=3"])
+    # An experiment picks its own model (conf/experiment/cifar10_resnet18_finetune_dp.yaml): its keys are the node's.
+    check_override_keys(
+        ["experiment=cifar10_resnet18_finetune_dp", "model.arch=resnet18", "optimizer.lr=0.1", "scheduler.step_size=3"])
     check_override_keys(["model=simple_cnn,mnist_net", "model.nope=1"])  # a sweep of choices: Hydra's to judge
 
 
 def test_a_model_key_its_builder_does_not_take_is_one_line():
     with pytest.raises(ConfigError, match=r"^model: models.resnet.resnet refuses these options \(got an unexpected "
                                           r"keyword argument 'stemm'\); fix the model.\* keys"):
-        check(typed_config("model=resnet18", "+model.stemm=cifar", "trainer.accelerator=cpu"))
+        check_and_plan(typed_config("model=resnet18", "+model.stemm=cifar", "trainer.accelerator=cpu"))
 
 
 def test_a_validation_batch_smaller_than_the_world_is_one_line():
     with pytest.raises(ConfigError, match=r"^trainer.val_batch_size=1 is the global validation batch, .* use 2 or more"):
-        check(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.val_batch_size=1"))
-    check(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.val_batch_size=2"))
+        check_and_plan(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.val_batch_size=1"))
+    check_and_plan(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.val_batch_size=2"))
 
 
 def test_launcher_backend_picks_the_process_groups_backend(monkeypatch):
     # The ImageNet example's --dist-backend: gloo on GPUs where NCCL will not run.
     with pytest.raises(ConfigError, match="^launcher.backend=nccl takes GPUs only; on CPU use launcher.backend=gloo"):
-        check(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.backend=nccl"))
+        check_and_plan(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.backend=nccl"))
     monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
     backends = {}
     for backend in ("null", "nccl", "gloo"):
-        plan = check(typed_config("strategy=ddp", "trainer.gpus=2", f"launcher.backend={backend}"))
+        plan = check_and_plan(typed_config("strategy=ddp", "trainer.gpus=2", f"launcher.backend={backend}"))
         backends[backend] = plan.context(1, 1).backend
     assert backends == {"null": "nccl", "nccl": "nccl", "gloo": "gloo"}
-    cpu = check(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.backend=gloo"))
+    cpu = check_and_plan(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.backend=gloo"))
     assert cpu.context(1, 1).backend == "gloo"
 
 
 def test_sync_batchnorm_under_dp_is_refused_not_ignored():
     with pytest.raises(ConfigError, match="^strategy.sync_batchnorm=true under strategy=dp: .*use strategy=ddp"):
-        check(typed_config("strategy=dp", "strategy.sync_batchnorm=true"))
+        check_and_plan(typed_config("strategy=dp", "strategy.sync_batchnorm=true"))

@@ -1,5 +1,6 @@
 """The CUDA-only paths, through `python train.py` on a GPU: precisions, DP, NCCL DDP under spawn and
-torchrun, FSDP2, the device loader, compile and CUDA graphs, deterministic kernels and exact resume.
+torchrun, FSDP2, the device loader, compile and CUDA graphs, deterministic kernels, exact resume, and
+image folders decoded by nvJPEG (data.decode=gpu).
 
 CI has no GPU: there every test here skips. On a machine with one CUDA device run
 `python -m pytest tests/test_cuda.py` (BENCHMARKS.md records the last such run).
@@ -148,3 +149,38 @@ def test_more_gpus_than_visible_is_one_line_naming_the_fix(run_dir):
     assert result.returncode != 0
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and "visible" in line and "trainer.accelerator=cpu" in line, result.stderr
+
+
+def test_gpu_decode_cuts_what_the_workers_cut_and_trains_a_resnet_from_jpegs(tmp_path):
+    """data.decode=gpu on CUDA (what data.decode=auto picks there): nvJPEG decodes each batch and
+    the GPU cuts it. Its batches are the workers' (data.decode=cpu: the same boxes) up to the two
+    JPEG decoders' rounding, odd files come cut from the workers, and train.py trains from it."""
+    from data import Loaders, build_loaders
+    from distributed.context import make_context
+    from tests.configs import typed_config
+    from tests.dataset_files import write_image_folder, write_odd_images
+
+    root = write_image_folder(tmp_path / "images", classes=3, per_class=8, size=64, suffix=".jpg")
+    write_odd_images(root / "val" / "class2")
+    ctx = make_context(0, 0, 1, 1, "gpu", use_process_group=False)
+    batches = {}
+    for decode in ("gpu", "cpu"):
+        cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=3", "data.num_workers=0",
+                           f"data.decode={decode}")
+        loaders = build_loaders(cfg.dataset, cfg.data, ctx, global_batch=8, seed=0)
+        loaders.train_sampler.set_epoch(1)
+        batches[decode] = [Loaders.to_device(loader, *next(iter(loader)), ctx.device)[0]
+                           for loader in (loaders.train, loaders.val)]
+        if decode == "gpu":
+            assert len(loaders.val.to_device.cpu_decoded) == 0  # the first val batch holds no odd file
+    for gpu, cpu in zip(batches["gpu"], batches["cpu"]):
+        assert gpu.device.type == "cuda" and gpu.shape == cpu.shape == (8, 3, 224, 224)
+        assert (gpu - cpu).abs().mean() < 0.15  # normalised; nvJPEG and libjpeg-turbo round apart, a crop apart is ~1
+    result = run_train(tmp_path / "run", "trainer.accelerator=gpu", "model=resnet18", "dataset=imagefolder",
+                       f"dataset.root={root}", "dataset.num_classes=3", "trainer.batch_size=8", "trainer.epochs=2",
+                       "trainer.precision=bf16-mixed", "trainer.channels_last=true", "logger=none", cold=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["steps"] == 6 and math.isfinite(metrics["train_loss"]), metrics
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert log.count("decoded on the CPU instead") == 1  # data.decode=auto chose the GPU; its odd files, once

@@ -1,15 +1,18 @@
 """Per-rank loaders: the global batch splits evenly and validation counts every sample once."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 import data
-from data import EpochSeeded, build_loaders
+from config.setup import CONF_DIR
+from data import DATASETS, EpochSeeded, build_loaders, dataset_module
 from distributed.context import make_context
 from errors import ConfigError
 from tests.configs import typed_config
@@ -44,13 +47,13 @@ def test_train_shards_are_disjoint_and_reshuffled_each_epoch():
 
 
 def test_digits_are_sklearns_and_the_split_is_stratified_and_fixed():
-    from sklearn.datasets import load_digits
-
     from data import digits
 
     images, labels = digits.images_and_labels()
-    expected_images, expected_labels = load_digits(return_X_y=True)
-    assert np.array_equal(images, expected_images) and np.array_equal(labels, expected_labels)
+    # sklearn.datasets.load_digits(return_X_y=True) of scikit-learn 1.9.1, as uint8 bytes, images then labels
+    shipped = hashlib.sha256(images.astype(np.uint8).tobytes() + labels.astype(np.uint8).tobytes()).hexdigest()
+    assert shipped == "87ff0c9e40dc7e2c0e34e7257799c2e3f3aec1a016363bb11cad869ec428a826"
+    assert images.shape == (1797, 64) and images.min() == 0 and images.max() == 16
     train, val = digits.stratified_split(labels, 0.2)
     assert (len(train), len(val)) == (1437, 360) and not set(train) & set(val)
     share = np.bincount(labels[val]) / np.bincount(labels)
@@ -111,7 +114,7 @@ def test_each_dataloader_worker_augments_from_a_seed_of_its_own(monkeypatch):
     for worker in (0, 1, 0):
         monkeypatch.setattr(data, "get_worker_info", lambda: SimpleNamespace(id=worker))
         seeded = EpochSeeded(_RandomItems(), seed=0, rank=0)
-        draws.setdefault(worker, []).append([seeded[i, 0].item() for i in range(3)])
+        draws.setdefault(worker, []).append([seeded[i, 0, i].item() for i in range(3)])
     assert draws[0][0] == draws[0][1] != draws[1][0]  # repeatable per worker, apart between workers
 
 
@@ -123,3 +126,28 @@ class _RandomItems(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> torch.Tensor:
         return torch.rand(())
+
+
+def test_every_dataset_config_is_served_by_a_registered_module_and_every_module_has_a_config():
+    names = {path.stem: yaml.safe_load(path.read_text())["name"] for path in (CONF_DIR / "dataset").glob("*.yaml")}
+    assert all(stem == name for stem, name in names.items())  # dataset=<file> is dataset.name=<file>
+    assert set(names) == set(DATASETS)
+    for name in DATASETS:
+        dataset_module(name)  # imports, and serves arrays(cfg) or load(cfg)
+
+
+def test_a_dataset_no_module_serves_is_one_line_saying_where_to_register(defaults):
+    with pytest.raises(ConfigError) as error:
+        data.check(replace(defaults.dataset, name="fashion"), defaults.data)
+    assert str(error.value).startswith(
+        'dataset.name=fashion: no module serves it; register one in data/__init__.py\'s DATASETS ("fashion": '
+        '"data.fashion"), beside cifar10, digits, ')
+    assert "\n" not in str(error.value)
+
+
+def test_per_image_options_on_ready_tensors_name_the_datasets_that_take_them(defaults):
+    with pytest.raises(ConfigError) as error:
+        data.check(replace(defaults.dataset, random_erase=0.5), defaults.data)
+    takes = [name for name in DATASETS if getattr(dataset_module(name), "PER_IMAGE_TRANSFORMS", False)]
+    assert f"use a dataset that takes it ({', '.join(sorted(takes))}), or dataset.random_erase=0" in str(error.value)
+    assert {"mnist", "fashion_mnist", "kmnist", "cifar10", "imagefolder"} <= set(takes)

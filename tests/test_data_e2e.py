@@ -10,12 +10,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from config.check import factory
+from preflight import factory
 from config.schema import Config, Loader
 from config.setup import ROOT
 from data import build_loaders, cifar10
 from distributed.context import make_context
-from tests.dataset_files import write_cifar, write_image_folder, write_mnist
+from tests.dataset_files import write_cifar, write_idx, write_image_folder, write_odd_images
 from tests.runs import run_train
 from training.loss import CrossEntropy
 from training.trainer import Batches, evaluate
@@ -75,23 +75,24 @@ def test_ddp_validation_accuracy_equals_one_process_evaluating_the_checkpoint(tm
     assert _single_process_val_acc(tmp_path, batch=32) == metrics["val_acc"]
 
 
-@pytest.mark.parametrize("extra", [("data.loader=device",), DDP])
-def test_trains_on_mnist_idx_files(tmp_path, extra):
+def test_trains_on_mnist_idx_files_under_ddp(tmp_path):  # one process and data.loader=device: tests/test_extending.py
     root = tmp_path / "data"
-    write_mnist(root, train=200, val=100, gz=True)
-    metrics = _train(tmp_path / "run", "dataset=mnist", f"dataset.root={root}", "trainer.epochs=1", *extra)
-    assert metrics["dataset"] == "mnist" and metrics["epochs"] == 1
-    assert metrics["world_size"] == (2 if extra == DDP else 1)
+    write_idx(root, train=200, val=100, gz=True)
+    metrics = _train(tmp_path / "run", "dataset=mnist", f"dataset.root={root}", "trainer.epochs=1", *DDP)
+    assert (metrics["dataset"], metrics["epochs"], metrics["world_size"]) == ("mnist", 1, 2)
 
 
-@pytest.mark.parametrize("extra", [(), DDP])
+@pytest.mark.parametrize("extra", [("data.decode=gpu",), DDP])  # the GPU path's CPU rehearsal; workers decoding
 def test_trains_on_an_image_folder_at_224(tmp_path, extra):
-    root = write_image_folder(tmp_path / "images", classes=3, per_class=4, size=48)
+    root = write_image_folder(tmp_path / "images", classes=3, per_class=4, size=48, suffix=".jpg")
+    write_odd_images(root / "val" / "class2")  # grey, CMYK, progressive, PNG
     metrics = _train(
         tmp_path / "run", "dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=3",
         "model=simple_cnn", "trainer.epochs=1", "trainer.batch_size=4", "data.num_workers=1", *extra,
     )
     assert metrics["dataset"] == "imagefolder" and metrics["steps"] == 3
+    notes = [line for line in (tmp_path / "run" / "train.log").read_text().splitlines() if "decoded on the CPU" in line]
+    assert len(notes) == (extra != DDP), notes  # data.decode=gpu logs its first odd file once
 
 
 def _one_line_error(result) -> str:
@@ -103,7 +104,7 @@ def _one_line_error(result) -> str:
 
 def test_download_off_with_files_missing_is_one_line(tmp_path, run_dir):
     message = _one_line_error(run_train(run_dir, "dataset=cifar10", f"dataset.root={tmp_path}", "dataset.download=false"))
-    assert str(tmp_path) in message and "python -m data.download dataset=cifar10" in message
+    assert str(tmp_path) in message and "python download.py dataset=cifar10" in message
 
 
 def test_a_truncated_file_is_one_line(tmp_path, run_dir):
@@ -120,8 +121,8 @@ def test_a_missing_image_root_is_one_line(tmp_path, run_dir):
 
 
 def test_offline_prep_command_reports_what_it_found(tmp_path):
-    write_mnist(tmp_path, train=30, val=10)
-    cmd = [sys.executable, "-m", "data.download", "dataset=mnist", f"dataset.root={tmp_path}"]
+    write_idx(tmp_path, train=30, val=10)
+    cmd = [sys.executable, "download.py", "dataset=mnist", f"dataset.root={tmp_path}"]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert f"mnist: 30 training and 10 validation images in {tmp_path}" in result.stdout

@@ -6,6 +6,7 @@ import gzip
 import io
 import os
 import pickle
+import runpy
 import tarfile
 import urllib.error
 import urllib.request
@@ -17,12 +18,16 @@ import torch
 
 from config.schema import DatasetConfig
 from config.setup import ROOT
-from data import check, cifar10, download, imagefolder, mnist
+import download as download_command
+from data import DATASETS, OnDisk, build_loaders, check, cifar10, dataset_module, download, imagefolder, serving
+from data.file_batches import EncodedFiles
+from data.idx import IdxDataset, idx_bytes
+from data.mnist import MNIST
 from distributed.context import make_context
 from errors import ConfigError
 from tests import train_server
 from tests.configs import typed_config
-from tests.dataset_files import class_images, write_cifar, write_image_folder, write_mnist
+from tests.dataset_files import class_images, write_cifar, write_image_folder, write_idx
 
 
 def _dataset(name: str, root: Path, *overrides: str):
@@ -59,19 +64,24 @@ def test_cifar_batches_re_pickled_with_bytes_keys_read_the_same(tmp_path, protoc
         assert torch.equal(ours.images, theirs.images) and torch.equal(ours.labels, theirs.labels)
 
 
-def test_mnist_reads_what_torchvision_reads(tmp_path):
-    from torchvision.datasets import MNIST
+IDX_DATASETS = [name for name in DATASETS if isinstance(dataset_module(name), IdxDataset)]  # mnist, fashion_mnist, ...
 
-    write_mnist(tmp_path, train=30, val=10)
-    ours, _ = mnist.read(tmp_path)
-    theirs = MNIST(str(tmp_path), train=True)
+
+@pytest.mark.parametrize("name", IDX_DATASETS)
+def test_the_idx_reader_reads_what_torchvision_reads(tmp_path, name):
+    import torchvision.datasets
+
+    dataset = dataset_module(name)
+    write_idx(tmp_path, train=30, val=10, dataset=dataset)
+    ours, _ = dataset.read(tmp_path)
+    theirs = getattr(torchvision.datasets, dataset.torchvision_class)(str(tmp_path), train=True)
     assert torch.equal(ours.images[:, 0], theirs.data) and torch.equal(ours.labels, theirs.targets)
 
 
 def test_mnist_reads_gzipped_files(tmp_path):
-    written = write_mnist(tmp_path, train=30, val=10, gz=True)
-    assert all(path.suffix == ".gz" for path in mnist.files(tmp_path))
-    _, val = mnist.read(tmp_path)
+    written = write_idx(tmp_path, train=30, val=10, gz=True)
+    assert all(path.suffix == ".gz" for path in MNIST.files(tmp_path))
+    _, val = MNIST.read(tmp_path)
     assert torch.equal(val.images[:, 0], torch.from_numpy(written["t10k-images-idx3-ubyte"]))
 
 
@@ -92,7 +102,7 @@ def _assert_one_line_error(read, dataset: str, words: list[str]) -> None:
     with pytest.raises(ConfigError) as error:
         read()
     message = str(error.value)
-    assert "\n" not in message and f"python -m data.download dataset={dataset}" in message
+    assert "\n" not in message and f"python download.py dataset={dataset}" in message
     for word in words:
         assert word in message
 
@@ -120,29 +130,29 @@ def test_malformed_cifar_batch_is_one_line_naming_the_file_and_fix(tmp_path, spo
     "spoil, words",
     [
         (_truncate, ["train-images-idx3-ubyte", "truncated"]),
-        (lambda p: p.write_bytes(mnist.idx_bytes(np.zeros((4, 28), np.uint8))), ["bad header"]),
+        (lambda p: p.write_bytes(idx_bytes(np.zeros((4, 28), np.uint8))), ["bad header"]),
     ],
 )
 def test_malformed_mnist_file_is_one_line_naming_the_file_and_fix(tmp_path, gz, spoil, words):
-    write_mnist(tmp_path, train=20, val=10)
-    images = tmp_path / mnist.FOLDER / "train-images-idx3-ubyte"
+    write_idx(tmp_path, train=20, val=10)
+    images = MNIST.folder(tmp_path) / "train-images-idx3-ubyte"
     spoil(images)
     if gz:
         images.with_name(images.name + ".gz").write_bytes(gzip.compress(images.read_bytes()))
         images.unlink()
-    _assert_one_line_error(lambda: mnist.read(tmp_path), "mnist", words)
+    _assert_one_line_error(lambda: MNIST.read(tmp_path), "mnist", words)
 
 
 def test_truncated_gzip_and_label_count_mismatch_are_errors(tmp_path):
-    write_mnist(tmp_path, train=20, val=10, gz=True)
-    labels = tmp_path / mnist.FOLDER / "train-labels-idx1-ubyte.gz"
-    labels.write_bytes(gzip.compress(mnist.idx_bytes(np.zeros(19, np.uint8))))
+    write_idx(tmp_path, train=20, val=10, gz=True)
+    labels = MNIST.folder(tmp_path) / "train-labels-idx1-ubyte.gz"
+    labels.write_bytes(gzip.compress(idx_bytes(np.zeros(19, np.uint8))))
     with pytest.raises(ConfigError, match="20 images but train-labels-idx1-ubyte.gz has 19 labels"):
-        mnist.read(tmp_path)
-    write_mnist(tmp_path, train=20, val=10, gz=True)
-    _truncate(tmp_path / mnist.FOLDER / "t10k-images-idx3-ubyte.gz")
+        MNIST.read(tmp_path)
+    write_idx(tmp_path, train=20, val=10, gz=True)
+    _truncate(MNIST.folder(tmp_path) / "t10k-images-idx3-ubyte.gz")
     with pytest.raises(ConfigError, match="t10k-images-idx3-ubyte.gz: unreadable"):
-        mnist.read(tmp_path)
+        MNIST.read(tmp_path)
 
 
 def test_missing_files_with_download_off_name_the_root_and_the_prep_command(tmp_path):
@@ -151,12 +161,12 @@ def test_missing_files_with_download_off_name_the_root_and_the_prep_command(tmp_
         check(cfg.dataset, cfg.data)
     message = str(error.value)
     assert f"{tmp_path} lacks cifar-10-batches-py/data_batch_1 and 5 more" in message
-    assert f"python -m data.download dataset=cifar10 dataset.root={tmp_path}" in message
+    assert f"python download.py dataset=cifar10 dataset.root={tmp_path}" in message
 
 
 def test_check_reads_the_files_so_a_bad_one_fails_before_training(tmp_path):
-    write_mnist(tmp_path, train=20, val=10)
-    _truncate(tmp_path / mnist.FOLDER / "t10k-labels-idx1-ubyte")
+    write_idx(tmp_path, train=20, val=10)
+    _truncate(MNIST.folder(tmp_path) / "t10k-labels-idx1-ubyte")
     cfg = _dataset("mnist", tmp_path)
     with pytest.raises(ConfigError, match="t10k-labels-idx1-ubyte: header promises"):
         check(cfg.dataset, cfg.data)
@@ -178,6 +188,11 @@ def test_default_root_is_a_git_ignored_folder_outside_the_package_and_DATA_DIR_m
         (["dataset.root={missing}"], ["no train/ folder"]),
         (["dataset.root={root}", "dataset.num_classes=1000"], ["dataset.num_classes=1000", "set dataset.num_classes=3"]),
         (["dataset.root={root}", "dataset.num_classes=3", "data.loader=device"], ["data.loader=dataloader"]),
+        (["dataset.root={root}", "dataset.num_classes=3", "dataset.channels=1"], ["dataset.channels=1", "dataset.channels=3"]),
+        (["dataset.root={root}", "dataset.num_classes=3", "data.decode=gpu", "dataset.auto_augment=ta_wide"],
+         ["data.decode=gpu", "dataset.auto_augment=ta_wide", "data.decode=cpu", "dataset.auto_augment=null"]),
+        (["dataset.root={root}", "dataset.num_classes=3", "data.decode=gpu", "dataset.random_erase=0.25"],
+         ["dataset.random_erase=0.25", "dataset.random_erase=0"]),
     ],
 )
 def test_image_folder_checks(tmp_path, overrides, words):
@@ -190,16 +205,16 @@ def test_image_folder_checks(tmp_path, overrides, words):
         assert word in str(error.value)
 
 
-def test_image_folder_uses_imagenet_transforms_and_names_an_unreadable_image(tmp_path):
+def test_image_folder_uses_imagenet_sizes_and_names_an_unreadable_image(tmp_path):
     root = write_image_folder(tmp_path, classes=2, per_class=2, size=40)
-    cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2")
-    train, val = imagefolder.load(cfg.dataset)
-    assert train[0][0].shape == val[0][0].shape == (3, 224, 224)
+    cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2", "data.num_workers=0")
+    loaders = build_loaders(cfg.dataset, cfg.data, make_context(0, 0, 1, 1, "cpu", use_process_group=False), 4, 0)
+    assert next(iter(loaders.train))[0].shape == next(iter(loaders.val))[0].shape == (4, 3, 224, 224)
     bad = root / "val" / "class1" / "broken.png"
     bad.write_bytes(b"not a png")
-    train, val = imagefolder.load(cfg.dataset)
+    _, val = imagefolder.image_files(cfg.dataset)
     with pytest.raises(ConfigError, match="broken.png: unreadable image"):
-        val[len(val) - 1]
+        EncodedFiles(val)[len(val) - 1]
 
 
 def _empty_class(root: Path, split: str, name: str = "class1", keep: str | None = None) -> None:
@@ -230,8 +245,8 @@ def test_an_empty_validation_class_is_allowed_and_keeps_every_label_but_an_empty
     _empty_class(root, "val")
     cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=3")
     check(cfg.dataset, cfg.data)
-    train, val = imagefolder.load(cfg.dataset)
-    assert val.class_to_idx == train.class_to_idx and sorted(val.targets) == [0, 0, 2, 2]
+    _, val = imagefolder.image_files(cfg.dataset)
+    assert sorted(label for _, label in val) == [0, 0, 2, 2]  # class2 keeps its label
     for name in ("class0", "class2"):
         _empty_class(root, "val", name)
     with pytest.raises(ConfigError, match=rf"^dataset.root={root}: val/ holds no image .* in any class folder"):
@@ -278,46 +293,49 @@ def test_cifar_download_fetches_and_unpacks_the_official_archive(tmp_path, monke
     fetched = _serve(monkeypatch, {CIFAR10.filename: archive.getvalue()})
     monkeypatch.setattr(CIFAR10, "tgz_md5", _md5(archive.getvalue()))
     root = tmp_path / "cache"
-    assert download.main(["dataset=cifar10", f"dataset.root={root}"]) == 0
+    assert download_command.main(["dataset=cifar10", f"dataset.root={root}"]) == 0
     assert CIFAR10.url in fetched
     train, _ = cifar10.read(root)
     assert len(train) == 15
 
 
-def test_mnist_download_uses_torchvisions_mirrors_and_md5s(tmp_path, monkeypatch):
-    from torchvision.datasets import MNIST
+@pytest.mark.parametrize("name", IDX_DATASETS)
+def test_an_idx_download_uses_torchvisions_mirrors_and_md5s(tmp_path, monkeypatch, name):
+    import torchvision.datasets
 
-    write_mnist(tmp_path / "source", train=12, val=6, gz=True)
-    served = {path.name: path.read_bytes() for path in mnist.files(tmp_path / "source")}
+    dataset = dataset_module(name)
+    torchvisions = getattr(torchvision.datasets, dataset.torchvision_class)
+    write_idx(tmp_path / "source", train=12, val=6, gz=True, dataset=dataset)
+    served = {path.name: path.read_bytes() for path in dataset.files(tmp_path / "source")}
     fetched = _serve(monkeypatch, served)
-    monkeypatch.setattr(MNIST, "resources", [(name, _md5(body)) for name, body in served.items()])
-    cfg = _dataset("mnist", tmp_path / "cache")
-    download.fetch(mnist, cfg.dataset)
-    assert set(fetched) == {MNIST.mirrors[0] + name for name in served}
-    train, val = mnist.read(tmp_path / "cache")
+    monkeypatch.setattr(torchvisions, "resources", [(name, _md5(body)) for name, body in served.items()])
+    cfg = _dataset(name, tmp_path / "cache")
+    download.fetch(dataset, cfg.dataset)
+    assert set(fetched) == {torchvisions.mirrors[0] + name for name in served}
+    train, val = dataset.read(tmp_path / "cache")
     assert (len(train), len(val)) == (12, 6)
 
 
 def test_a_failed_download_is_one_line_with_the_offline_command(tmp_path, monkeypatch, capsys):
     _serve(monkeypatch, {})
-    assert download.main(["dataset=cifar10", f"dataset.root={tmp_path}"]) == 2
+    assert download_command.main(["dataset=cifar10", f"dataset.root={tmp_path}"]) == 2
     message = capsys.readouterr().err.strip()
     assert message.startswith("error: could not download cifar10") and "\n" not in message
-    assert "no route to host" in message and "python -m data.download dataset=cifar10" in message
+    assert "no route to host" in message and "python download.py dataset=cifar10" in message
 
 
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["dataset=mnsit"], ["dataset=mnsit: choose mnist or cifar10"]),
-        (["dataset=digits"], ["dataset=digits: choose mnist or cifar10"]),
+        (["dataset=mnsit"], [f"dataset=mnsit: choose one of {', '.join(serving(OnDisk))}, the datasets with files"]),
+        (["dataset=digits"], [f"dataset=digits: choose one of {', '.join(serving(OnDisk))}, the datasets with files"]),
         (["dataset=mnist", "paths.dat_dir=/x"], ["Could not override 'paths.dat_dir'", "--help"]),
         (["dataset=mnist", "dataset.download=maybe"], ["dataset.download=maybe", "not a valid bool", "--help"]),
         (["--cfg", "job"], ["--cfg: not an option", "--help"]),
     ],
 )
 def test_the_download_command_answers_a_bad_argument_in_one_line(capsys, argv, words):
-    assert download.main(argv) == 2
+    assert download_command.main(argv) == 2
     out, err = capsys.readouterr()
     assert not out and err.startswith("error: ") and err.count("\n") == 1
     for word in words:
@@ -325,9 +343,17 @@ def test_the_download_command_answers_a_bad_argument_in_one_line(capsys, argv, w
 
 
 def test_the_download_command_has_a_usage_text(capsys):
-    assert download.main(["--help"]) == 0
-    assert capsys.readouterr().out.startswith("usage: python -m data.download dataset=mnist|cifar10")
+    assert download_command.main(["--help"]) == 0
+    downloadable = serving(OnDisk)
+    assert {"mnist", "fashion_mnist", "kmnist", "cifar10"} <= set(downloadable)
+    assert capsys.readouterr().out.startswith(f"usage: python download.py dataset={'|'.join(downloadable)} ")
 
+
+
+def test_the_download_commands_old_name_says_its_new_one(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["data/download.py", "dataset=mnist"])
+    with pytest.raises(SystemExit, match=r"^error: this command is now `python download.py dataset=mnist`$"):
+        runpy.run_path(str(ROOT / "data" / "download.py"), run_name="__main__")
 
 def test_class_images_carry_their_label():
     labels = np.arange(10)

@@ -2,6 +2,8 @@
 batched augmentation is the torchvision one, randomness follows (seed, epoch, rank); worker counts."""
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import pytest
@@ -152,8 +154,8 @@ def test_repeated_augmentation_reaches_both_loaders_each_image_three_times_in_a_
     assert isinstance(loaders.train, torch.utils.data.DataLoader) == (loader == "DataLoader")
     assert isinstance(loaders.train_sampler, RepeatedAugmentationSampler) and loaders.train_sampler.repetitions == 3
     loaders.train_sampler.set_epoch(1)
-    if loader == "DataLoader":  # the indices the loader itself draws (paired with their epoch)
-        indices = [index for index, _ in next(iter(loaders.train.batch_sampler))]
+    if loader == "DataLoader":  # the indices the loader itself draws (with their epoch and position)
+        indices = [index for index, *_ in next(iter(loaders.train.batch_sampler))]
     else:
         indices = list(loaders.train.order)[:12]
     runs = torch.tensor(indices).view(4, 3)
@@ -162,13 +164,17 @@ def test_repeated_augmentation_reaches_both_loaders_each_image_three_times_in_a_
     assert (labels.view(4, 3) == labels.view(4, 3)[:, :1]).all(), labels
 
 
-def test_num_workers_auto_splits_the_tasks_cpus_among_local_ranks():
+def test_num_workers_auto_splits_the_tasks_cpus_among_local_ranks(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))  # the CPUs this process may use
     cfg = typed_config()
     two_ranks = make_context(0, 0, 2, 2, "cpu", use_process_group=False)
     assert num_workers(cfg.data, two_ranks, env={"SLURM_CPUS_PER_TASK": "8"}) == 4
-    assert num_workers(cfg.data, two_ranks, env={}) == max(1, len(__import__("os").sched_getaffinity(0)) // 2)
-    # srun started each rank as a task of its own: the task's CPUs are this rank's alone
-    assert num_workers(cfg.data, two_ranks, env={"SLURM_CPUS_PER_TASK": "8", "SLURM_NTASKS": "2"}) == 8
+    assert num_workers(cfg.data, two_ranks, env={}) == 4
+    # srun started each rank as a task of its own: the task's CPUs are this rank's alone, but never
+    # more than it may use (since SLURM 22.05 an srun without -c binds fewer than the variable says)
+    srun_task = {"SLURM_NTASKS": "2", "SLURM_STEP_ID": "0"}
+    assert num_workers(cfg.data, two_ranks, env=srun_task | {"SLURM_CPUS_PER_TASK": "6"}) == 6
+    assert num_workers(cfg.data, two_ranks, env=srun_task | {"SLURM_CPUS_PER_TASK": "16"}) == 8
     fixed = typed_config("data.num_workers=3")
     assert num_workers(fixed.data, two_ranks, env={"SLURM_CPUS_PER_TASK": "8"}) == 3
 

@@ -1,37 +1,39 @@
-"""Each seed's reproduction composes as its text says and runs, tiny, through `python train.py`."""
+"""Each seed's reproduction composes as its text says and runs, tiny, through `python train.py`; a seed's
+first name (experiment=seed000) is its recipe's descriptive one."""
 from __future__ import annotations
 
 import json
 
 import pytest
 import torch
+import yaml
 
-from config.check import optim_config, schedule_config
 from config.schema import LauncherName, LrScaling, OptimConfig, ScheduleConfig, StrategyName
+from config.setup import CONF_DIR
+from preflight import optim_config, schedule_config
 from tests.configs import compose_config
+from tests.dataset_files import write_cifar, write_idx, write_image_folder
 from tests.runs import run_train
-from tests.dataset_files import write_cifar, write_image_folder, write_mnist
 
-EXPERIMENTS = ("seed000", "seed001", "seed002", "seed003", "tv_resnet50")
 TINY = ("debug=fdr",)  # last, as on a command line: a few CPU batches of the recipe
 
 
 def test_seed000_is_resnet50_ddp_with_128_images_per_device():
-    cfg = compose_config("experiment=seed000", "trainer.devices=4")
+    cfg = compose_config("experiment=cifar10_resnet50_ddp", "trainer.devices=4")
     assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, cfg.launcher.name) == ("resnet50", "cifar10", StrategyName.ddp, LauncherName.spawn)
     assert cfg.trainer.batch_size == 512 and cfg.trainer.epochs == 1
     assert (cfg.optimizer.lr, cfg.optimizer.momentum, cfg.optimizer.weight_decay) == (0.1, 0.9, 5e-4)
-    assert compose_config("experiment=seed000", "trainer.gpus=2", "trainer.num_nodes=2").trainer.batch_size == 512
+    assert compose_config("experiment=cifar10_resnet50_ddp", "trainer.gpus=2", "trainer.num_nodes=2").trainer.batch_size == 512
 
 
 def test_seed001_fine_tunes_resnet18_at_224_with_dp_and_steplr():
-    cfg = compose_config("experiment=seed001", "model.weights=w.pth")
+    cfg = compose_config("experiment=cifar10_resnet18_finetune_dp", "model.weights=w.pth")
     assert (cfg.model.arch, cfg.strategy.name, cfg.dataset.image_size, cfg.dataset.resize) == ("resnet18", StrategyName.dp, 224, 256)
     assert (cfg.optimizer.lr, cfg.scheduler.step_size, cfg.scheduler.gamma, cfg.trainer.epochs) == (0.001, 7, 0.1, 25)
 
 
 def test_seed002_is_the_mnist_net_with_adadelta_and_steplr():
-    cfg = compose_config("experiment=seed002", "trainer.devices=2")
+    cfg = compose_config("experiment=mnist_net_ddp", "trainer.devices=2")
     assert (cfg.model._target_, cfg.dataset.name, cfg.optimizer._target_) == (
         "models.mnist_net.MnistNet", "mnist", "torch.optim.Adadelta"
     )
@@ -40,11 +42,11 @@ def test_seed002_is_the_mnist_net_with_adadelta_and_steplr():
 
 
 def test_seed003_is_resnet50_ddp_on_an_image_folder():
-    cfg = compose_config("experiment=seed003", "dataset.root=/data/imagenet")
+    cfg = compose_config("experiment=imagenet_resnet50_ddp", "dataset.root=/data/imagenet")
     assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, cfg.trainer.batch_size) == ("resnet50", "imagefolder", StrategyName.ddp, 256)
     assert (cfg.optimizer.weight_decay, cfg.scheduler.step_size, cfg.trainer.epochs) == (1e-4, 30, 90)
     # The example's batch is each node's, split over that node's GPUs.
-    assert compose_config("experiment=seed003", "trainer.num_nodes=2").trainer.batch_size == 512
+    assert compose_config("experiment=imagenet_resnet50_ddp", "trainer.num_nodes=2").trainer.batch_size == 512
 
 
 def test_tv_resnet50_is_torchvisions_published_recipe():
@@ -63,6 +65,17 @@ def test_tv_resnet50_is_torchvisions_published_recipe():
     assert schedule_config(cfg.scheduler) == ScheduleConfig(warmup_epochs=5, warmup_start_factor=0.01)
 
 
+
+def test_a_seed_name_is_only_an_alias_of_its_recipe_under_a_descriptive_name():
+    seeds = sorted((CONF_DIR / "experiment").glob("seed*.yaml"))
+    assert len(seeds) == 4
+    for seed in seeds:  # nothing but a defaults entry naming the recipe: one source of truth
+        alias = yaml.safe_load(seed.read_text())
+        (recipe,) = alias["defaults"]
+        assert alias.keys() == {"defaults"} and not recipe.startswith("seed")
+        assert (CONF_DIR / "experiment" / f"{recipe}.yaml").is_file()
+    assert compose_config("experiment=seed002") == compose_config("experiment=mnist_net_ddp")  # Hydra follows it
+
 def _run(run_dir, *overrides):
     result = run_train(run_dir, *overrides, *TINY)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -73,8 +86,8 @@ def _run(run_dir, *overrides):
 def test_seed000_runs_tiny_under_ddp(tmp_path):  # one rank: the 2-rank path is tested elsewhere
     write_cifar(tmp_path / "cifar", per_batch=8, val=8)
     metrics = _run(
-        tmp_path / "run", "experiment=seed000", f"dataset.root={tmp_path / 'cifar'}", "dataset.download=false",
-        "trainer.devices=1", "trainer.batch_size=8",
+        tmp_path / "run", "experiment=cifar10_resnet50_ddp", f"dataset.root={tmp_path / 'cifar'}",
+        "dataset.download=false", "trainer.devices=1", "trainer.batch_size=8",
     )
     assert (metrics["model"], metrics["strategy"], metrics["world_size"]) == ("resnet50", "ddp", 1)
 
@@ -88,8 +101,8 @@ def test_seed001_fine_tunes_from_a_local_weights_file_at_224(tmp_path):
     write_cifar(tmp_path / "cifar", per_batch=4, val=4)
     run_dir = tmp_path / "run"
     metrics = _run(
-        run_dir, "experiment=seed001", f"model.weights={weights}", f"dataset.root={tmp_path / 'cifar'}",
-        "dataset.download=false", "trainer.batch_size=4",
+        run_dir, "experiment=cifar10_resnet18_finetune_dp", f"model.weights={weights}",
+        f"dataset.root={tmp_path / 'cifar'}", "dataset.download=false", "trainer.batch_size=4",
     )
     assert (metrics["model"], metrics["strategy"]) == ("resnet18", "dp")
     assert (run_dir / "checkpoints" / "best.pt").is_file()
@@ -97,9 +110,9 @@ def test_seed001_fine_tunes_from_a_local_weights_file_at_224(tmp_path):
 
 @pytest.mark.slow
 def test_seed002_runs_tiny_on_mnist_files(tmp_path):
-    write_mnist(tmp_path / "mnist", train=64, val=32)
+    write_idx(tmp_path / "mnist", train=64, val=32)
     metrics = _run(
-        tmp_path / "run", "experiment=seed002", f"dataset.root={tmp_path / 'mnist'}", "dataset.download=false",
+        tmp_path / "run", "experiment=mnist_net_ddp", f"dataset.root={tmp_path / 'mnist'}", "dataset.download=false",
         "trainer.devices=2", "trainer.batch_size=16",
     )
     assert (metrics["dataset"], metrics["world_size"]) == ("mnist", 2)
@@ -109,7 +122,7 @@ def test_seed002_runs_tiny_on_mnist_files(tmp_path):
 def test_seed003_runs_tiny_on_an_image_folder(tmp_path):
     root = write_image_folder(tmp_path / "images", classes=2, per_class=2)
     metrics = _run(
-        tmp_path / "run", "experiment=seed003", f"dataset.root={root}", "dataset.num_classes=2",
+        tmp_path / "run", "experiment=imagenet_resnet50_ddp", f"dataset.root={root}", "dataset.num_classes=2",
         "trainer.devices=1", "trainer.batch_size=2",
     )
     assert (metrics["model"], metrics["dataset"]) == ("resnet50", "imagefolder")

@@ -1,6 +1,7 @@
 """hparams_search=...: an Optuna study in a database that a killed search continues."""
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sqlite3
@@ -141,14 +142,18 @@ def test_a_trial_whose_sweeper_died_before_its_first_heartbeat_runs_again(tmp_pa
     assert _states(study) == ["FAIL", "COMPLETE", "COMPLETE"] and study.get_trials()[2].params == killed.params
 
 
-def test_a_live_trial_of_another_sweeper_is_waited_for_not_repeated(tmp_path):
+def test_a_live_trial_of_another_sweeper_is_waited_for_not_repeated(tmp_path, caplog):
     study, storage = _open(tmp_path, heartbeat_interval=1)
     other = study.ask(SPACE)
     storage.record_heartbeat(other._trial_id)  # grace period 2 s: alive throughout
     threading.Timer(1.5, study.tell, (other, 0.5)).start()  # the other sweeper's job ends while we wait
     launch = FakeLauncher(tmp_path)
-    _study.run(study, SPACE, [], launch, tmp_path, n_trials=1, n_jobs=2, heartbeat=storage, poll_s=0.1)
+    with caplog.at_level(logging.INFO):
+        _study.run(study, SPACE, [], launch, tmp_path, n_trials=1, n_jobs=2, heartbeat=storage, poll_s=0.1)
     assert launch.calls == [] and _states(study) == ["COMPLETE"]
+    said = [r.getMessage() for r in caplog.records if "RUNNING elsewhere" in r.getMessage()]
+    assert said == ["1 trial(s) RUNNING elsewhere: another sweeper's, or left by a killed one (rerun once it "
+                    "misses its heartbeats)"]  # once, not at every poll
 
 
 def test_a_resumed_study_does_not_propose_the_first_runs_parameters_again(tmp_path):
@@ -343,6 +348,15 @@ def test_train_py_returns_the_metric_optimized_metric_names_to_the_sweeper(tmp_p
     (trial,) = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}").get_trials()
     metrics = yaml.safe_load((sweep / trial.user_attrs["job"] / "metrics.json").read_text())
     assert trial.value == metrics["val_loss"] != metrics["best_val_acc"]
+    # The job's dir names its sampled floats to 4 significant digits; its .hydra/ keeps them whole.
+    lr, decay, batch = (trial.params[k] for k in ("optimizer.lr", "optimizer.weight_decay", "trainer.batch_size"))
+    assert trial.user_attrs["job"] == f"0_optimizer.lr-{lr:.4g}+optimizer.weight_decay-{decay:.4g}+trainer.batch_size-{batch}"
+    overrides = yaml.safe_load((sweep / trial.user_attrs["job"] / ".hydra" / "overrides.yaml").read_text())
+    assert f"optimizer.lr={lr!r}" in overrides and f"optimizer.weight_decay={decay!r}" in overrides
+    # Where it wrote, and the report command, as a -m sweep says them (config/callbacks.py).
+    report_command = f"python -m bench.report {sweep}"
+    assert f"[HYDRA] Sweep dir: {sweep} (a dir per job); once it ends, compare them: {report_command}\n" in done.stdout
+    assert done.stdout.endswith(f"[HYDRA] Sweep done, in {sweep}; compare its jobs: {report_command}\n")
 
 
 def test_a_trials_value_goes_back_to_hydra_as_that_value():
@@ -366,6 +380,7 @@ def test_glob_searches_a_config_groups_options():
     ("a=shuffle(range(1,4))", "a=shuffle(range(1,4)): a search draws its own order, drop shuffle(...)"),
     ("lr=tag(log,interval(0,1))", "lr=tag(log,interval(0,1)): `low > 0` must hold for `log=True`"),
     ("lr=interval(0.1,0.01)", "lr=interval(0.1,0.01): `low <= high` must hold"),
+    ("a=range(3,3)", "a=range(3,3): the range is empty"),
 ])
 def test_a_space_optuna_cannot_search_is_one_line_naming_the_override(override, error):
     with pytest.raises(_study.SearchError) as refused:

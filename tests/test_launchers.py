@@ -6,16 +6,20 @@ import gc
 import json
 import os
 import resource
+import signal
+import socket
 import subprocess
 import sys
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 
-from config.check import check
+from preflight import check_and_plan
 from config.setup import ROOT
-from distributed import context, environment, launch as launching, strategies
+from distributed import collectives, context, environment, launch as launching, strategies
 from distributed.launch import launch, plan_launch
 from errors import ConfigError, RankFailed
 from tests import train_server
@@ -279,7 +283,7 @@ def test_a_gpu_sweep_job_runs_even_one_process_in_a_child(monkeypatch, strategy)
                 ("cpu", True): ([], ["cpu"]), ("cpu", False): ([], ["cpu"])}
     for (accelerator, multirun), where in expected.items():
         cfg = typed_config(f"strategy={strategy}", f"trainer.accelerator={accelerator}")
-        launch(check(cfg, multirun=multirun), lambda ctx: in_process.append(ctx.device.type))
+        launch(check_and_plan(cfg, multirun=multirun), lambda ctx: in_process.append(ctx.device.type))
         assert (spawned, in_process) == where, (accelerator, multirun)
         spawned.clear()
         in_process.clear()
@@ -315,19 +319,26 @@ def _assert_rank_zero_wrote(run_dir: Path, world_size: int) -> None:
     assert json.loads((run_dir / "metrics.json").read_text())["world_size"] == world_size
 
 
+SRUN_TASK = {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2"}  # a rank that srun started as a task of its own
+
+
 @pytest.mark.parametrize("env, threads", [
-    ({}, max(1, len(os.sched_getaffinity(0)) // 2)),  # spawned ranks share the launching process's CPUs
-    ({"SLURM_NTASKS": "2", "SLURM_CPUS_PER_TASK": "2"}, 2),  # srun: each rank a task of its own CPUs
-    # srun without --cpus-per-task, its tasks not bound to CPUs: each takes its share of the node's
-    ({"SLURM_NTASKS": "2", "SLURM_CPUS_ON_NODE": str(len(os.sched_getaffinity(0)))},
-     max(1, len(os.sched_getaffinity(0)) // 2)),
-    ({"SLURM_NTASKS": "2", "SLURM_CPUS_ON_NODE": "64"}, len(os.sched_getaffinity(0))),  # bound: its own CPUs
+    ({}, 4),  # spawned ranks share the launching process's 8 CPUs
+    ({"SLURM_CPUS_PER_TASK": "8"}, 4),  # spawned inside `sbatch --cpus-per-task=8`: the same
+    (SRUN_TASK | {"SLURM_CPUS_PER_TASK": "2"}, 2),  # srun -c2: each rank a task of its own CPUs
+    # sbatch -c16 then srun without -c (SLURM 22.05+): the variable says 16, the task is bound to 8
+    (SRUN_TASK | {"SLURM_CPUS_PER_TASK": "16"}, 8),
+    (SRUN_TASK | {"SLURM_CPUS_ON_NODE": "8"}, 4),  # srun without -c, tasks not bound: a share of the node's
+    (SRUN_TASK | {"SLURM_CPUS_ON_NODE": "64"}, 8),  # bound: its own CPUs
+    # `srun -c8 torchrun --nproc-per-node=2`: one task per node, its CPUs shared by the node's 2 ranks
+    (SRUN_TASK | {"SLURM_CPUS_PER_TASK": "8", "TORCHELASTIC_RUN_ID": "j"}, 4),
 ])
 @pytest.mark.parametrize("accelerator", ["cpu", "gpu"])  # a GPU rank's host work: loaders, cpu_offload's step
 def test_a_rank_takes_its_own_cpus_as_threads(monkeypatch, env, threads, accelerator):
     monkeypatch.delenv("OMP_NUM_THREADS")  # the suite's own; a user's would win
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
-    for var in ("SLURM_NTASKS", "SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
+    monkeypatch.setattr(context.os, "sched_getaffinity", lambda pid: set(range(8)))  # the CPUs it is bound to
+    for var in ("SLURM_NTASKS", "SLURM_STEP_ID", "SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(var, raising=False)
     for var, value in env.items():
         monkeypatch.setenv(var, value)
@@ -367,7 +378,7 @@ def test_train_py_imports_without_a_full_collection_and_leaves_its_imports_froze
 @pytest.mark.parametrize("strategy, rehearsal", [("fsdp", "trainer.devices=2"), ("dp", "trainer.devices=2 strategy=ddp")])
 def test_too_few_gpus_names_a_cpu_rehearsal_of_the_same_strategy(strategy, rehearsal):
     with pytest.raises(ConfigError) as error:
-        check(typed_config("trainer.gpus=2", f"strategy={strategy}"))
+        check_and_plan(typed_config("trainer.gpus=2", f"strategy={strategy}"))
     assert str(error.value).endswith(f"rehearse on CPU with trainer.accelerator=cpu {rehearsal} in place of trainer.gpus")
 
 
@@ -386,6 +397,86 @@ def test_a_rank_aborted_under_nccl_is_named_as_the_one_that_waited(accelerator):
     assert ("look for a peer that hung or died first" in str(error.value)) == (accelerator == "gpu")
 
 
+def _meet(ctx) -> None:
+    context.init(ctx, timeout_s=20)
+    try:
+        collectives.barrier(ctx)
+    finally:
+        context.shutdown(ctx, clean=True)
+
+
+def test_a_neighbour_that_takes_the_port_first_does_not_stop_the_job(monkeypatch):
+    """Seconds pass between the launcher's choice of a port and the ranks' start (they import torch
+    first): another process on the node may take the port meanwhile. This neighbour tries as the
+    ranks start; the job must start all the same."""
+    start, neighbours = launching.mp.start_processes, []
+
+    def taken_first(*args, **kwargs):
+        neighbour = socket.socket()
+        try:
+            neighbour.bind(("127.0.0.1", int(os.environ["MASTER_PORT"])))
+            neighbour.listen()
+            neighbours.append(neighbour)
+        except OSError:  # held for the ranks already
+            neighbour.close()
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(launching.mp, "start_processes", taken_first)
+    plan = launching.LaunchPlan("spawn", "cpu", 2, 2, 1, True, "127.0.0.1", None, start_method="fork")
+    try:
+        launch(plan, _meet)
+    finally:
+        for neighbour in neighbours:
+            neighbour.close()
+
+
+def test_a_torchrun_worker_gets_sigterm_when_its_agent_dies(tmp_path):
+    """torchrun's agent forwards only --signals-to-handle: SLURM's USR1 or a SIGKILL ends it at once.
+    Its workers must not train on as orphans: each gets SIGTERM, a preemption signal (forked here:
+    an agent, and its worker that asks for the signal as a torchrun rank does)."""
+    ready, got = tmp_path / "ready", tmp_path / "got"
+    agent = os.fork()
+    if agent == 0:
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, lambda *_: (got.write_text("SIGTERM"), os._exit(0)))
+            launching._end_with_agent()
+            ready.touch()
+            time.sleep(30)
+            os._exit(1)
+        time.sleep(60)
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        os.kill(agent, signal.SIGKILL)
+        os.waitpid(agent, 0)
+    deadline = time.monotonic() + 10
+    while not got.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert got.exists() and got.read_text() == "SIGTERM"
+
+
+def test_the_download_group_is_made_only_when_rank_0_has_something_to_fetch(monkeypatch):
+    """Its gloo connections between every pair of ranks are, under NCCL, gloo's only use: where a
+    wrong GLOO_SOCKET_IFNAME would first fail, for a dataset every node already has."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    ctx = context.make_context(0, 0, 1, 1, "cpu", use_process_group=True)
+    made, new_group = [], collectives.dist.new_group
+    monkeypatch.setattr(collectives.dist, "new_group", lambda **kw: made.append(kw) or new_group(**kw))
+    context.init(ctx, timeout_s=10)
+    try:
+        fetched = []
+        assert collectives.on_main_first(lambda: fetched.append(1), ctx, timedelta(seconds=10), needed=lambda: False) is None
+        assert (made, fetched) == ([], [])
+        assert collectives.on_main_first(lambda: "fetched", ctx, timedelta(seconds=10), needed=lambda: True) == "fetched"
+        assert len(made) == 1
+    finally:
+        context.shutdown(ctx, clean=True)
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(tmp_path, ddp_reference):
     code, stderr = _finish(_torchrun(tmp_path, ["--standalone", "--nproc_per_node=2"], "trainer.devices=2"))
@@ -394,19 +485,6 @@ def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(tmp_path, ddp_re
     assert run_dir.name.startswith("torchrun-")
     _assert_rank_zero_wrote(run_dir, 2)
     # Ranks from torchrun's env shard the data exactly as spawn's ranks do: the same weights.
-    assert same_weights(run_dir, ddp_reference)
-
-
-@pytest.mark.slow
-def test_two_torchrun_agents_rendezvous_as_two_nodes(tmp_path, ddp_reference):
-    rendezvous = ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
-                  f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--rdzv_id=two-nodes"]
-    agents = [_torchrun(tmp_path, rendezvous, "trainer.num_nodes=2") for _ in range(2)]
-    for code, stderr in map(_finish, agents):
-        assert code == 0, stderr
-    run_dir = _one_run_dir(tmp_path)
-    assert run_dir.name == "torchrun-two-nodes"
-    _assert_rank_zero_wrote(run_dir, 2)
     assert same_weights(run_dir, ddp_reference)
 
 
@@ -459,7 +537,7 @@ def test_the_start_method_and_port_reach_the_ranks(monkeypatch, start_method):
     monkeypatch.setattr(launching.mp, "set_forkserver_preload", lambda modules: None)  # this process's server
     cfg = typed_config("debug=ddp_cpu", "strategy=ddp", f"launcher.start_method={start_method}",
                        f"launcher.master_port={port}")
-    launch(check(cfg), print)
+    launch(check_and_plan(cfg), print)
     assert started == [(start_method, str(port))]
 
 
@@ -477,7 +555,7 @@ def test_fork_cannot_start_gpu_ranks(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     cfg = typed_config("strategy=ddp", "trainer.gpus=2", "launcher.start_method=fork")
     with pytest.raises(ConfigError, match=r"^launcher.start_method=fork cannot start GPU ranks: .*forkserver"):
-        check(cfg)
+        check_and_plan(cfg)
 
 
 # Imports what the forkserver preloads, train.py as the server does (__mp_main__), with every way into
@@ -521,5 +599,6 @@ def test_each_launch_hands_its_forkserver_ranks_its_own_environment(monkeypatch,
     cfg = typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.start_method=forkserver")
     for job in ("first", "second"):
         (tmp_path / job).mkdir()
-        launch(check(cfg), _record_master_port, str(tmp_path / job))
-        assert [(tmp_path / job / f"rank{r}").read_text() for r in range(2)] == [os.environ["MASTER_PORT"]] * 2
+        launch(check_and_plan(cfg), _record_master_port, str(tmp_path / job))
+        ports = [(tmp_path / job / f"rank{r}").read_text() for r in range(2)]
+        assert ports[0] == ports[1] != "", ports  # the launch's store, not the server's empty MASTER_PORT

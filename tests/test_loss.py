@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from config.check import check
+from preflight import check_and_plan
 from errors import ConfigError
 from training.loss import CrossEntropy, FocalLoss
 from tests.configs import job_config, typed_config
@@ -71,7 +71,7 @@ def test_trainer_label_smoothing_reaches_either_loss(tmp_path, loss):
 ])
 def test_an_option_the_loss_refuses_is_one_line_before_launch(overrides, words):
     with pytest.raises(ConfigError) as error:
-        check(typed_config("trainer.accelerator=cpu", *overrides))
+        check_and_plan(typed_config("trainer.accelerator=cpu", *overrides))
     assert "\n" not in str(error.value)
     for word in words:
         assert word in str(error.value), error.value

@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -11,22 +13,71 @@ import torch
 from distributed.context import DistContext, make_context
 from errors import Preempted
 from tests.configs import job_config
+from training import preemption
 from training.preemption import PreemptionWatch, requeue_or_explain, resume_command
 from training.run import train
 
 CPU = DistContext(0, 0, 1, 1, torch.device("cpu"), None)
 
 
-def test_a_signal_is_noted_and_acted_on_only_at_a_check_step():
-    watch = PreemptionWatch(CPU, [signal.SIGUSR1], every_n_steps=5)
+def test_a_signal_is_noted_and_a_single_process_stops_at_its_next_step(caplog):
+    watch = PreemptionWatch(CPU, [signal.SIGUSR1], grace_s=30)
     try:
-        os.kill(os.getpid(), signal.SIGUSR1)  # would end the process without the watch
         assert not watch.should_stop(step=3)
-        assert watch.should_stop(step=5)
+        os.kill(os.getpid(), signal.SIGUSR1)  # would end the process without the watch
+        with caplog.at_level(logging.WARNING, logger="train"):
+            assert watch.should_stop(step=4)  # no other rank to agree with: at once
+        assert "SIGUSR1: every rank stops after step 4" in caplog.text
         assert watch.preempted().exit_code == 128 + signal.SIGUSR1
     finally:
         watch.close()
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+class _AllReduceMax:
+    """all_reduce_max over two ranks that run in threads of this process."""
+
+    def __init__(self) -> None:
+        self.met, self.sent = threading.Barrier(2, timeout=10), [None, None]
+
+    def __call__(self, tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+        self.sent[ctx.rank] = tensor.clone()
+        self.met.wait()  # a rank checking at a step the other does not would wait here, and fail
+        result = torch.maximum(*self.sent)
+        self.met.wait()
+        return tensor.copy_(result)
+
+
+def test_ranks_check_a_quarter_grace_period_apart_by_the_slowest_and_stop_at_one_step(monkeypatch):
+    """Rank 0 steps in 50 ms, rank 1 in 10 ms; rank 1 alone gets the signal at step 12. With a 1 s
+    grace period both check every 0.25 s of rank 0's steps (5 steps), and both stop at the first
+    check after the signal: in time, and at one step (at different steps they would hang)."""
+    monkeypatch.setattr(preemption, "all_reduce_max", _AllReduceMax())
+    checks: list[list[int]] = [[], []]
+    stopped: list[int | None] = [None, None]
+
+    def rank(r: int, seconds_per_step: float) -> None:
+        watch = PreemptionWatch(DistContext(r, r, 2, 2, torch.device("cpu"), "gloo"), [], grace_s=1.0)
+        for step in range(1, 40):
+            time.sleep(seconds_per_step)
+            if r == 1 and step == 12:
+                watch.received = signal.SIGTERM
+            before = watch._next_check
+            if watch.should_stop(step):
+                stopped[r] = step
+                return
+            if watch._next_check != before:
+                checks[r].append(step)
+
+    threads = [threading.Thread(target=rank, args=(r, t)) for r, t in ((0, 0.05), (1, 0.01))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert checks[0] == checks[1] and stopped[0] == stopped[1], (checks, stopped)
+    gaps = [b - a for a, b in zip(checks[0][1:], checks[0][2:])]  # after the first, which paid the start
+    assert gaps and all(4 <= gap <= 5 for gap in gaps), checks
+    assert 12 <= stopped[0] <= 12 + 5, (checks, stopped)
 
 
 @pytest.fixture
@@ -40,19 +91,22 @@ def scontrol(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{script.parent}:{os.environ['PATH']}")
     for key in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
         monkeypatch.delenv(key, raising=False)
-    return calls
+    handler = signal.getsignal(signal.SIGTERM)  # a requeue ignores SIGTERM from then on
+    yield calls
+    signal.signal(signal.SIGTERM, handler)
 
 
 def test_a_signal_after_the_last_check_still_stops_the_job_once_it_is_saved(tmp_path):
-    """SIGTERM at step 20 of a 23-step run that checks every 50: the run ends whole, then stops as
-    preempted instead of going quiet (a sweep would start its next job, SLURM would not requeue)."""
-    job = job_config(tmp_path, "trainer.epochs=1", "logger=none", "trainer.progress_bar=false",
+    """SIGTERM in the forward of step 20 of a run that trainer.max_steps ends there, after its last
+    check: the run ends whole, then stops as preempted instead of going quiet (a sweep would start
+    its next job, SLURM would not requeue)."""
+    job = job_config(tmp_path, "trainer.epochs=1", "trainer.max_steps=20", "logger=none", "trainer.progress_bar=false",
                      "model._target_=tests.faults.SignalingNet", "+model.at_step=20")
     handler = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Preempted, match="SIGTERM"):
         train(make_context(0, 0, 1, 1, "cpu", use_process_group=False), job)
     assert (tmp_path / "metrics.json").is_file()
-    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 1
+    assert torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)["step"] == 20
     assert signal.getsignal(signal.SIGTERM) is handler  # train()'s own is gone again
 
 
@@ -62,6 +116,28 @@ def test_sigusr1_under_slurm_requeues_the_job(scontrol, monkeypatch, caplog):
         requeue_or_explain(Preempted(signal.SIGUSR1), [signal.SIGUSR1], "python train.py trainer.resume=auto")
     assert scontrol.read_text() == "requeue 4242\n"
     assert "requeued SLURM job 4242" in caplog.text
+    # The requeue SIGTERMs the job's processes: this one still logs that line and leaves by itself.
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+
+
+@pytest.mark.parametrize("job, signum, codes", [
+    ("4242", signal.SIGUSR1, (138, 0)),  # rank 0 requeues: the others leave at once, without a bad exit
+    ("4242", signal.SIGTERM, (143, 143)),  # scancel: nothing to requeue
+    (None, signal.SIGUSR1, (138, 138)),  # not a SLURM job
+])
+def test_the_other_ranks_of_a_job_rank_0_requeues_exit_0(monkeypatch, job, signum, codes):
+    """`srun --kill-on-bad-exit` kills the job's remaining tasks once one exits non-zero: rank 0
+    too, before its `scontrol requeue` (which runs once the ranks left the group) reaches SLURM."""
+    for key in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(key, raising=False)
+    if job:
+        monkeypatch.setenv("SLURM_JOB_ID", job)
+    exits = []
+    for rank in (0, 1):
+        watch = PreemptionWatch(DistContext(rank, rank, 2, 2, torch.device("cpu"), "gloo"), [], 30, [signal.SIGUSR1])
+        watch.received = signum
+        exits.append(watch.preempted().exit_code)
+    assert tuple(exits) == codes
 
 
 def test_an_array_task_is_requeued_by_its_own_id(scontrol, monkeypatch):

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from config.check import check, factory, target_arguments
+from preflight import check_and_plan, factory, target_arguments
 from config.schema import LrScaling, OptimConfig, ScheduleConfig, TrainerConfig
 from data import Loaders
 from data.sampler import RepeatedAugmentationSampler
@@ -321,7 +321,7 @@ def test_torchvision_weights_load_all_but_a_head_sized_for_other_classes(tmp_pat
 def test_an_image_folder_counts_its_classes_for_the_model(tmp_path):
     root = write_image_folder(tmp_path, classes=3, per_class=1, size=8)
     cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "model=simple_cnn")
-    check(cfg)
+    check_and_plan(cfg)
     assert cfg.dataset.num_classes == cfg.model["num_classes"] == 3
 
 
@@ -337,8 +337,8 @@ def test_recipe_sizes_and_augmentations_reach_the_transforms(tmp_path):
     train, val = sample_transform(cfg, train=True), sample_transform(cfg, train=False)
     assert train(image).shape == (3, 176, 176) and val(image).shape == (3, 200, 200)
     names = [type(t).__name__ for t in train.transforms]
-    assert names == ["RandomResizedCrop", "RandomHorizontalFlip", "TrivialAugmentWide", "ToTensor", "Normalize",
-                     "RandomErasing"]
+    assert names == ["RandomResizedCrop", "RandomHorizontalFlip", "TrivialAugmentWide", "PILToTensor", "RandomErasing"]
+    assert train.transforms[-1].value == [124, 116, 104]  # uint8 erased to ImageNet's mean: 0 once normalised
     assert [type(t).__name__ for t in val.transforms][:2] == ["Resize", "CenterCrop"]
     assert val.transforms[0].size == 232
     assert sample_transform(replace(cfg, val_crop=None), train=False)(image).shape == (3, 224, 224)  # image_size
@@ -353,11 +353,11 @@ def test_a_checkpoint_resumes_only_with_the_warmup_it_trained_with(tmp_path):
         save_checkpoint({"model": model.state_dict(), "optimizer": {}, "scheduler": scheduler, "epoch": 1, "step": 3,
                          "best": 0.5}, tmp_path / f"{name}.pt")
     with pytest.raises(ConfigError, match="warm.pt trained with a warmup and cannot continue without one"):
-        check(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}"))
+        check_and_plan(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}"))
     with pytest.raises(ConfigError, match="plain.pt trained without a warmup.*scheduler.warmup_epochs"):
-        check(typed_config(f"trainer.resume={tmp_path / 'plain.pt'}", "scheduler.warmup_epochs=2"))
-    check(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}", "scheduler.warmup_epochs=2"))
-    check(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}", "trainer.test_only=true"))
+        check_and_plan(typed_config(f"trainer.resume={tmp_path / 'plain.pt'}", "scheduler.warmup_epochs=2"))
+    check_and_plan(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}", "scheduler.warmup_epochs=2"))
+    check_and_plan(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}", "trainer.test_only=true"))
 
 
 def test_a_checkpoint_resumes_only_with_the_schedule_it_trained_with(tmp_path):
@@ -371,22 +371,22 @@ def test_a_checkpoint_resumes_only_with_the_schedule_it_trained_with(tmp_path):
                      "epoch": 2, "step": 46, "best": 0.5, "config": config}, path)
     with pytest.raises(ConfigError, match=r"cosine.pt trained with scheduler.T_max=2, and this run asks for 4: .*"
                                           r"resume with trainer.epochs=2, which T_max follows, or train afresh"):
-        check(typed_config(f"trainer.resume={path}", "trainer.epochs=4"))
+        check_and_plan(typed_config(f"trainer.resume={path}", "trainer.epochs=4"))
     with pytest.raises(ConfigError, match=r"scheduler._target_=torch.optim.lr_scheduler.CosineAnnealingLR, .*"
                                           r"asks for torch.optim.lr_scheduler.StepLR: .*the scheduler it trained with"):
-        check(typed_config(f"trainer.resume={path}", "trainer.epochs=2", "scheduler=step"))
+        check_and_plan(typed_config(f"trainer.resume={path}", "trainer.epochs=2", "scheduler=step"))
     with pytest.raises(ConfigError, match="scheduler._target_=torch.optim.lr_scheduler.CosineAnnealingLR, .*for none"):
-        check(typed_config(f"trainer.resume={path}", "scheduler=none"))
-    check(typed_config(f"trainer.resume={path}", "trainer.epochs=2"))
-    check(typed_config(f"trainer.resume={path}", "trainer.epochs=4", "trainer.test_only=true"))
+        check_and_plan(typed_config(f"trainer.resume={path}", "scheduler=none"))
+    check_and_plan(typed_config(f"trainer.resume={path}", "trainer.epochs=2"))
+    check_and_plan(typed_config(f"trainer.resume={path}", "trainer.epochs=4", "trainer.test_only=true"))
     # A warmup of another length: named before the T_max it also changes.
     warm = tmp_path / "warm.pt"
     config = OmegaConf.to_yaml(compose_config("trainer.epochs=4", "scheduler.warmup_epochs=1"), resolve=True)
     save_checkpoint({"model": MnistNet(1, 10, 8).state_dict(), "optimizer": {}, "epoch": 1, "step": 23, "best": 0.5,
                      "scheduler": {"target": [0.05], "epoch": 1, "last_step": 23, "after": {}}, "config": config}, warm)
     with pytest.raises(ConfigError, match=r"warm.pt trained with scheduler.warmup_epochs=1, and this run asks for 2: "):
-        check(typed_config(f"trainer.resume={warm}", "trainer.epochs=4", "scheduler.warmup_epochs=2"))
-    check(typed_config(f"trainer.resume={warm}", "trainer.epochs=4", "scheduler.warmup_epochs=1"))
+        check_and_plan(typed_config(f"trainer.resume={warm}", "trainer.epochs=4", "scheduler.warmup_epochs=2"))
+    check_and_plan(typed_config(f"trainer.resume={warm}", "trainer.epochs=4", "scheduler.warmup_epochs=1"))
 
 
 @pytest.mark.parametrize("policy, name", [("ra", "RandAugment"), ("augmix", "AugMix")])
@@ -421,7 +421,7 @@ def test_every_auto_augment_policy_transforms_small_grey_and_colour_images(polic
 )
 def test_recipe_keys_are_checked_before_launch(overrides, words):
     with pytest.raises(ConfigError) as error:
-        check(typed_config("trainer.accelerator=cpu", *overrides))
+        check_and_plan(typed_config("trainer.accelerator=cpu", *overrides))
     message = str(error.value)
     assert "\n" not in message
     for word in words:

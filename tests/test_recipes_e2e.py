@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from data import build_loaders
+from data import Loaders, build_loaders
 from distributed.context import make_context
 from tests.configs import job_config
 from tests.runs import run_train
@@ -45,7 +45,7 @@ def _first_step(run_dir, *overrides: str):
     torch.manual_seed(job.trainer.seed)
     loaders = build_loaders(job.dataset, job.data, make_context(0, 0, 1, 1, "cpu", False), 64, job.trainer.seed)
     model = job.model()
-    return job, model, next(iter(loaders.train))
+    return job, model, Loaders.to_device(loaders.train, *next(iter(loaders.train)), torch.device("cpu"))
 
 
 def test_warmup_lr_scaling_and_decay_groups(run_dir):
@@ -64,13 +64,18 @@ def test_warmup_lr_scaling_and_decay_groups(run_dir):
     assert groups[0]["initial_lr"] == pytest.approx(0.025)
 
 
-def test_label_smoothing_is_in_the_first_steps_loss(tmp_path):
-    overrides = ("model=simple_cnn", "trainer.max_steps=1", "trainer.limit_val_batches=1", "trainer.label_smoothing=0.2")
+@pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
+def test_label_smoothing_is_in_the_first_steps_loss(tmp_path, precision):
+    # bf16-mixed computes the loss on another line, under autocast: the same loss all the same.
+    overrides = ("model=simple_cnn", "trainer.max_steps=1", "trainer.limit_val_batches=1", "trainer.label_smoothing=0.2",
+                 f"trainer.precision={precision}")
     metrics = _train(tmp_path / "run", *overrides)
     _, model, (x, y) = _first_step(tmp_path / "job", *overrides)
-    expected = F.cross_entropy(model(x), y, label_smoothing=0.2).item()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+        expected = F.cross_entropy(model(x), y, label_smoothing=0.2).item()
+        unsmoothed = F.cross_entropy(model(x), y).item()
     assert metrics["train_loss"] == pytest.approx(expected, rel=1e-5)
-    assert metrics["train_loss"] != pytest.approx(F.cross_entropy(model(x), y).item(), rel=1e-5)  # unsmoothed
+    assert metrics["train_loss"] != pytest.approx(unsmoothed, rel=1e-5)
 
 
 @pytest.mark.parametrize("alpha", ["trainer.mixup_alpha=0.4", "trainer.cutmix_alpha=1.0"])

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from config.check import check
+from preflight import check_and_plan
 from config.schema import Accelerator, StrategyConfig, StrategyName, TrainerConfig
 from distributed import strategies
 from distributed.context import make_context
@@ -55,8 +55,8 @@ def test_dp_refuses_compile_on_several_gpus_before_launch():
 
 def test_static_graph_with_accumulation_is_a_one_line_error():
     with pytest.raises(ConfigError, match="strategy.static_graph=true with trainer.accumulate_grad_batches=2"):
-        check(typed_config(*DDP_CPU, "strategy.static_graph=true", "trainer.accumulate_grad_batches=2"))
-    check(typed_config(*DDP_CPU, "strategy.static_graph=true"))
+        check_and_plan(typed_config(*DDP_CPU, "strategy.static_graph=true", "trainer.accumulate_grad_batches=2"))
+    check_and_plan(typed_config(*DDP_CPU, "strategy.static_graph=true"))
 
 
 @pytest.mark.parametrize("name", [StrategyName.ddp, StrategyName.fsdp])

@@ -30,6 +30,107 @@ def _write(root, name, overrides=None, **metrics):
         (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
 
 
+def _record(run_dir: Path, overrides: list[str], config: dict, choices: dict) -> None:
+    """A run's .hydra/ as Hydra writes it: its overrides, its config, its group choices (hydra.yaml)."""
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (run_dir / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"runtime": {"choices": choices}}}))
+
+
+def _parent_of_sweeps_and_a_search(root: Path) -> Path:
+    """multirun/ as two sweeps, a search and outputs/ leave it (dated dirs: the year is no job number)."""
+    defaults = {"optimizer": "sgd", "model": "mnist_net", "hparams_search": None}
+    config = {"optimizer": {"lr": 0.05, "weight_decay": 5e-4}, "trainer": {"batch_size": 64, "epochs": 15}}
+
+    def run(path, overrides, choices=(), lr=0.05, decay=5e-4, batch=64, **metrics):
+        _write(root, path, **metrics)
+        used = {**config, "optimizer": {"lr": lr, "weight_decay": decay}, "trainer": {"batch_size": batch, "epochs": 15}}
+        _record(root / path, overrides, used, {**defaults, **dict(choices)})
+
+    run("2026-11-26/10-00-00/0_model-simple_cnn", ["model=simple_cnn"], {"model": "simple_cnn"})
+    run("2026-11-26/10-00-00/1_model-mnist_net", ["model=mnist_net"])
+    run("2026-11-26/11-00-00/0_optimizer-adamw", ["optimizer=adamw"], {"optimizer": "adamw"}, lr=1e-3, decay=0.01)
+    for trial, (lr, decay, batch) in enumerate([(0.03028525153605885, 0.0007257005721594283, 128),
+                                                (0.015171717849735478, 0.0036905577292137633, 16)]):
+        run(f"search/digits/{trial}_optimizer.lr-{lr:.4g}", ["hparams_search=digits", f"optimizer.lr={lr}",
+            f"optimizer.weight_decay={decay}", f"trainer.batch_size={batch}"], {"hparams_search": "digits"},
+            lr=lr, decay=decay, batch=batch, best_val_acc=0.5 + trial / 10)
+    run("2026-11-27/09-00-00", [])  # outputs/: a plain run, no overrides
+    return root
+
+
+def test_labels_come_from_each_runs_own_overrides_never_its_path(tmp_path):
+    runs = report.load_runs(_parent_of_sweeps_and_a_search(tmp_path))
+    keys = report.swept_keys(runs)
+    assert keys == ["model", "optimizer", "hparams_search", "optimizer.lr", "optimizer.weight_decay", "trainer.batch_size"]
+    labels = {run.name.split("/")[-1]: report.label(run, keys) for run in runs}
+    assert labels == {
+        "0_model-simple_cnn": "model=simple_cnn", "1_model-mnist_net": "model=mnist_net",
+        "0_optimizer-adamw": "optimizer=adamw", "09-00-00": "(defaults)",
+        "0_optimizer.lr-0.03029": "hparams_search=digits optimizer.lr=0.03029 optimizer.weight_decay=0.0007257 "
+                                  "trainer.batch_size=128",
+        "1_optimizer.lr-0.01517": "hparams_search=digits optimizer.lr=0.01517 optimizer.weight_decay=0.003691 "
+                                  "trainer.batch_size=16",
+    }
+    # The same overrides twice (outputs/ holds many runs of the default job): numbered, in the table's order.
+    (plain,) = [run for run in runs if run.name == "2026-11-27/09-00-00"]
+    again = report.Run(**{**vars(plain), "name": "2026-11-28/09-00-00"})
+    assert report.plot_labels([plain, again], keys) == {plain.name: "(defaults)", again.name: "(defaults) (2)"}
+    # A search's long labels, shortened, keep their first and last overrides whole.
+    shortened = report.plot_labels(runs, keys)
+    assert shortened["search/digits/0_optimizer.lr-0.03029"] == "hparams_search=digits … trainer.batch_size=128"
+
+
+def test_every_column_shows_what_the_run_used_be_it_an_override_or_a_default(tmp_path):
+    runs = report.load_runs(_parent_of_sweeps_and_a_search(tmp_path))
+    header, _, *lines = report.markdown(report.rows(runs)).splitlines()
+    cells = {line.split(" | ")[-1].rstrip(" |").split("/")[-1]: line.split(" | ")[:5] for line in lines}
+    assert header.split(" | ")[:5] == ["| optimizer", "hparams_search", "optimizer.lr", "optimizer.weight_decay",
+                                       "strategy"]  # model and batch: columns of their own
+    assert cells["0_optimizer.lr-0.03029"] == ["| sgd", "digits", "0.03029", "0.0007257", "?"]  # sgd: its default
+    assert cells["0_optimizer-adamw"] == ["| adamw", "null", "0.001", "0.01", "?"]  # adamw's own lr and decay
+    assert cells["09-00-00"] == ["| sgd", "null", "0.05", "0.0005", "?"]
+    assert not any(" — " in " | ".join(c) for c in cells.values())  # every run kept its record
+
+
+def test_a_key_set_on_the_command_line_to_what_the_other_runs_used_tells_no_run_apart(tmp_path):
+    for name, overrides, epochs in [("a", ["optimizer=adadelta", "optimizer.lr=1"], 15), ("b", [], 15),
+                                    ("c", ["trainer.epochs=2"], 2)]:
+        _write(tmp_path, name)
+        _record(tmp_path / name, overrides, {"optimizer": {"lr": 1.0}, "trainer": {"epochs": epochs}},
+                {"optimizer": "adadelta"})
+    runs = report.load_runs(tmp_path)
+    assert report.swept_keys(runs) == ["trainer.epochs"]  # adadelta and its lr 1 (1.0) were every run's
+    assert [report.label(run, ["trainer.epochs"]) for run in runs] == [
+        "(shared overrides only)", "(defaults)", "trainer.epochs=2"]
+
+
+def test_a_plot_shortens_long_labels_in_the_middle_maps_them_and_each_trial_in_a_legend(tmp_path):
+    root = _parent_of_sweeps_and_a_search(tmp_path)
+    runs, search = report.load_runs(root / "search" / "digits"), {
+        "metric": "best_val_acc", "direction": "maximize", "best_trial": 1, "best_value": 0.6,
+        "trials": [{"number": 0, "state": "COMPLETE", "value": 0.5,
+                    "params": {"optimizer.lr": 0.03028525153605885, "trainer.batch_size": 128}},
+                   {"number": 1, "state": "COMPLETE", "value": 0.6,
+                    "params": {"optimizer.lr": 0.015171717849735478, "trainer.batch_size": 16}},
+                   {"number": 2, "state": "FAIL", "value": None, "params": {"optimizer.lr": 0.4, "trainer.batch_size": 16}}]}
+    fig = report.figure(report.rows(runs), search)
+    per_configuration, _, trials = fig.axes
+    shown = [tick.get_text() for tick in per_configuration.get_yticklabels()]
+    assert shown == ["optimizer.lr=0.03029 … trainer.batch_size=128", "optimizer.lr=0.01517 … trainer.batch_size=16"]
+    assert fig.texts[0].get_text().splitlines() == [  # under the plots
+        "optimizer.lr=0.03029 … trainer.batch_size=128: hparams_search=digits optimizer.lr=0.03028525153605885 "
+        "optimizer.weight_decay=0.0007257005721594283 trainer.batch_size=128",
+        "optimizer.lr=0.01517 … trainer.batch_size=16: hparams_search=digits optimizer.lr=0.015171717849735478 "
+        "optimizer.weight_decay=0.0036905577292137633 trainer.batch_size=16",
+        "trial 0: optimizer.lr=0.03029 trainer.batch_size=128",
+        "trial 1: optimizer.lr=0.01517 trainer.batch_size=16",
+        "trial 2: optimizer.lr=0.4 trainer.batch_size=16 (fail)",
+    ]
+    assert all(tick == int(tick) for tick in trials.get_xticks())  # trials 0, 1: no tick at 0.5
+
+
 def _run(name="r", strategy="ddp", devices=1, batch_size=64, samples_per_s=100.0, overrides=()):
     return report.Run(name, strategy, devices, "m", "d", batch_size, samples_per_s, 0.9, 0.95, 10.0, None,
                       overrides=tuple(overrides))
@@ -109,6 +210,14 @@ def test_markdown_shows_a_dash_where_there_is_no_figure():
     assert "| 1.00× | 100% |" in baseline
 
 
+def test_a_scaling_plot_names_each_line_by_what_it_is_apart_from_its_device_count():
+    table = report.rows([_run(f"{i}", devices=n, samples_per_s=100.0 * n,
+                              overrides=[("optimizer", optimizer), ("trainer.devices", str(n))])
+                         for i, (optimizer, n) in enumerate((o, n) for o in ("sgd", "adamw") for n in (1, 2))])
+    throughput = report.figure(table).axes[0]
+    assert [text.get_text() for text in throughput.get_legend().get_texts()] == ["optimizer=sgd", "optimizer=adamw"]
+
+
 def test_main_prints_the_table_and_writes_the_plot(tmp_path, capsys):
     _write(tmp_path, "0", strategy="ddp", devices=1, train_samples_per_s=100.0)
     _write(tmp_path, "1", strategy="ddp", devices=2, train_samples_per_s=150.0)
@@ -131,7 +240,8 @@ def test_runs_are_named_by_the_overrides_that_differ(tmp_path):
     assert keys == ["model", "optimizer", "optimizer.lr"]  # trainer.epochs is the same everywhere
     assert report.label(runs[1], keys) == "model=simple_cnn optimizer=adamw"
     assert report.label(runs[4], keys) == "model=mnist_net optimizer=adamw optimizer.lr=0.003162"
-    assert (report.plot_label(runs[1], keys), report.plot_label(runs[4], keys)) == (report.label(runs[1], keys), "#10")
+    labels = report.plot_labels(runs, keys)  # the long one cut in the middle, not named by its dir's number
+    assert (labels["1_x"], labels["10_x"]) == (report.label(runs[1], keys), "model=mnist_net … optimizer.lr=0.003162")
     header, _, *lines = report.markdown(report.rows(runs)).splitlines()
     assert header.startswith("| optimizer | optimizer.lr | strategy | devices | model |")  # model: its own column
     assert lines[1].startswith("| adamw | — | ? | 1 | simple_cnn |")
@@ -161,34 +271,39 @@ def test_main_without_runs_says_what_to_do(tmp_path, capsys):
     assert not (tmp_path / "report.png").exists()
 
 
-def _sweep_and_report(sweep: Path, *overrides: str) -> list[str]:
-    """Run `python train.py -m` (job dirs as conf/config.yaml names them), then bench.report on it: the table's lines."""
+def _sweep_and_report(sweep: Path, *overrides: str) -> tuple[list[str], str]:
+    """Run `python train.py -m` (job dirs as conf/config.yaml names them), then bench.report on it: the
+    table's lines, and what the sweep printed."""
     result = train_server.run(["-m", FORK_RANKS, f"hydra.sweep.dir={sweep}", *TINY, *overrides])
     assert result.returncode == 0, result.stderr[-3000:]
     # bench.report in this process (tests/test_sweeps.py runs it as `python -m bench.report`).
     with contextlib.redirect_stdout(io.StringIO()) as out:
         assert report.main([str(sweep)]) == 0
     assert (sweep / "report.png").stat().st_size > 0
-    return [line for line in out.getvalue().splitlines() if line.startswith("|")]
+    return [line for line in out.getvalue().splitlines() if line.startswith("|")], result.stdout
 
 
 @pytest.fixture(scope="module")
-def model_optimizer_sweep(tmp_path_factory) -> tuple[Path, list[str]]:
+def model_optimizer_sweep(tmp_path_factory) -> tuple[Path, list[str], str]:
     sweep = tmp_path_factory.mktemp("sweep") / "models"
-    return sweep, _sweep_and_report(sweep, "model=simple_cnn,mnist_net", "optimizer=sgd,adamw")
+    return sweep, *_sweep_and_report(sweep, "model=simple_cnn,mnist_net", "optimizer=sgd,adamw")
 
 
 @pytest.mark.slow
 def test_a_model_and_optimizer_sweep_reports_per_override_without_speedups(model_optimizer_sweep):
-    _, (header, _, *lines) = model_optimizer_sweep
+    sweep, (header, _, *lines), _ = model_optimizer_sweep
     assert header.startswith("| optimizer | strategy | devices | model |")
     assert [line.split(" | ")[0] for line in lines] == ["| sgd", "| adamw", "| sgd", "| adamw"]
     assert all(line.count(" | — | — | ") == 1 for line in lines)  # speed-up, efficiency: nothing to compare
+    # What each job used where it overrode nothing, from the .hydra/ files Hydra wrote.
+    runs = report.load_runs(sweep)
+    assert [(report.used(r, "optimizer.lr"), report.used(r, "scheduler")) for r in runs] == [
+        ("0.05", "cosine"), ("0.001", "cosine")] * 2
 
 
 @pytest.mark.slow
 def test_tensorboard_names_each_sweep_run_by_its_overrides(model_optimizer_sweep):
-    sweep, _ = model_optimizer_sweep
+    sweep, _, _ = model_optimizer_sweep
     runs = EventMultiplexer().AddRunsFromDirectory(str(sweep))
     runs.Reload()
     expected = {  # TensorBoard's run name -> the (model, optimizer) in its HParams row
@@ -205,8 +320,18 @@ def test_tensorboard_names_each_sweep_run_by_its_overrides(model_optimizer_sweep
 
 @pytest.mark.slow
 def test_a_scaling_sweep_still_reports_speedup_and_efficiency(tmp_path):
-    header, _, one, two = _sweep_and_report(tmp_path / "scaling", "sweep=scaling", "trainer.devices=1,2")
+    (header, _, one, two), _ = _sweep_and_report(tmp_path / "scaling", "sweep=scaling", "trainer.devices=1,2")
     assert header.startswith("| strategy | devices |")  # trainer.devices has its column: no extra one
     assert one.startswith("| ddp | 1 |") and "| 1.00× | 100% |" in one
     assert two.startswith("| ddp | 2 |") and "| — | — |" not in two
     assert one.endswith("| 0_strategy-ddp+trainer.devices-1+trainer.epochs-1 |")
+
+
+@pytest.mark.slow
+def test_a_sweep_says_where_it_writes_as_it_starts_and_ends_with_its_report_command(model_optimizer_sweep):
+    sweep, _, printed = model_optimizer_sweep
+    hydra = [line.split("[HYDRA] ", 1)[1] for line in printed.splitlines() if "[HYDRA] " in line]
+    report_command = f"python -m bench.report {sweep}"
+    assert hydra[0] == f"Sweep dir: {sweep} (a dir per job); once it ends, compare them: {report_command}"
+    assert hydra[1].startswith("Launching 4 jobs")
+    assert hydra[-1] == f"Sweep done, in {sweep}; compare its jobs: {report_command}"

@@ -12,7 +12,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
-from config.check import swept_overrides
+from config.overrides import swept_overrides
 from config.schema import LoggerConfig
 from training.loggers import build_loggers
 from training.loggers.tensorboard import HPARAM_METRICS, TensorBoardLogger, image_summary, masked_crc32c
@@ -96,8 +96,8 @@ def test_hparams_put_the_overrides_first_and_declare_the_metrics(tmp_path):
 
 def test_logger_none_makes_no_logger_and_tensorboard_its_own(tmp_path):
     job = SimpleNamespace(run_dir=tmp_path, swept={})
-    assert build_loggers(LoggerConfig(tensorboard=False), job) == []
-    (logger,) = build_loggers(LoggerConfig(), job)
+    assert build_loggers(LoggerConfig(), job) == []  # logger=none
+    (logger,) = build_loggers(LoggerConfig(tensorboard=True), job)
     assert isinstance(logger, TensorBoardLogger)
     logger.close()
 

@@ -23,7 +23,7 @@ from torch.optim.swa_utils import AveragedModel
 from data import build_loaders
 from distributed import context, sharded_state
 from distributed.context import DistContext
-from config.check import check
+from preflight import check_and_plan
 from distributed.launch import launch
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from models.simple_cnn import SimpleCNN
@@ -86,7 +86,7 @@ def _run_all(runs: dict[str, tuple], base: tuple, out: Path, check_sync_bn: bool
     # The ranks fork from this worker's train server (tests/train_server.py): nothing left to import.
     train_server.ensure_running()
     base = (*base, "launcher.start_method=forkserver")
-    plans = {name: check(typed_config(*base, *overrides)) for name, overrides in runs.items()}
+    plans = {name: check_and_plan(typed_config(*base, *overrides)) for name, overrides in runs.items()}
     by_processes: dict[int, list] = {}
     for name, overrides in runs.items():
         job = job_config(out / name, *base, *overrides)
@@ -172,6 +172,16 @@ def test_label_smoothing_ema_and_repeated_augmentation_train_the_same_under_ddp(
     assert relative_error(averaged["ddp_recipe"], averaged["single_recipe"]) <= 1e-5
     assert int(ema["ddp_recipe"]["n_averaged"]) == STEPS
     assert relative_error(averaged["single_recipe"], {f"module.{k}": v for k, v in single.items()}) > 1e-3
+
+
+def test_every_strategy_reports_the_training_figures_of_the_whole_global_batch(equivalence):
+    # Each rank of 2 trains on half the batch: its own loss and accuracy alone would be half the story.
+    out, _ = equivalence
+    for name, reference in (("dp", "single"), ("ddp", "single"), ("fsdp", "single"), ("ddp_acc2", "single_acc2"),
+                            ("ddp_recipe", "single_recipe")):
+        ran, expected = _metrics(out / name), _metrics(out / reference)
+        assert ran["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-5), name
+        assert ran["train_acc"] == pytest.approx(expected["train_acc"], abs=1e-9), name
 
 
 def test_the_tolerance_tells_different_training_apart(weights):

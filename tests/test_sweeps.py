@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from bench import report
-from config.check import check, typed
+from preflight import check_and_plan, typed
 from config.schema import StrategyName
-from config.setup import RESOLVERS, compose
+from config.setup import compose, job_dir
 from errors import ConfigError
 from tests import train_server
 from config.setup import ROOT
@@ -56,7 +57,7 @@ def _sweep_jobs(*overrides: str) -> list[tuple[str, ...]]:
 def test_ready_made_sweeps_compose_job_by_job(sweep):
     # On GPUs, as their figures are meant; here (no GPU) the first job stops, naming the rehearsal.
     with pytest.raises(ConfigError, match="trainer.accelerator=cpu"):
-        check(typed(compose(f"sweep={sweep}", *_sweep_jobs(f"sweep={sweep}")[-1])))
+        check_and_plan(typed(compose(f"sweep={sweep}", *_sweep_jobs(f"sweep={sweep}")[-1])))
     overrides = [f"sweep={sweep}", "trainer.accelerator=cpu"]
     jobs = _sweep_jobs(*overrides)
     configs = [typed(compose(*overrides, *job)) for job in jobs]
@@ -65,22 +66,36 @@ def test_ready_made_sweeps_compose_job_by_job(sweep):
         dp = cfg.strategy.name == StrategyName.dp
         if dp and cfg.trainer.devices > 1:
             with pytest.raises(ConfigError, match="strategy=ddp"):  # DP splits over GPUs, not CPUs
-                check(cfg)
+                check_and_plan(cfg)
             continue
         processes = 1 if dp else cfg.trainer.devices  # DP: one process
-        assert check(cfg).processes_per_node == processes, job
+        assert check_and_plan(cfg).processes_per_node == processes, job
 
 
-def test_a_job_dir_name_stays_within_what_file_systems_take_and_apart_from_its_neighbours():
-    job_dir = RESOLVERS["job_dir"]
-    assert job_dir(3, "model-simple_cnn+optimizer-sgd") == "3_model-simple_cnn+optimizer-sgd" and job_dir(0, "") == "0"
-    sampled = "+".join(f"key{i}-0.{i}3028525153605885" for i in range(12))  # a search's floats: > 255 bytes
-    names = [job_dir(7, sampled + tail) for tail in ("+trainer.seed-1", "+trainer.seed-2")]
-    assert all(len(name.encode()) <= 200 and name.startswith("7_key0-0.03028") for name in names)
+def test_a_job_dir_is_named_by_its_overrides_with_floats_to_4_digits_and_stays_apart_from_its_neighbours():
+    cfg = compose("model=simple_cnn", "optimizer.lr=0.03028525153605885", hydra=True)
+    naming = cfg.hydra.job.config.override_dirname
+
+    def name(num, *overrides):
+        return job_dir(num, overrides, naming.exclude_keys, naming.kv_sep, naming.item_sep)
+
+    assert name(3, "optimizer=sgd", "trainer.progress_bar=false", "model=simple_cnn") == "3_model-simple_cnn+optimizer-sgd"
+    assert name(0) == "0"
+    # A search's sampled floats to 4 significant digits (the exact value stays in .hydra/); the job's
+    # number keeps two that round alike apart. A float as typed stays as typed.
+    assert name(0, "optimizer.lr=0.03028525153605885", "trainer.batch_size=64") == (
+        "0_optimizer.lr-0.03029+trainer.batch_size-64")
+    assert name(1, "optimizer.lr=0.030287") == "1_optimizer.lr-0.03029"
+    assert name(2, "optimizer.weight_decay=1.2345678e-05", "optimizer.lr=1e-3", "trainer.label_smoothing=0.1") == (
+        "2_optimizer.lr-1e-3+optimizer.weight_decay-1.235e-05+trainer.label_smoothing-0.1")
+    # What conf/config.yaml's ${job_dir:} resolves to; outside a sweep (--cfg all --resolve) it says what goes first.
+    assert OmegaConf.select(cfg, "hydra.sweep.subdir") == "<job number>_model-simple_cnn+optimizer.lr-0.03029"
+    long = [f"model.key{i}=a_value_longer_than_twenty_bytes_{i}" for i in range(8)]  # > 255 bytes
+    names = [name(7, *long, f"trainer.seed={seed}") for seed in (1, 2)]
+    assert all(len(n.encode()) <= 200 and n.startswith("7_model.key0-a_value") for n in names)
     assert names[0] != names[1]
     # Machine paths tell no job from another; with their "/" they would nest one job in another's dir.
-    exclude = compose(hydra=True).hydra.job.config.override_dirname.exclude_keys
-    assert {"paths.data_dir", "paths.log_dir", "paths.sweep_dir", "paths.root_dir"} <= set(exclude)
+    assert {"paths.data_dir", "paths.log_dir", "paths.sweep_dir", "paths.root_dir"} <= set(naming.exclude_keys)
 
 
 def test_the_report_of_sweep_strategies_compares_each_strategy_with_its_own_one_device_run(tmp_path):

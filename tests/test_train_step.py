@@ -17,7 +17,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from config.check import check
+from preflight import check_and_plan
 from config.schema import NonFinite, StrategyConfig, StrategyName, TrainerConfig
 from data import Loaders
 from distributed import strategies
@@ -146,14 +146,14 @@ def test_the_progress_bar_draws_on_a_terminal_only_and_lines_are_logged_elsewher
 
 def test_fp16_on_cpu_and_multi_device_dp_on_cpu_are_config_errors():
     with pytest.raises(ConfigError, match="trainer.precision=16-mixed needs CUDA.*bf16-mixed"):
-        check(typed_config("trainer.accelerator=cpu", "trainer.precision=16-mixed"))
+        check_and_plan(typed_config("trainer.accelerator=cpu", "trainer.precision=16-mixed"))
     with pytest.raises(ConfigError, match="strategy=dp with trainer.devices=2.*strategy=ddp"):
-        check(typed_config("strategy=dp", "trainer.accelerator=cpu", "trainer.devices=2"))
+        check_and_plan(typed_config("strategy=dp", "trainer.accelerator=cpu", "trainer.devices=2"))
     with pytest.raises(ConfigError, match="trainer.accumulate_grad_batches=0"):
-        check(typed_config("trainer.accumulate_grad_batches=0"))
+        check_and_plan(typed_config("trainer.accumulate_grad_batches=0"))
     with pytest.raises(ConfigError, match="trainer.precision=64"):
-        check(typed_config("trainer.precision=64"))
-    plan = check(typed_config("strategy=dp", "trainer.accelerator=cpu"))
+        check_and_plan(typed_config("trainer.precision=64"))
+    plan = check_and_plan(typed_config("strategy=dp", "trainer.accelerator=cpu"))
     assert (plan.processes_per_node, plan.process_group) == (1, False)
 
 
@@ -348,3 +348,17 @@ def test_sync_batchnorm_swaps_every_batchnorm_and_keeps_its_statistics(process_g
 
 def _wrap(model: nn.Module, strategy: StrategyConfig, ctx: DistContext) -> nn.Module:
     return strategies.get(strategy).wrap(model, ctx, compile_mode=None, precision_dtype=None)
+
+
+def test_evaluate_runs_the_dataparallel_that_splits_the_batch_over_its_gpus():
+    """strategy=dp validates on every GPU it trains on only if evaluate calls the DataParallel, not
+    its module (which would run each whole batch on the first GPU). On CPU a DataParallel calls its
+    module as it is, so which one evaluate calls can be seen here."""
+    from training.trainer import evaluate
+
+    wrapped = nn.DataParallel(nn.Sequential(nn.Flatten(), nn.Linear(4, 10)))
+    called = []
+    wrapped.register_forward_hook(lambda module, inputs, output: called.append(module))
+    batches = [(torch.randn(6, 1, 2, 2), torch.randint(0, 10, (6,))) for _ in range(2)]
+    averages = evaluate(wrapped, batches, Batches(CPU, None), DistContext(0, 0, 1, 1, CPU, None), CrossEntropy())
+    assert averages.samples == 12 and len(called) == 2 and all(module is wrapped for module in called)

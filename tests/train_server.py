@@ -33,7 +33,7 @@ import torch._dynamo  # noqa: F401
 import torch.utils.tensorboard  # noqa: F401
 import torchvision  # noqa: F401
 
-import config.check  # noqa: F401
+import preflight  # noqa: F401
 import distributed.launch  # noqa: F401
 import training.preemption  # noqa: F401
 import training.run  # noqa: F401

@@ -5,16 +5,18 @@ import logging
 import os
 import re
 import shutil
+import socket
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
 import yaml
 from torch import nn
 
-from distributed.collectives import all_gather_object
+from config.schema import ScheduleConfig, TrainerConfig
+from distributed.collectives import all_gather_object, barrier
 from distributed.context import DistContext
 from distributed.strategies import unwrap
 from errors import ConfigError
@@ -80,11 +82,11 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def check_resumable(checkpoint: Any, model: nn.Module, path: Path) -> None:
-    """A train.py checkpoint of this very model; name the first tensor that differs, not all."""
+    """A train.py checkpoint of this very (unwrapped) model; name the first tensor that differs, not all."""
     missing = [key for key in _REQUIRED if not isinstance(checkpoint, dict) or key not in checkpoint]
     if missing:
         raise ConfigError(f"trainer.resume={path}: not a train.py checkpoint (no {', '.join(missing)}); {_FIX}")
-    saved, expected = checkpoint["model"], unwrap(model).state_dict()
+    saved, expected = checkpoint["model"], model.state_dict()
     trained_with = _model_target(checkpoint)
     fix = f"resume with the model it was trained with ({trained_with or 'see its config'})"
     for name, tensor in expected.items():
@@ -117,14 +119,149 @@ def trained_config(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-def find_resume(resume: str | None, run_dir: Path) -> Path | None:
-    """`auto`: this run dir's last.pt if a previous attempt left one, else start fresh."""
+def find_resume(resume: str | None, run_dir: Path, env: Mapping[str, str] = os.environ) -> Path | None:
+    """`auto`: this run dir's last.pt if a previous attempt left one, else start fresh. In a job that
+    SLURM restarted (requeued: SLURM_RESTART_COUNT), null means auto: the requeued job, of
+    slurm/train.sbatch or of hydra/launcher=submitit_slurm alike, goes on from where it stopped."""
+    if resume is None and int(env.get("SLURM_RESTART_COUNT") or 0) > 0:
+        resume = "auto"
     if resume is None:
         return None
     if resume == "auto":
         last = run_dir / "checkpoints" / "last.pt"
         return last if last.exists() else None
     return Path(resume)
+
+
+def _check_schedule(resume: str | None, trained: Mapping[str, Any] | None, scheduler: Mapping[str, Any]) -> None:
+    """The schedule a resume asks for is the one it trained with: loading the scheduler's state puts
+    back the saved T_max, step_size, ..., so a run resumed with `trainer.epochs` raised would train
+    its extra epochs on a cosine already at lr 0; a warmup of another length would change course
+    mid-run."""
+    if trained is None or not isinstance(trained.get("scheduler"), dict):  # a checkpoint that does not say
+        return
+    before = trained["scheduler"]
+    ours = [f.name for f in fields(ScheduleConfig)]  # the warmup, before what it changes (T_max)
+    keys = sorted({*before, *scheduler}, key=lambda k: (k != "_target_", k not in ours, k))
+    key = next((k for k in keys if before.get(k) != scheduler.get(k)), None)
+    if key is None:
+        return
+    epochs = (trained.get("trainer") or {}).get("epochs")
+    fix = (f"resume with trainer.epochs={epochs}, which T_max follows," if key == "T_max" and epochs is not None
+           else "resume with the scheduler it trained with")
+    raise ConfigError(
+        f"trainer.resume={resume} trained with scheduler.{key}={before.get(key, 'none')}, and this run asks for "
+        f"{scheduler.get(key, 'none')}: a resume continues the saved schedule; {fix} or train afresh in a new run dir"
+    )
+
+
+def check_resume(
+    trainer: TrainerConfig, run_dir: Path | None, *, model: Callable[[], nn.Module], scheduler: Mapping[str, Any],
+    warmup_epochs: int, weights: str | None,
+) -> None:
+    """Refuse a checkpoint that cannot continue this run, and never overwrite a run's last.pt. `model`
+    builds the run's model (called only to compare a checkpoint with it); `scheduler`: the scheduler
+    node as configured; `weights`: model.weights."""
+    resume, test_only = trainer.resume, trainer.test_only
+    path = find_resume(resume, run_dir) if run_dir is not None or resume != "auto" else None
+    if path is not None:
+        if not path.exists():
+            raise ConfigError(f"trainer.resume={resume}: no such file; give an existing checkpoint path")
+        if path.is_dir():  # strategy=fsdp's sharded last.pt, checked from its metadata and train state
+            if test_only:  # training.evaluation reads one whole file; strategy=fsdp writes best.pt as one
+                best = path.parent / "best.pt"
+                best = best if best.is_file() else "<that run>/checkpoints/best.pt"
+                raise ConfigError(
+                    f"trainer.test_only=true evaluates a whole-file checkpoint, but trainer.resume={resume} is "
+                    f"strategy=fsdp's sharded last.pt (a directory); give trainer.resume={best}, the best epoch's "
+                    "weights in one file"
+                )
+            from distributed import sharded_state  # late: slow to import (BENCHMARKS.md: Start-up)
+
+            checkpoint = sharded_state.describe(path)
+        else:
+            checkpoint = load_checkpoint(path)
+        check_resumable(checkpoint, model(), path)
+        warmed = isinstance(checkpoint["scheduler"], dict) and "last_step" in checkpoint["scheduler"]  # a Warmup's
+        if not test_only and warmed != bool(warmup_epochs):
+            raise ConfigError(
+                f"trainer.resume={resume} trained {'with' if warmed else 'without'} a warmup and cannot continue "
+                f"{'without' if warmed else 'with'} one; resume with the scheduler.warmup_epochs it trained with"
+            )
+        if not test_only:
+            _check_schedule(resume, trained_config(checkpoint), scheduler)
+    elif test_only and weights is None:
+        raise ConfigError(
+            f"trainer.test_only=true evaluates trained weights, but trainer.resume={resume} names no checkpoint; "
+            "give trainer.resume=<checkpoint> or model.weights=<file>"
+        )
+    if test_only:
+        return  # writes no checkpoint: a run dir's last.pt is safe
+    last = run_dir / "checkpoints" / "last.pt" if run_dir is not None else None
+    if last is not None and last.exists() and (path is None or path.resolve() != last.resolve()):
+        raise ConfigError(
+            f"hydra.run.dir={run_dir} already holds checkpoints/last.pt; continue it with trainer.resume=auto "
+            "or train in another hydra.run.dir"
+        )
+
+
+NOT_SHARED = "the run dir is not shared between nodes"
+_SHARE_FIX = "put hydra.run.dir on a filesystem that every node mounts (docs/clusters.md)"
+
+
+def agree_on_resume(resume: str | None, run_dir: Path, ctx: DistContext) -> Path | None:
+    """The checkpoint to resume from, as rank 0 decides it; every rank must see that very file (its
+    step and size), or every rank stops with the same one-line error. A rank that started afresh
+    while the others resumed would train other weights, or wait in a collective they never reach."""
+    path = find_resume(resume, run_dir)
+    if ctx.world_size == 1:
+        return path
+    views = all_gather_object((socket.gethostname(), str(path) if path else None, _identity(path)), ctx)
+    _, decided, identity = views[0]
+    for rank, (host, mine, seen) in enumerate(views):
+        if (mine, seen) != (decided, identity):
+            what = f"resumes from {decided} ({_describe(identity)})" if decided else "starts afresh"
+            sees = f"sees {_describe(seen)} at {mine or run_dir / 'checkpoints' / 'last.pt'}"
+            raise ConfigError(f"{NOT_SHARED}: rank 0 {what} but rank {rank} on {host} {sees}; {_SHARE_FIX}")
+    return path
+
+
+def confirm_shared(made_by_main: Path, ctx: DistContext) -> None:
+    """Once rank 0 has made `made_by_main` (the ranks meet first): every rank sees it, or every rank stops
+    in one line (a rank that cannot writes where rank 0 never looks). Read from its directory's
+    listing, which a network filesystem revalidates, unlike a cached lookup of the name."""
+    barrier(ctx)
+    seen = all_gather_object((socket.gethostname(), _listed(made_by_main)), ctx)
+    for rank, (host, listed) in enumerate(seen):
+        if not listed:
+            raise ConfigError(f"{NOT_SHARED}: rank 0 made {made_by_main} but rank {rank} on {host} cannot see it; {_SHARE_FIX}")
+
+
+def _listed(path: Path) -> bool:
+    try:
+        return path.name in os.listdir(path.parent)
+    except OSError:
+        return False
+
+
+def _identity(path: Path | None) -> tuple[int, int] | None:
+    """(step, bytes) of a checkpoint as this rank sees it; None where it sees none. strategy=fsdp's
+    last.pt is a directory named after its step (training/sharded_checkpoint.py)."""
+    if path is None or not _listed(path):
+        return None
+    if path.is_dir():
+        version = path.resolve()
+        step = re.search(r"\.step(\d+)\.", version.name)
+        return (int(step[1]) if step else -1, sum(f.stat().st_size for f in version.iterdir() if f.is_file()))
+    try:
+        step = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("step", -1)
+    except Exception:  # not a checkpoint this rank can read: its size still tells
+        step = -1
+    return (int(step), path.stat().st_size)
+
+
+def _describe(identity: tuple[int, int] | None) -> str:
+    return f"step {identity[0]}, {identity[1]} bytes" if identity else "no checkpoint"
 
 
 @dataclass

@@ -47,7 +47,7 @@ def parameter_groups(model: nn.Module, norm_weight_decay: float | None) -> Itera
 def check_arguments(optimizer: Callable[..., Any], scheduler: Callable[..., Any] | None) -> None:
     """The optimizer's and scheduler's own argument checks (a key the class does not take, a
     Nesterov SGD without momentum, StepLR's step_size=0 at its first step) on a throwaway
-    parameter, as one-line ConfigErrors before training. In the rank, not in config.check:
+    parameter, as one-line ConfigErrors before training. In the rank, not in the pre-flight:
     building an optimizer imports torch._dynamo (~0.9 s), which the launching process never needs."""
     try:
         probe = optimizer([nn.Parameter(torch.zeros(1))])

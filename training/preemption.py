@@ -1,10 +1,14 @@
 """Preemption: a signal asks the job to stop; every rank finishes its step and rank 0 saves last.pt.
 
-SLURM (`--signal=USR1@90`), schedulers and people send a signal to one process or to all of
-them. The handler only notes it; the ranks agree to stop at the same step through an
-all-reduce at the steps where they already synchronise (each report), so the hot path stays
-free of extra syncs: one flag all-reduce took ~1 ms on 2 gloo ranks of the 2-core CPU machine,
-and on a GPU it would also stall the queue of launched kernels every step.
+SLURM (`--signal=USR1@90`, a preemption's or scancel's SIGTERM), submitit (USR2), torchrun's agent
+(the SIGTERM it forwards, or the one each rank gets when its agent dies) and people send a signal
+to one process or to all of them. The handler only notes it; the ranks agree to stop at the same
+step through an all-reduce at check steps they all compute alike, so that the hot path stays free
+of a host sync per step. What is left after the signal is a grace period in seconds
+(`trainer.preempt_grace_s`: SLURM's KillWait, torchrun's --shutdown-timeout) before SIGKILL, so the
+checks are spaced in seconds too: at each one the ranks all-reduce the flag together with the
+seconds per step each measured since the last check, and from the slowest rank's all pick the same
+next check step, a quarter of the grace period ahead. The rest of it is for saving last.pt.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import os
 import shlex
 import signal
 import subprocess
+import time
 from typing import Any
 
 import torch
@@ -22,6 +27,9 @@ from distributed.context import DistContext
 from errors import ConfigError, Preempted
 
 log = logging.getLogger("train")
+
+# The part of trainer.preempt_grace_s that a signal may wait for the next agreed check.
+_CHECK_SHARE = 0.25
 
 
 def parse_signals(names: list[str], key: str) -> list[signal.Signals]:
@@ -36,29 +44,45 @@ def parse_signals(names: list[str], key: str) -> list[signal.Signals]:
 
 
 class PreemptionWatch:
-    """Notes preemption signals; `should_stop(step)` says, on every rank alike, when to stop."""
+    """Notes preemption signals; `should_stop(step)` says, on every rank alike, when to stop.
+    `requeue_on`: the signals after which rank 0 requeues a SLURM job (train.py does, once the
+    ranks have left the group)."""
 
-    def __init__(self, ctx: DistContext, signals: list[signal.Signals], every_n_steps: int) -> None:
-        self.ctx, self.every_n_steps = ctx, every_n_steps
+    def __init__(
+        self, ctx: DistContext, signals: list[signal.Signals], grace_s: float,
+        requeue_on: list[signal.Signals] | tuple = (),
+    ) -> None:
+        self.ctx, self.grace_s, self.requeue_on = ctx, grace_s, tuple(requeue_on)
         self.received = 0  # the signal number, once one arrives
-        self._flag = torch.zeros(1, dtype=torch.int32, device=ctx.device)
+        self._next_check = 0  # the first step after the start: what it took sets the next check
+        self._last_check = (time.perf_counter(), 0)  # (clock, step) of the last check
         self._previous = {sig: signal.signal(sig, self._note) for sig in signals}
 
     def _note(self, signum: int, frame: Any) -> None:
         self.received = self.received or signum  # no logging here: its locks are not signal-safe
 
     def should_stop(self, step: int, force: bool = False) -> bool:
-        """Collective at every `every_n_steps`-th step (or when `force`): call it on every rank."""
-        if not (force or step % self.every_n_steps == 0):
+        """Collective at the agreed check steps (or when `force`): call it on every rank, every step."""
+        if not self.ctx.distributed:  # the flag is this process's own: no sync to save
+            return self._stopping(step) if self.received else False
+        if not (force or step >= self._next_check):
             return False
-        if not self.ctx.distributed:
-            return bool(self.received)
-        self._flag.fill_(self.received)
-        self.received = int(all_reduce_max(self._flag, self.ctx).item())
-        return bool(self.received)
+        clock, last_step = self._last_check
+        seconds_per_step = (time.perf_counter() - clock) / max(1, step - last_step)
+        agreed = torch.tensor([self.received, seconds_per_step], dtype=torch.float64, device=self.ctx.device)
+        received, slowest = all_reduce_max(agreed, self.ctx).tolist()
+        self._next_check = step + max(1, int(_CHECK_SHARE * self.grace_s / max(slowest, 1e-6)))
+        self._last_check = (time.perf_counter(), step)
+        self.received = int(received)
+        return self._stopping(step) if self.received else False
+
+    def _stopping(self, step: int) -> bool:
+        if self.ctx.is_main:
+            log.warning("%s: every rank stops after step %d; saving last.pt", signal.Signals(self.received).name, step)
+        return True
 
     def preempted(self) -> Preempted:
-        return Preempted(self.received, self.ctx.is_main)
+        return Preempted(self.received, self.ctx.is_main, requeued=self.received in self.requeue_on and _slurm_job_id() is not None)
 
     def close(self) -> None:
         for sig, handler in self._previous.items():
@@ -71,6 +95,8 @@ def requeue_or_explain(preempted: Preempted, requeue_on: list[signal.Signals], r
         return
     job = _slurm_job_id()
     if job and preempted.signum in requeue_on:
+        # The requeue ends the job's processes with SIGTERM, this one too: it leaves by itself, once it has said so.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
             if result.returncode == 0:

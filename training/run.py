@@ -16,7 +16,7 @@ from distributed import context, strategies
 from distributed.collectives import all_gather_object
 from distributed.context import DistContext
 from errors import Preempted
-from training.checkpoint import Checkpointer, TrainState, find_resume
+from training.checkpoint import Checkpointer, TrainState, agree_on_resume
 from training.ema import EMA, adjusted_decay
 from training.evaluation import test
 from training.loggers import build_loggers
@@ -25,7 +25,7 @@ from training.metrics import reset_peak_memory
 from training.mixing import Mixing
 from training.optim import check_arguments, parameter_groups
 from training.precision import Precision
-from training.preemption import PreemptionWatch, parse_signals
+from training.preemption import PreemptionWatch
 from training.reporting import configure_logging, write_metrics
 from training.samples import SampleImages
 from training.schedule import with_warmup
@@ -65,12 +65,13 @@ def configure_kernels(settings: TrainerConfig, ctx: DistContext) -> None:
         torch.backends.cudnn.benchmark = settings.cudnn_benchmark and not settings.deterministic
 
 
-def log_placement(ctx: DistContext) -> None:
+def log_placement(ctx: DistContext, workers: int) -> None:
     """Where each rank runs, as seed 002 has every rank print it: one line from rank 0, by host."""
     if ctx.world_size == 1:
         return
     hosts: dict[str, list[str]] = {}
-    for rank, (host, device) in enumerate(all_gather_object((socket.gethostname(), str(ctx.device)), ctx)):
+    here = (socket.gethostname(), f"{ctx.device} ({context.placement(workers)})")
+    for rank, (host, device) in enumerate(all_gather_object(here, ctx)):
         hosts.setdefault(host, []).append(f"{rank} {device}")
     log.info("ranks by host: %s", "; ".join(f"{host}: {', '.join(ranks)}" for host, ranks in hosts.items()))
 
@@ -80,9 +81,8 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     start = time.perf_counter()
     settings = job.trainer
     reset_peak_memory(ctx)
-    signals = parse_signals(settings.preempt_signals, "trainer.preempt_signals")
     # From here on a preemption signal is noted, not fatal: the loop stops at an agreed step.
-    preemption = PreemptionWatch(ctx, signals, settings.preempt_check_every_n_steps or settings.log_every_n_steps)
+    preemption = PreemptionWatch(ctx, list(job.preempt_signals), settings.preempt_grace_s, list(job.requeue_signals))
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     loaders = build_loaders(
         job.dataset, job.data, ctx, settings.batch_size, settings.seed,
@@ -110,10 +110,10 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     checkpointer = (ShardedCheckpointer if strategy.sharded_checkpoint else Checkpointer)(
         ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema
     )
-    resume = find_resume(settings.resume, job.run_dir)
+    resume = agree_on_resume(settings.resume, job.run_dir, ctx)
     state = checkpointer.restore(resume) if resume else TrainState()
     memory = MemoryProbe(model, optimizer)  # after restore: loading a sharded checkpoint steps the optimizer once
-    log_placement(ctx)
+    log_placement(ctx, getattr(loaders.train, "num_workers", 0))
     log.info(
         "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d%s",
         job.labels["model"], job.labels["dataset"], job.labels["strategy"], ctx.world_size, ctx.device.type,

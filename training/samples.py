@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from data import Loaders
 from distributed.strategies import gathers_in_forward, unwrap
 from training.callbacks import Callback
 from training.loggers.base import Logger
@@ -54,7 +55,7 @@ class SampleImages(Callback):
 def _first_samples(loader: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     images, targets = [], []
     for x, y in loader:
-        images.append(x)
+        images.append(Loaders.to_device(loader, x, y, torch.device("cpu"))[0])  # finished as the model sees them
         targets.append(y)
         if sum(len(t) for t in targets) >= n:
             break

@@ -28,7 +28,9 @@ from torch import nn
 
 from distributed.collectives import all_gather_object, barrier
 from distributed.context import DistContext
-from training.checkpoint import Checkpointer, TrainState, _gather_rng, drop_unnamed_versions, save_checkpoint
+from training.checkpoint import (
+    Checkpointer, TrainState, _gather_rng, confirm_shared, drop_unnamed_versions, save_checkpoint,
+)
 
 
 class ShardedCheckpointer(Checkpointer):
@@ -51,7 +53,7 @@ class ShardedCheckpointer(Checkpointer):
         if self.ctx.is_main:
             shutil.rmtree(tmp, ignore_errors=True)  # a save a kill interrupted
             tmp.mkdir(parents=True)
-        barrier(self.ctx)
+        confirm_shared(tmp, self.ctx)  # every rank's shards must land where rank 0 commits them
         _sharded_state().save(tmp, self.model, self.optimizer, self._train_state(state, rng), self.ctx)
         if self.ctx.is_main:
             _commit(tmp, final, f"{name}.step{state.step}.{secrets.token_hex(3)}")

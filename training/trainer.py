@@ -17,7 +17,7 @@ from config.schema import NonFinite, TrainerConfig
 from data import Loaders
 from distributed.collectives import all_reduce_max
 from distributed.context import DistContext, epoch_seed
-from distributed.strategies import Strategy, prepare_evaluation, unwrap
+from distributed.strategies import Strategy, for_evaluation, prepare_evaluation, unwrap
 from errors import NonFiniteLoss
 from training.callbacks import Callback, handling
 from training.checkpoint import Checkpointer, TrainState, restore_rng
@@ -58,7 +58,7 @@ class Batches:
                 if i == skip - 1 and skipped is not None:
                     skipped()
             else:
-                yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                yield Loaders.to_device(loader, x, y, self.device)
             resumed = time.perf_counter()
 
     def count(self, loader: Any) -> int:
@@ -405,7 +405,7 @@ class Trainer:
 def evaluate(model: nn.Module, loader: Iterable, batches: Batches, ctx: DistContext, criterion: Criterion) -> Averages:
     """The criterion's loss, accuracy, top-5 and cross-entropy over every rank's validation shard,
     summed across ranks."""
-    net = unwrap(model)  # DDP's forward would try to sync buffers; shards may differ in length
+    net = for_evaluation(model)
     net.eval()
     sums = Accumulator(ctx.device, validation=True)
     padding = prepare_evaluation(net, batches.count(loader), ctx)  # FSDP: every forward takes all ranks

@@ -4,7 +4,7 @@ The study, not this process, holds the progress: a sweep counts the study's comp
 launches only what is missing to reach n_trials, so the same command run again after a kill
 carries on. Trials a killed sweep left RUNNING stop getting heartbeats (or never got one); once
 they are older than the grace period any sweeper of the study fails them and runs their parameters
-again.
+again. What this takes from Optuna's private API is in _optuna_private.py, and nowhere else.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +33,10 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
-from optuna.storages._rdb import models
-from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.trial import Trial, TrialState
 
 from errors import first_line
+from hydra_plugins.optuna_study_sweeper import _optuna_private
 
 log = logging.getLogger(__name__)
 
@@ -108,27 +106,6 @@ def override_of(key: str, value: Any) -> str:
     return f"{key}={Transformer.str(value)}"
 
 
-class _Storage(RDBStorage):
-    """Optuna's RDB storage, whose stale trials also include those asked for and never beaten for.
-
-    A sweeper killed between study.ask and its first heartbeat leaves a RUNNING trial with no heartbeat
-    row, which RDBStorage never finds stale: the same command run again would wait for it forever.
-    """
-
-    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
-        stale = super()._get_stale_trial_ids(study_id)
-        # datetime_start is the asking process's local clock (RDBStorage.create_new_trial).
-        asked_before = datetime.now() - timedelta(seconds=self.grace_period or 2 * self.heartbeat_interval)
-        running = self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
-        old = [t._trial_id for t in running if t.datetime_start is not None and t.datetime_start < asked_before]
-        if not old:
-            return stale
-        heartbeat = models.TrialHeartbeatModel
-        with _create_scoped_session(self.scoped_session) as session:
-            beaten = {i for (i,) in session.query(heartbeat.trial_id).filter(heartbeat.trial_id.in_(old))}
-        return stale + [trial_id for trial_id in old if trial_id not in beaten]
-
-
 def open_study(
     name: str,
     storage: str | None,
@@ -143,7 +120,7 @@ def open_study(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeats: experimental since Optuna 2.9
-            rdb = _Storage(
+            rdb = _optuna_private.HeartbeatStorage(
                 storage,
                 heartbeat_interval=heartbeat_interval,
                 grace_period=grace_period,
@@ -393,8 +370,7 @@ class _Heartbeat:
 
     def __init__(self, storage: RDBStorage | None, trials: list[Trial]) -> None:
         self._storage = storage
-        # Trial ids, unlike numbers, address trials in the storage; ask/tell exposes no public one.
-        self._trial_ids = [trial._trial_id for trial in trials]
+        self._trial_ids = [_optuna_private.trial_id(trial) for trial in trials]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True)
 
@@ -410,7 +386,7 @@ class _Heartbeat:
 
     def _beat(self) -> None:
         assert self._storage is not None
-        while not self._stop.wait(self._storage.heartbeat_interval):
+        while not self._stop.wait(self._storage.get_heartbeat_interval()):
             self._record()
 
     def _record(self) -> None:

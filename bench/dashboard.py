@@ -1,0 +1,44 @@
+"""Watch a hyperparameter search live: optuna-dashboard on the study it writes.
+
+python -m bench.dashboard multirun/search/digits [--port 8080] [--host 127.0.0.1] [optuna-dashboard's options]
+
+The target is a search's dir (its optuna.db), a study's .db file, or any storage URL (the search's
+hydra.sweeper.storage). Then http://127.0.0.1:8080 shows each trial as it completes, the history,
+the parameters' importance and slices. The same as `optuna-dashboard sqlite:///<dir>/optuna.db`,
+with the path checked first: Optuna would make an empty database of a mistyped one, and show no
+study. Needs optuna-dashboard (requirements-extras.txt).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+
+def storage_url(target: str) -> str:
+    """The study's storage URL: a URL as given, a search's dir as its optuna.db, a file as SQLite."""
+    if "://" in target:
+        return target
+    path = Path(target)
+    database = path / "optuna.db" if path.is_dir() else path
+    if not database.is_file():
+        raise SystemExit(f"bench.dashboard: {database}: no such study database; give a search's dir "
+                         "(multirun/search/<name>), its optuna.db, or a storage URL")
+    return f"sqlite:///{database.resolve()}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("target", help="a search's dir, its optuna.db, or a storage URL")
+    args, options = parser.parse_known_args()
+    url = storage_url(args.target)
+    scripts = entry_points(group="console_scripts", name="optuna-dashboard")
+    if not scripts:
+        raise SystemExit("bench.dashboard needs optuna-dashboard: pip install -r requirements-extras.txt")
+    sys.argv = ["optuna-dashboard", url, *options]
+    scripts["optuna-dashboard"].load()()  # optuna-dashboard's own command, in this process
+
+
+if __name__ == "__main__":
+    main()

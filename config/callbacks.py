@@ -1,0 +1,86 @@
+"""Hydra's callbacks (conf/config.yaml's hydra.callbacks): what Hydra does before main() runs, made
+to fail in one line and to leave an earlier run's record as it was; and a sweep (`-m`, or an
+hparams_search) saying where it writes, as it starts and as it ends, with the command that compares
+its jobs."""
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+from omegaconf.errors import InterpolationResolutionError
+
+from errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class OutputDirCheck(Callback):
+    """Hydra makes the run dir before main() runs; one it cannot make would end in a traceback.
+    It also writes the run's record (.hydra/) before main() can refuse the run: what a run dir
+    held is kept, for restore_run_record to put back."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            directory = config.hydra.run.dir
+        except InterpolationResolutionError as e:  # run_name refuses a world whose ranks cannot share a dir
+            cause = _config_error_within(e)
+            if cause is None:
+                raise
+            print(f"error: {cause}", file=sys.stderr)
+            sys.exit(2)
+        _exit_unless_writable("hydra.run.dir", directory)
+        subdir = config.hydra.output_subdir  # None on the ranks that write no record
+        record = Path(directory, subdir) if subdir is not None else None
+        if record is not None and record.is_dir():
+            _kept_record.update((path, path.read_bytes()) for path in record.iterdir() if path.is_file())
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_unless_writable("hydra.sweep.dir", config.hydra.sweep.dir)
+
+
+_kept_record: dict[Path, bytes] = {}  # the run dir's .hydra/ files as an earlier run left them
+
+
+def restore_run_record() -> None:
+    """A refused run leaves the record of the run its dir already held as it was: bench.report
+    reads a run's overrides from it."""
+    for path, contents in _kept_record.items():
+        path.write_bytes(contents)
+
+
+def _config_error_within(error: BaseException) -> ConfigError | None:
+    """OmegaConf wraps a resolver's exception and keeps it only as the context of its own."""
+    while error is not None and not isinstance(error, ConfigError):
+        error = error.__context__
+    return error
+
+
+def _exit_unless_writable(key: str, directory: str) -> None:
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PermissionError("permission denied")
+    except OSError as e:
+        reason = e.strerror or str(e)
+        print(f"error: {key}={directory}: cannot write there ({reason}); choose a writable {key}", file=sys.stderr)
+        sys.exit(2)
+
+
+def report_command(sweep_dir: str) -> str:
+    return f"python -m bench.report {shlex.quote(sweep_dir)}"
+
+
+class SweepDir(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = config.hydra.sweep.dir
+        log.info("Sweep dir: %s (a dir per job); once it ends, compare them: %s", sweep_dir, report_command(sweep_dir))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = config.hydra.sweep.dir
+        log.info("Sweep done, in %s; compare its jobs: %s", sweep_dir, report_command(sweep_dir))

@@ -1,0 +1,75 @@
+"""python -m bench.dashboard: optuna-dashboard on the study a search writes, read over its HTTP API."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from omegaconf import OmegaConf
+from optuna.distributions import FloatDistribution
+
+from bench.dashboard import storage_url
+from config.setup import ROOT
+from hydra_plugins.optuna_study_sweeper import _study
+
+SPACE = {"optimizer.lr": FloatDistribution(1e-3, 0.5, log=True)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, server: subprocess.Popen, deadline: float):
+    """The JSON at `url`, once the server answers; its error if it ended first."""
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return json.loads(response.read())
+        except OSError:
+            assert server.poll() is None, server.stderr.read()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_the_dashboard_serves_a_searchs_trials_and_stops_by_its_pid(tmp_path):
+    search = tmp_path / "search" / "digits"  # as hparams_search=digits lays it out: <sweep dir>/optuna.db
+    search.mkdir(parents=True)
+    sampler = OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 0})
+    study, _ = _study.open_study("digits", f"sqlite:///{search / 'optuna.db'}", "maximize", sampler,
+                                 {"overrides": []}, 10, None)
+    trial = study.ask(SPACE)
+    study.tell(trial, 0.97)
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "bench.dashboard", str(search), "--port", str(port)],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        (summary,) = get(f"http://127.0.0.1:{port}/api/studies", server, deadline)["study_summaries"]
+        assert summary["study_name"] == "digits"
+        (served,) = get(f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}", server, deadline)["trials"]
+        assert served["values"] == [0.97] and served["state"] == "Complete"
+        assert {p["name"]: p["param_internal_value"] for p in served["params"]} == trial.params
+    finally:
+        if server.poll() is None:
+            os.kill(server.pid, signal.SIGTERM)
+            assert server.wait(timeout=30) == -signal.SIGTERM, server.stderr.read()
+
+
+def test_a_mistyped_search_is_one_line_and_no_empty_database(tmp_path):
+    with pytest.raises(SystemExit) as error:
+        storage_url(str(tmp_path / "search" / "digitz"))
+    assert str(error.value) == (f"bench.dashboard: {tmp_path}/search/digitz: no such study database; give a "
+                                "search's dir (multirun/search/<name>), its optuna.db, or a storage URL")
+    assert not (tmp_path / "search").exists()
+    assert storage_url("postgresql://host/db") == "postgresql://host/db"

@@ -1,0 +1,119 @@
+"""distributed/environment.py's reading of torchrun's and srun's variables, case by case: the
+defaults when a variable is absent, which of two variables wins, and each error's whole line
+(test_launchers.py holds the common cases and the launches)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from distributed import environment
+from errors import ConfigError
+
+# srun -n4 over two nodes, two tasks each: rank 3 is node 1's second task.
+SLURM = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_NODEID": "1", "SLURM_STEP_ID": "0",
+         "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": "4567123", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+TORCHRUN = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+
+
+def _from_slurm(env: dict[str, str]) -> environment.EnvRank:
+    """from_slurm with scontrol answered here: the first host is the list it was asked to expand."""
+    return environment.from_slurm(env, lambda nodelist: [f"first of {nodelist}"])
+
+
+def _error(call, *args) -> str:
+    with pytest.raises(ConfigError) as e:
+        call(*args)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("env, found", [
+    ({"SLURM_STEP_ID": "0"}, "spawn"),  # srun without SLURM_NTASKS: one task
+    ({"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2"}, "slurm"),
+])
+def test_srun_is_the_launcher_from_two_tasks_on(env, found):
+    assert environment.detect(env) == found
+
+
+@pytest.mark.parametrize("launcher, env, name", [
+    ("auto", {"RANK": "0"}, "clock"),  # no WORLD_SIZE: one process, its clock is the run's
+    ("slurm", {"SLURM_JOB_ID": "5"}, "slurm-5.0"),  # no SLURM_STEP_ID: the job's first step
+])
+def test_a_run_dir_name_from_a_partial_environment(launcher, env, name):
+    assert environment.run_name(launcher, env, "clock") == name
+
+
+def test_torchrun_in_a_batch_script_without_a_run_id_is_refused_not_named_by_the_job():
+    # SLURM_JOB_ID alone (no srun step): several such torchruns in one job would share the name.
+    env = TORCHRUN | {"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "77"}
+    assert _error(environment.run_name, "auto", env, "clock") == (
+        "TORCHELASTIC_RUN_ID=none: torchrun got no --rdzv-id, so every such run would share one run dir; "
+        "start torchrun with --standalone (one node) or --rdzv-id=<a name for this run>, "
+        "or set hydra.run.dir=<a dir for this run>"
+    )
+
+
+def test_a_hand_set_world_size_is_refused_in_one_line():
+    assert _error(environment.run_name, "auto", TORCHRUN, "clock") == (
+        "WORLD_SIZE=2 set by hand (not by torchrun): each process would name its run dir by its own clock and the "
+        "ranks could split over two dirs; set hydra.run.dir=<one dir for all ranks>"
+    )
+
+
+def test_rank_zero_is_read_from_the_named_launchers_variable():
+    assert environment.is_rank_zero("torchrun", {})  # no RANK: the one process
+    assert not environment.is_rank_zero("slurm", {"SLURM_PROCID": "1"})  # named, not detected (no step id here)
+
+
+def test_a_missing_torchrun_or_srun_variable_is_one_line_naming_the_fix():
+    assert _error(environment.from_torchrun, {"RANK": "0"}) == (
+        "launcher=torchrun but LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE not set in the environment; start train.py "
+        "with torchrun (or set RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT)"
+    )
+    message = ("launcher=slurm but SLURM_PROCID/SLURM_NTASKS are not set; run train.py under srun "
+               "(sbatch slurm/train.sbatch), not directly in the batch script")
+    assert _error(_from_slurm, {"SLURM_PROCID": "0"}) == message == _error(_from_slurm, {"SLURM_NTASKS": "2"})
+    assert _error(environment.tasks_per_node, "2(x") == "SLURM_TASKS_PER_NODE=2(x: cannot read the tasks per node"
+
+
+def test_srun_without_a_tasks_per_node_or_node_id():
+    # Every task on this node; a node id past the counts' list is the last node's.
+    env = {k: v for k, v in SLURM.items() if k != "SLURM_TASKS_PER_NODE"}
+    assert _from_slurm(env).local_world_size == 4
+    uneven = {k: v for k, v in SLURM.items() if k != "SLURM_NODEID"} | {"SLURM_TASKS_PER_NODE": "3,1"}
+    assert _from_slurm(uneven).local_world_size == 3  # no SLURM_NODEID: node 0
+
+
+def test_slurm_localid_beats_the_arithmetic_on_uneven_nodes():
+    # One task on the first node, two on the second: rank 2 is the second node's second task.
+    env = SLURM | {"SLURM_NTASKS": "3", "SLURM_TASKS_PER_NODE": "1,2", "SLURM_PROCID": "2", "SLURM_LOCALID": "1"}
+    assert _from_slurm(env).local_rank == 1
+    without = {k: v for k, v in SLURM.items() if k != "SLURM_LOCALID"} | {"SLURM_PROCID": "5", "SLURM_NTASKS": "6"}
+    assert _from_slurm(without).local_rank == 1  # seed 002's arithmetic: 2 a node, rank 5 is its node's second
+
+
+def test_the_steps_node_list_and_count_beat_the_jobs():
+    step = SLURM | {"SLURM_STEP_NODELIST": "gpu[09-10]", "SLURM_STEP_NUM_NODES": "3", "SLURM_NNODES": "5"}
+    assert (_from_slurm(step).master_addr, _from_slurm(step).num_nodes) == ("first of gpu[09-10]", 3)
+    assert _from_slurm(SLURM | {"SLURM_NNODES": "5"}).num_nodes == 5
+    bare = {k: v for k, v in SLURM.items() if k != "SLURM_JOB_NODELIST"}
+    assert _from_slurm(bare).master_addr == "first of localhost"
+
+
+@pytest.mark.parametrize("step, offset", [(None, 0), ("3", 3), ("12", 2)])
+def test_the_port_is_the_jobs_plus_its_step_modulo_ten(step, offset):
+    env = {"SLURM_JOB_ID": "4567123"} | ({"SLURM_STEP_ID": step} if step else {})
+    assert environment.master_port(env) == 10000 + 4567123 % 2000 * 10 + offset
+
+
+def test_scontrol_expands_the_node_list_and_its_absence_is_one_line(tmp_path, monkeypatch):
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text('#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && echo "$3-a" && echo "$3-b"\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert environment.scontrol_hostnames("n[1-2]") == ["n[1-2]-a", "n[1-2]-b"]
+    scontrol.write_text("#!/bin/sh\nexit 1\n")
+    assert _error(environment.scontrol_hostnames, "n[1-2]") == (
+        "`scontrol show hostnames n[1-2]` failed (Command '['scontrol', 'show', 'hostnames', 'n[1-2]']' returned "
+        "non-zero exit status 1.); set launcher.master_addr=<the job's first node>"
+    )

@@ -1,0 +1,106 @@
+"""The pre-flight check, in whole lines: a resume against the run dir and the checkpoint, and the
+recipe keys' ranges, ends included (test_config.py and test_recipes.py hold the other checks)."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from preflight import check_and_plan as check
+from errors import ConfigError
+from models.mnist_net import MnistNet
+from tests.configs import typed_config
+from training.checkpoint import save_checkpoint
+
+
+def _last_pt(run_dir: Path, scheduler_config: dict | None = None) -> Path:
+    """A train.py checkpoint of the default model, without a warmup, as a run dir's last.pt."""
+    path = run_dir / "checkpoints" / "last.pt"
+    config = yaml.safe_dump({"scheduler": scheduler_config}) if scheduler_config else None
+    save_checkpoint({"model": MnistNet(1, 10, 8).state_dict(), "optimizer": {}, "scheduler": None, "epoch": 1,
+                     "step": 3, "best": 0.5, "config": config}, path)
+    return path
+
+
+def _refusal(*overrides: str, run_dir: Path | None = None) -> str:
+    return _refusal_of(typed_config(*overrides), run_dir)
+
+
+def _refusal_of(cfg, run_dir: Path | None = None) -> str:
+    with pytest.raises(ConfigError) as refused:
+        check(cfg, run_dir)
+    return str(refused.value)
+
+
+def test_resume_auto_continues_the_run_dirs_last_pt_and_without_a_run_dir_starts_fresh(tmp_path):
+    _last_pt(tmp_path)
+    assert check(typed_config("trainer.resume=auto"), tmp_path).world_size == 1
+    assert check(typed_config("trainer.resume=auto")).world_size == 1  # no run dir yet (a -m job's parent)
+
+
+def test_a_plain_run_over_a_run_dirs_last_pt_is_refused_in_one_line(tmp_path):
+    _last_pt(tmp_path)
+    assert _refusal(run_dir=tmp_path) == (
+        f"hydra.run.dir={tmp_path} already holds checkpoints/last.pt; continue it with trainer.resume=auto or "
+        "train in another hydra.run.dir"
+    )
+
+
+def test_a_checkpoint_trained_without_a_warmup_refuses_one_in_one_line(tmp_path):
+    path = _last_pt(tmp_path)
+    assert _refusal(f"trainer.resume={path}", "scheduler.warmup_epochs=1") == (
+        f"trainer.resume={path} trained without a warmup and cannot continue with one; resume with the "
+        "scheduler.warmup_epochs it trained with"
+    )
+
+
+def test_a_scheduler_key_the_checkpoint_lacks_is_named_as_none(tmp_path):
+    trained = {"_target_": "torch.optim.lr_scheduler.StepLR", "step_size": 7, "warmup_epochs": 0,
+               "warmup_start_factor": 0.01}  # no gamma
+    path = _last_pt(tmp_path, trained)
+    assert _refusal(f"trainer.resume={path}", "scheduler=step") == (
+        f"trainer.resume={path} trained with scheduler.gamma=none, and this run asks for 0.1: a resume continues "
+        "the saved schedule; resume with the scheduler it trained with or train afresh in a new run dir"
+    )
+
+
+# A recipe key outside its range (set on one composed config: the check refuses it before any model
+# is built), and the whole line that refuses it.
+RANGES = [
+    ("trainer", "label_smoothing", 1.0, "0 (off) up to below 1"),
+    ("dataset", "random_erase", 1.5, "a probability, 0 (off) to 1"),
+    ("trainer", "mixup_alpha", -0.1, "0 (off) or a Beta(alpha, alpha)"),
+    ("trainer", "cutmix_alpha", -1.0, "0 (off) or a Beta(alpha, alpha)"),
+    ("trainer", "ema_decay", 0.0, "a decay in (0, 1), e.g. 0.99998, or null"),
+    ("trainer", "ema_decay", 1.0, "a decay in (0, 1), e.g. 0.99998, or null"),
+    ("trainer", "ema_every_n_steps", 0, "1 or more"),
+    ("scheduler", "warmup_epochs", -1, "0 (off) or more"),
+    ("scheduler", "warmup_start_factor", 0.0, "a fraction of the lr in (0, 1]"),
+    ("optimizer", "reference_batch", 0, "the batch lr was tuned for"),
+    ("optimizer", "norm_weight_decay", -0.1, "null (as weight_decay) or 0 and up"),
+    ("data", "repeated_augmentations", 0, "1 (off) or more"),
+]
+
+
+@pytest.fixture(scope="module")
+def composed():
+    return typed_config()
+
+
+@pytest.mark.parametrize("section, key, value, allowed", RANGES)
+def test_a_recipe_key_out_of_its_range_is_one_line_naming_what_it_takes(composed, section, key, value, allowed):
+    cfg = copy.deepcopy(composed)
+    node = getattr(cfg, section)
+    if isinstance(node, dict):  # the _target_ nodes: optimizer, scheduler
+        node[key] = value
+    else:
+        setattr(node, key, value)
+    assert _refusal_of(cfg) == f"{section}.{key}={value}: use {allowed}"
+
+
+def test_a_warmup_may_start_at_the_full_lr(composed):
+    cfg = copy.deepcopy(composed)
+    cfg.scheduler["warmup_start_factor"] = 1.0
+    check(cfg)

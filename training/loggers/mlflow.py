@@ -1,0 +1,84 @@
+"""logger=mlflow: an MLflow run per job, named by its overrides; a sweep's jobs share one experiment.
+
+The store is logger.mlflow.tracking_uri (a server, Databricks, a database), else $MLFLOW_TRACKING_URI,
+else SQLite: mlflow.db in the sweep's dir, or a single run's own dir, with the runs' artifacts (the
+config, images, metrics.json) in mlartifacts/ beside it. MLflow 3 refuses its older file store.
+Browse it with `mlflow ui --backend-store-uri sqlite:///<dir>/mlflow.db` (the full `mlflow` package).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from config.schema import LoggerConfig, RunConfig
+from training.loggers.naming import run_name, sweep_name
+from training.loggers.packages import import_for
+
+
+class MlflowLogger:
+    def __init__(self, cfg: LoggerConfig, job: RunConfig) -> None:
+        import_for("mlflow")
+        from mlflow.entities import Metric, Param
+        from mlflow.tracking import MlflowClient
+
+        self._metric, self._param = Metric, Param
+        options = cfg.mlflow
+        uri = options.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        store = (job.sweep_dir or job.run_dir).resolve()
+        self.client = MlflowClient(tracking_uri=uri or f"sqlite:///{store / 'mlflow.db'}")
+        # A fresh SQLite store's default artifact root is ./mlruns wherever train.py was started.
+        artifacts = None if uri else (store / "mlartifacts").as_uri()
+        experiment = _experiment_id(self.client, options.experiment or sweep_name(job) or "runs", artifacts)
+        tags = {"run_dir": str(job.run_dir), **({"sweep": sweep_name(job)} if job.sweep_dir else {})}
+        self.run_id = self.client.create_run(experiment, run_name=run_name(job), tags=tags).info.run_id
+        self._params: dict[str, str] = {}
+        self._log_params(job.hparams)
+        self.client.log_text(self.run_id, job.config_yaml, "config.yaml")
+
+    def log_scalars(self, step: int, values: Mapping[str, float]) -> None:
+        now = int(time.time() * 1000)
+        metrics = [self._metric(tag, float(value), now, step) for tag, value in values.items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def log_image(self, step: int, tag: str, hwc: np.ndarray) -> None:
+        self.client.log_image(self.run_id, hwc, key=tag, step=step)
+
+    def log_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
+        """The options as params, the final figures that are numbers as metrics at the last step,
+        and every figure in metrics.json beside the run's config."""
+        self._log_params(hparams)
+        now, step = int(time.time() * 1000), int(metrics.get("steps") or 0)
+        numbers = [self._metric(key, float(value), now, step) for key, value in metrics.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)]
+        self.client.log_batch(self.run_id, metrics=numbers)
+        self.client.log_dict(self.run_id, dict(metrics), "metrics.json")
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+    def _log_params(self, hparams: Mapping[str, Any]) -> None:
+        """Params not logged yet: MLflow refuses a param logged again with another value."""
+        new = {key: str(value) for key, value in hparams.items() if value is not None and key not in self._params}
+        self.client.log_batch(self.run_id, params=[self._param(key, value) for key, value in new.items()])
+        self._params.update(new)
+
+
+def _experiment_id(client: Any, name: str, artifact_location: str | None) -> str:
+    """The experiment of this name, made if it is not there yet (by this job, or by a sweep's job
+    started beside it: MLflow then refuses the second create)."""
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException:
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id

@@ -1,0 +1,54 @@
+"""logger=wandb: a Weights & Biases run per job, offline unless asked (nothing leaves the machine
+until `wandb sync`). Named by the job's overrides, grouped by its sweep, its config the composed one."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Mapping
+
+import numpy as np
+import yaml
+
+from config.schema import LoggerConfig, RunConfig
+from training.loggers.naming import run_name, sweep_name
+from training.loggers.packages import import_for
+
+log = logging.getLogger("train")
+
+
+class WandbLogger:
+    def __init__(self, cfg: LoggerConfig, job: RunConfig) -> None:
+        self._wandb = wandb = import_for("wandb")
+        options = cfg.wandb
+        mode = options.mode.value if options.mode is not None else os.environ.get("WANDB_MODE", "offline")
+        self.run = wandb.init(
+            dir=job.run_dir,  # <run dir>/wandb/offline-run-<time>-<id>
+            mode=mode,
+            project=options.project,
+            entity=options.entity,
+            tags=options.tags or None,
+            name=run_name(job),
+            group=sweep_name(job),
+            config={**yaml.safe_load(job.config_yaml), "hparams": job.hparams},
+            # train.log has the console already; W&B's own lines would interleave with the run's
+            settings=wandb.Settings(console="off", silent=True),
+        )
+
+    def log_scalars(self, step: int, values: Mapping[str, float]) -> None:
+        self.run.log(dict(values), step=step)
+
+    def log_image(self, step: int, tag: str, hwc: np.ndarray) -> None:
+        self.run.log({tag: self._wandb.Image(hwc)}, step=step)
+
+    def log_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
+        """The options beside the composed config, and the final figures as the run's summary:
+        the columns of W&B's runs table."""
+        self.run.config.update({"hparams": dict(hparams)}, allow_val_change=True)
+        self.run.summary.update(dict(metrics))
+
+    def close(self) -> None:
+        offline = self.run.settings.mode == "offline"
+        where = self.run.settings.sync_dir  # <run dir>/wandb/offline-run-*: what `wandb sync` takes
+        self.run.finish()
+        if offline:
+            log.info("W&B run saved offline in %s: upload it with `wandb sync %s`", where, where)

@@ -1,0 +1,83 @@
+"""Where a training step's time goes: torch.profiler over N steps after a warm-up, for
+trainer.profile=N and bench.gpu_profile alike.
+
+The first WAIT steps run unprofiled (allocator growth, cuDNN's algorithm search, torch.compile's
+first graphs), the next WARMUP are traced and thrown away (the profiler's own start-up), then
+`steps` are recorded: CPU operators, and on CUDA the kernels and the memory each operator allocates.
+The trace opens in Perfetto (ui.perfetto.dev) and chrome://tracing; the table of the top operators,
+by self time, goes to the log and beside the trace.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+log = logging.getLogger("train")
+
+WAIT, WARMUP = 3, 2  # steps before the recorded ones: skipped, then traced and dropped
+TOP_OPERATORS = 15  # the table's rows
+
+
+class StepProfiler:
+    """A context whose step() the loop calls after each training step. Once `steps` steps after
+    `wait` + `warmup` are recorded it writes `trace` (if given) and sets `table`; the profiler then
+    records nothing more, and the steps after it run as fast as unprofiled ones."""
+
+    def __init__(self, steps: int, device: torch.device, trace: Path | None = None,
+                 wait: int = WAIT, warmup: int = WARMUP) -> None:
+        if steps < 1:
+            raise ValueError(f"profile {steps} steps: give at least 1")
+        self.device, self.trace_path, self.steps = device, trace, steps
+        self.cuda = device.type == "cuda"
+        self.total = wait + warmup + steps  # the step() that ends the recorded ones
+        self.stepped = 0
+        self.table: str | None = None
+        self.profiler = profile(
+            activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self.cuda else [])],
+            schedule=schedule(wait=wait, warmup=warmup, active=steps, repeat=1),
+            on_trace_ready=self._ready,
+            profile_memory=True,
+        )
+
+    def __enter__(self) -> StepProfiler:
+        self.profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.profiler.__exit__(*exc)
+
+    def step(self) -> None:
+        self.stepped += 1
+        if self.cuda and self.stepped == self.total:
+            torch.cuda.synchronize(self.device)  # the last step's kernels finish inside the recorded window
+        self.profiler.step()
+
+    def _ready(self, prof: profile) -> None:
+        if self.trace_path is not None:
+            self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(self.trace_path))
+        self.table = top_operators(prof, self.cuda)
+        where = f"; trace: {self.trace_path} (ui.perfetto.dev or chrome://tracing)" if self.trace_path else ""
+        log.info("profiled %d steps, top operators by self %s time%s\n%s",
+                 self.steps, "device" if self.cuda else "CPU", where, self.table)
+
+
+def top_operators(prof: profile, cuda: bool, rows: int = TOP_OPERATORS) -> str:
+    """torch.profiler's table of the operators with the most self time: on CUDA by their kernels'
+    time, with the memory they allocate."""
+    return prof.key_averages().table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
+                                     row_limit=rows)
+
+
+def profile_steps(step: Callable[[], None], steps: int, device: torch.device, trace: Path | None = None,
+                  wait: int = WAIT, warmup: int = WARMUP) -> StepProfiler:
+    """Run `step` wait + warmup + steps times under a StepProfiler; the profiler, done."""
+    with StepProfiler(steps, device, trace, wait, warmup) as profiler:
+        for _ in range(profiler.total):
+            step()
+            profiler.step()
+    return profiler
