@@ -50,6 +50,7 @@ def check_and_plan(cfg: Config, run_dir: Path | None = None, multirun: bool = Fa
     _check_model(cfg.model)
     strategy.check_model(factory(cfg.model))
     data.check(cfg.dataset, cfg.data)
+    _check_built(cfg)
     _check_forward(cfg)  # after the data's own keys, which name the fix more closely
     check_resume(
         cfg.trainer, run_dir, model=factory(cfg.model), scheduler=cfg.scheduler,
@@ -151,6 +152,21 @@ def _check_model(node: Mapping[str, Any]) -> None:
         module.check(**arguments)
 
 
+def _check_built(cfg: Config) -> None:
+    """The loss and each callback, built once: a key their class does not take, or a value it
+    refuses, is one line before launch instead of a traceback on every rank."""
+    for key, node in [("loss", cfg.loss), *((f"callbacks.{name}", node) for name, node in cfg.callbacks.items())]:
+        if not isinstance(node, Mapping) or "_target_" not in node:
+            group = key.split(".")[0]
+            raise ConfigError(f"{key}: no _target_; name the class to build, as the files in conf/{group}/ do")
+        try:
+            factory(node)()
+        except Exception as e:
+            raise ConfigError(
+                f"{key}: {node['_target_']} refuses these options ({first_line(e)}); fix the {key}.* keys"
+            ) from None
+
+
 def _check_forward(cfg: Config) -> None:
     """One forward pass on the meta device (shapes only: no memory, no arithmetic) at the sizes
     training and validation feed: a model built for other images (a Linear sized for image_size
@@ -249,6 +265,8 @@ def run_config(
         model=factory(cfg.model),
         optimizer=factory(optimizer),
         scheduler=factory(scheduler) if scheduler.get("_target_") else None,
+        loss=factory(cfg.loss),
+        callbacks=[factory(node) for node in cfg.callbacks.values()],
         optim=optim,
         schedule=schedule_config(cfg.scheduler),
         run_dir=run_dir,
@@ -269,6 +287,7 @@ def _hparams(cfg: DictConfig, settings: Config, labels: dict[str, str], lr: floa
         "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
         "lr": lr,  # as trained: after optimizer.lr_scaling
         "scheduler": cfg.scheduler.get("_target_", "none").rsplit(".", 1)[-1],
+        "loss": cfg.loss._target_.rsplit(".", 1)[-1],
         "accelerator": trainer.accelerator.value if trainer.gpus is None else "gpu",
         "devices": trainer.devices_per_node * trainer.num_nodes,
         "batch_size": trainer.batch_size,

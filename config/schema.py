@@ -294,6 +294,8 @@ class Config:
     model: Any = None
     optimizer: Any = field(default_factory=defaults_of(OptimConfig))
     scheduler: Any = field(default_factory=defaults_of(ScheduleConfig))
+    loss: Any = None
+    callbacks: Dict[str, Any] = field(default_factory=dict)  # name -> `_target_` node (conf/callbacks/)
     optimized_metric: str = "best_val_acc"  # the metrics.json figure main() returns to a sweeper
 
 
@@ -311,6 +313,8 @@ class RunConfig:
     model: Callable[[], Any]  # () -> nn.Module
     optimizer: Callable[..., Any]  # (parameters) -> Optimizer, lr scaled already
     scheduler: Optional[Callable[..., Any]]  # (optimizer) -> LRScheduler, None: a constant lr
+    loss: Callable[[], Any]  # () -> the criterion (training.loss.Criterion)
+    callbacks: List[Callable[[], Any]]  # () -> a training.callbacks.Callback, each, in conf/callbacks/ order
     optim: OptimConfig
     schedule: ScheduleConfig
     run_dir: Path

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Sequence, Union, runtime_checkable
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, get_worker_info
+from torch.utils.data import Dataset, DistributedSampler, Sampler, Subset, get_worker_info
 
 from config.schema import DataConfig, DatasetConfig, Loader
 from data.sampler import train_sampler
@@ -184,11 +184,6 @@ class Loaders:
         if finish is not None:
             return finish(x, y)
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-
-    @property
-    def start_processes(self) -> bool:
-        """Iterating them starts worker processes (forked, where the platform can)."""
-        return any(isinstance(loader, DataLoader) and loader.num_workers > 0 for loader in (self.train, self.val))
 
 
 def batched(module: DatasetModule, dataset: DatasetConfig) -> bool:

@@ -43,12 +43,20 @@ def _trained_on_gpu(metrics):
 
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed", "16-mixed"])
 def test_each_precision_trains_on_the_gpu(run_dir, precision):
-    metrics = _train(run_dir, f"trainer.precision={precision}")
+    metrics = _train(run_dir, f"trainer.precision={precision}", "loss=focal", "callbacks=grad_norm",
+                     "logger=tensorboard", "logger.sample_images=0")
     _trained_on_gpu(metrics)
     assert "(cuda)" in (run_dir / "train.log").read_text()
     scaler = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["scaler"]
     # fp16 autocast needs the GradScaler (its scale is saved to resume with); bf16 and fp32 run without.
     assert ("scale" in scaler) == (precision == "16-mixed"), scaler
+    # The callback's norm is of the unscaled gradients: fp16's loss scale (2**16 at first) is not in it.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    norms = [e.value for e in events.Scalars("train/grad_norm")]
+    assert norms and all(0 < norm < 1000 for norm in norms), norms  # an epoch of overflows only would have none
 
 
 def test_the_fast_path_compiles_and_trains_from_the_device_loader(run_dir):

@@ -17,6 +17,7 @@ from data import build_loaders, cifar10
 from distributed.context import make_context
 from tests.dataset_files import write_cifar, write_idx, write_image_folder, write_odd_images
 from tests.runs import run_train
+from training.loss import CrossEntropy
 from training.trainer import Batches, evaluate
 
 pytestmark = pytest.mark.slow
@@ -44,7 +45,7 @@ def _single_process_val_acc(run_dir, batch: int) -> float:
     cfg.data.loader, cfg.data.num_workers = Loader.dataloader, 0
     ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
     val = build_loaders(cfg.dataset, cfg.data, ctx, global_batch=batch, seed=0).val
-    return evaluate(model, val, Batches(ctx.device, None), ctx).acc
+    return evaluate(model, val, Batches(ctx.device, None), ctx, CrossEntropy()).acc
 
 
 @pytest.fixture(scope="module")

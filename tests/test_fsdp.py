@@ -246,7 +246,7 @@ def test_the_model_evaluated_is_the_model_saved_batchnorm_included(run_dir):
     model.load_state_dict(torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)["model"])
     ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
     val = build_loaders(job.dataset, job.data, ctx, global_batch=64, seed=0).val
-    alone = evaluate(model, val, Batches(ctx.device, None), ctx)
+    alone = evaluate(model, val, Batches(ctx.device, None), ctx, job.loss())
     assert alone.samples == 360
     assert alone.loss == pytest.approx(_metrics(run_dir)["val_loss"], rel=1e-5)
 

@@ -10,16 +10,17 @@ import torch
 import torch.nn.functional as F
 
 from distributed.context import make_context
+from training.loss import CrossEntropy
 from training.metrics import Accumulator, Averages, Window, peak_memory_mb
 
 
 def test_validation_sums_give_the_mean_loss_and_the_accuracy_of_the_whole_set():
     logits = torch.tensor([[2.0, 0.5, -1.0], [0.1, 0.2, 3.0], [1.0, 4.0, 0.0], [0.3, 0.2, 0.1]])
     targets = torch.tensor([0, 1, 1, 2])
-    sums = Accumulator(torch.device("cpu"), top5=True)
-    sums.update_validation(logits, targets)
+    sums = Accumulator(torch.device("cpu"), validation=True)
+    sums.update_validation(logits, targets, CrossEntropy())
     figures = sums.averages()
-    assert figures.loss == pytest.approx(F.cross_entropy(logits, targets).item(), rel=1e-6)
+    assert figures.loss == figures.ce == pytest.approx(F.cross_entropy(logits, targets).item(), rel=1e-6)
     assert (figures.acc, figures.acc5, figures.samples) == (0.5, 1.0, 4)  # argmax per row: 0, 2, 1, 0
 
 
@@ -45,8 +46,8 @@ def test_the_loss_is_summed_in_float64():
     # One huge loss beside small ones: float32 sums would drop the small ones (its ulp at 1e8 is 8).
     logits = torch.tensor([[0.0, 1e8], [0.0, 0.0], [0.0, 0.0]])
     targets = torch.tensor([0, 0, 1])
-    sums = Accumulator(torch.device("cpu"), top5=True)
-    sums.update_validation(logits, targets)
+    sums = Accumulator(torch.device("cpu"), validation=True)
+    sums.update_validation(logits, targets, CrossEntropy())
     assert sums.averages().loss == pytest.approx((1e8 + 2 * math.log(2)) / 3, rel=1e-15)
 
 
@@ -78,8 +79,9 @@ def test_a_window_averages_its_finite_micro_batches_and_names_the_first_non_fini
 def test_sums_stay_on_the_device_of_the_batches():
     # The meta device stands for a GPU: a sum kept elsewhere would fail to mix with its tensors.
     meta = torch.device("meta")
-    sums = Accumulator(meta, top5=True)
-    sums.update_validation(torch.empty(4, 10, device=meta), torch.zeros(4, dtype=torch.long, device=meta))
+    sums = Accumulator(meta, validation=True)
+    logits, targets = torch.empty(4, 10, device=meta), torch.zeros(4, dtype=torch.long, device=meta)
+    sums.update_validation(logits, targets, CrossEntropy())
     window = Window()
     window.update(torch.empty((), device=meta), torch.empty(4, 10, device=meta), torch.zeros(4, device=meta), 1)
     assert sums.sums.device == window.drain(meta).sums.device == meta

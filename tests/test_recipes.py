@@ -20,6 +20,7 @@ from data.transforms import sample_transform
 from errors import ConfigError
 from models.zoo import check as check_torchvision, torchvision_classifier
 from training.ema import EMA, adjusted_decay
+from training.loss import CrossEntropy
 from training.metrics import Accumulator
 from training.mixing import Mixing
 from training.optim import check_arguments, parameter_groups, scaled_lr
@@ -275,13 +276,13 @@ def test_top5_counts_the_label_among_the_five_highest_logits():
         [0.0, 1, 2, 3, 4, 5, 6],  # label 2: fifth from the top
     ])
     targets = torch.tensor([0, 4, 5, 2])
-    whole = Accumulator(torch.device("cpu"), top5=True)
-    whole.update_validation(logits, targets)
+    whole = Accumulator(torch.device("cpu"), validation=True)
+    whole.update_validation(logits, targets, CrossEntropy())
     figures = whole.averages()
     assert (figures.acc, figures.acc5, figures.samples) == (0.25, 0.75, 4)
-    split = Accumulator(torch.device("cpu"), top5=True)  # as two ranks' shards summed
-    split.update_validation(logits[::2], targets[::2])
-    split.update_validation(logits[1::2], targets[1::2])
+    split = Accumulator(torch.device("cpu"), validation=True)  # as two ranks' shards summed
+    split.update_validation(logits[::2], targets[::2], CrossEntropy())
+    split.update_validation(logits[1::2], targets[1::2], CrossEntropy())
     assert split.averages() == figures
     assert Accumulator(torch.device("cpu")).averages().acc5 is None  # training counts no top-5
 

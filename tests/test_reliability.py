@@ -19,7 +19,6 @@ from errors import ConfigError, NonFiniteLoss
 from training.checkpoint import Checkpointer, TrainState
 from tests.configs import job_config, typed_config
 from tests.runs import run_train
-from tests.dataset_files import write_image_folder
 from tests.test_launchers import SLURM_ENV, _plan
 
 DDP_CPU = ("strategy=ddp", "trainer.accelerator=cpu")
@@ -159,27 +158,6 @@ def test_the_compile_mode_reaches_torch_compile(monkeypatch, strategy, mode):
     ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
     strategies.get(StrategyConfig(strategy)).wrap(nn.Linear(2, 2), ctx, compile_mode=mode, precision_dtype=None)
     assert modes == ([] if mode is None else [mode])
-
-
-@pytest.mark.parametrize("workers", [0, 1])
-def test_tensorboard_is_imported_before_any_loader_worker_is_forked(monkeypatch, tmp_path, workers):
-    """A worker forked while the writer's thread imports could inherit a lock that thread held."""
-    from training import run as run_module
-
-    made = {}
-
-    def reporter(*args, background):
-        made["background"] = background
-        raise _Stop
-
-    monkeypatch.setattr(run_module, "Reporter", reporter)
-    monkeypatch.setattr(run_module, "PreemptionWatch", lambda *args: None)
-    root = write_image_folder(tmp_path / "images", classes=3)
-    job = job_config(tmp_path / "run", "dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=3",
-                     "model=simple_cnn", f"data.num_workers={workers}")
-    with pytest.raises(_Stop):
-        run_module.train(make_context(0, 0, 1, 1, "cpu", use_process_group=False), job)
-    assert made["background"] is (workers == 0)
 
 
 def test_train_on_a_gpu_resets_its_peaks(monkeypatch, run_dir):

@@ -2,17 +2,26 @@
 from __future__ import annotations
 
 import io
+import os
+import threading
+import time
+from types import SimpleNamespace
 
 import numpy as np
-import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
 from config.overrides import swept_overrides
 from config.schema import LoggerConfig
-from distributed.context import DistContext
-from training.reporting import HPARAM_METRICS, Reporter, SampleGrid, image_summary, masked_crc32c
+from training.loggers import build_loggers
+from training.loggers.tensorboard import HPARAM_METRICS, TensorBoardLogger, image_summary, masked_crc32c
+from training.samples import SampleGrid
+
+
+def _tensorboard(run_dir, swept=None) -> TensorBoardLogger:
+    """What build_loggers makes for logger=tensorboard, from the two fields of the RunConfig it reads."""
+    return TensorBoardLogger(SimpleNamespace(run_dir=run_dir, swept=swept or {}))
 
 
 def _caption_hues(grid: np.ndarray, index: int, tile: int = 96) -> set[str]:
@@ -66,9 +75,9 @@ def test_hparams_put_the_overrides_first_and_declare_the_metrics(tmp_path):
             "trainer.accelerator=cpu"]
     swept = swept_overrides(task, exclude_keys=["trainer.accelerator"])
     assert swept == {"optimizer": "adamw", "model": "simple_cnn", "optimizer.lr": 0.001, "optimizer.weight_decay": 0.1}
-    reporter = Reporter(DistContext(0, 0, 1, 1, torch.device("cpu"), None), tmp_path, LoggerConfig(tensorboard=True))
-    reporter.hparams(options, metrics, swept)
-    reporter.close()
+    logger = _tensorboard(tmp_path, swept)
+    logger.log_hparams(options, metrics)
+    logger.close()
 
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
@@ -85,11 +94,12 @@ def test_hparams_put_the_overrides_first_and_declare_the_metrics(tmp_path):
     assert events.Tags()["scalars"] == []
 
 
-def test_hparams_write_nothing_on_other_ranks(tmp_path):
-    reporter = Reporter(DistContext(1, 1, 2, 2, torch.device("cpu"), None), tmp_path, LoggerConfig())
-    reporter.hparams({"model": "m"}, {"best_val_acc": 1.0}, {"model": "m"})
-    reporter.close()
-    assert not (tmp_path / "tb").exists()
+def test_logger_none_makes_no_logger_and_tensorboard_its_own(tmp_path):
+    job = SimpleNamespace(run_dir=tmp_path, swept={})
+    assert build_loggers(LoggerConfig(), job) == []  # logger=none
+    (logger,) = build_loggers(LoggerConfig(tensorboard=True), job)
+    assert isinstance(logger, TensorBoardLogger)
+    logger.close()
 
 
 def test_the_image_summary_holds_the_grid_losslessly():
@@ -109,9 +119,9 @@ def test_tensorboard_checksums_records_in_c_with_its_own_values(tmp_path):
     for size in (0, 1, 12, 1000, 50_000):
         data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
         assert masked_crc32c(data) == tensorboards(data)
-    reporter = Reporter(DistContext(0, 0, 1, 1, torch.device("cpu"), None), tmp_path, LoggerConfig(tensorboard=True))
-    reporter.scalars(1, {"x": 1.0})
-    reporter.close()
+    logger = _tensorboard(tmp_path)
+    logger.log_scalars(1, {"x": 1.0})
+    logger.close()
     # The writer's records carry the C checksum, and TensorBoard's reader, which drops any record
     # whose checksum its own code does not match, reads them back.
     assert record_writer.masked_crc32c is masked_crc32c
@@ -120,29 +130,43 @@ def test_tensorboard_checksums_records_in_c_with_its_own_values(tmp_path):
     assert [s.value for s in events.Scalars("x")] == [1.0]
 
 
-def test_the_grid_is_encoded_again_only_when_a_caption_changes(monkeypatch):
-    import training.reporting as reporting
-    from PIL import Image
+def test_an_image_is_encoded_again_only_when_it_changes(tmp_path, monkeypatch):
+    import training.loggers.tensorboard as tensorboard
 
     encodings = []
-    monkeypatch.setattr(reporting, "image_summary", lambda tag, hwc: encodings.append(tag) or image_summary(tag, hwc))
+    monkeypatch.setattr(tensorboard, "image_summary", lambda tag, hwc: encodings.append(tag) or image_summary(tag, hwc))
     images, targets = torch.randn(4, 1, 8, 8), torch.arange(4)
     grid = SampleGrid(images, targets)
-    first = grid.summary("val/samples", targets)
-    assert grid.summary("val/samples", targets.clone()) is first and len(encodings) == 1
-    changed = grid.summary("val/samples", torch.tensor([0, 1, 2, 0]))
+    logger = _tensorboard(tmp_path)
+    for step, predicted in enumerate(([0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 0]), start=1):
+        logger.log_image(step, "val/samples", grid.draw(torch.tensor(predicted)))  # a new array each time
+    logger.close()
     assert len(encodings) == 2
-    png = changed.value[0].image.encoded_image_string
-    assert np.array_equal(np.asarray(Image.open(io.BytesIO(png))), SampleGrid(images, targets).draw(torch.tensor([0, 1, 2, 0])))
-
-
-@pytest.mark.parametrize("background", [True, False])
-def test_the_writer_is_made_on_a_thread_or_at_once(tmp_path, background):
-    reporter = Reporter(DistContext(0, 0, 1, 1, torch.device("cpu"), None), tmp_path, LoggerConfig(tensorboard=True), background)
-    assert (reporter._making is not None) is background  # at once: made before the constructor returns
-    assert background or reporter._made is not None
-    reporter.scalars(1, {"lr": 0.1})
-    reporter.close()
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
-    assert [e.value for e in events.Scalars("lr")] == [pytest.approx(0.1)]
+    written = events.Images("val/samples")
+    assert [image.step for image in written] == [1, 2, 3]
+    from PIL import Image
+
+    last = np.asarray(Image.open(io.BytesIO(written[-1].encoded_image_string)))
+    assert np.array_equal(last, SampleGrid(images, targets).draw(torch.tensor([0, 1, 2, 0])))
+
+
+def test_a_fork_waits_for_the_thread_that_makes_the_writer(tmp_path, monkeypatch):
+    """A DataLoader's worker forked while that thread imports TensorBoard could inherit an import
+    lock the thread holds, and wait for it forever."""
+    making, made = threading.Event(), object()
+
+    def slowly(logger):
+        making.set()
+        time.sleep(0.3)
+        logger._made = made
+
+    monkeypatch.setattr(TensorBoardLogger, "_make_writer", slowly)
+    logger = _tensorboard(tmp_path)
+    making.wait()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert logger._made is made  # the fork waited for the thread to end

@@ -264,7 +264,7 @@ def _evaluate_shard(model: nn.Module, job, rank: int) -> Averages:
     """Rank `rank` of 2's validation figures, computed in this process."""
     ctx = context.make_context(rank, rank, 2, 2, "cpu", use_process_group=False)
     loaders = build_loaders(job.dataset, job.data, ctx, job.trainer.batch_size, job.trainer.seed)
-    return evaluate(model, loaders.val, Batches(ctx.device, job.trainer.limit_val_batches), ctx)
+    return evaluate(model, loaders.val, Batches(ctx.device, job.trainer.limit_val_batches), ctx, job.loss())
 
 
 def _compare_sync_bn_with_batchnorm(ctx: DistContext, out: Path) -> None:

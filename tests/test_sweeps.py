@@ -21,7 +21,7 @@ from errors import ConfigError
 from tests import train_server
 from config.setup import ROOT
 from tests.runs import FORK_RANKS
-from training.reporting import HPARAM_METRICS
+from training.loggers.tensorboard import HPARAM_METRICS
 
 TINY = ("debug=limit", "logger=tensorboard")  # 3 short epochs, with the TensorBoard files under test
 

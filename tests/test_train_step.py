@@ -18,18 +18,18 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from preflight import check_and_plan
-from config.schema import LoggerConfig, NonFinite, StrategyConfig, StrategyName, TrainerConfig
+from config.schema import NonFinite, StrategyConfig, StrategyName, TrainerConfig
 from data import Loaders
 from distributed import strategies
 from distributed.context import DistContext, make_context
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from errors import ConfigError
 from training.checkpoint import Checkpointer, TrainState
+from training.loss import CrossEntropy
 from training.metrics import Averages
 from training.precision import Precision
-from training.reporting import Reporter
 from training.run import configure_kernels
-from training.trainer import Batches, Trainer
+from training.trainer import Batches, Optimization, Reporting, Trainer
 from tests.configs import typed_config
 
 CPU = torch.device("cpu")
@@ -54,9 +54,9 @@ def _batch(n: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
 def _trainer(
     model: nn.Module, tmp_path, ctx: DistContext | None = None, strategy: StrategyConfig | None = None,
     loaders: Loaders | None = None, scaler: torch.amp.GradScaler | None = None, step_lr: bool = False,
-    resume: bool = False, **settings,
+    resume: bool = False, reporting: Reporting = Reporting(), **settings,
 ) -> Trainer:
-    """A Trainer around `model` (wrapped by `strategy`, default single) on a silent rank; with
+    """A Trainer around `model` (wrapped by `strategy`, default single), reporting to `reporting`; with
     `step_lr` the learning rate halves every epoch; with `resume`, from tmp_path's last.pt."""
     ctx = ctx or make_context(0, 0, 1, 1, "cpu", use_process_group=False)
     chosen = strategies.get(strategy or StrategyConfig())
@@ -67,8 +67,11 @@ def _trainer(
     scaler = scaler or Precision.of(options.precision, CPU).grad_scaler()
     checkpointer = Checkpointer(ctx, tmp_path, wrapped, optimizer, scheduler, "", scaler)
     state = checkpointer.restore(tmp_path / "last.pt") if resume else None
-    reporter = Reporter(make_context(1, 1, 2, 2, "cpu", False), tmp_path, LoggerConfig())  # a silent rank
-    return Trainer(wrapped, chosen, optimizer, scheduler, loaders, checkpointer, reporter, scaler, ctx, options, state)
+    return Trainer(
+        model=wrapped, strategy=chosen, loaders=loaders, checkpointer=checkpointer, state=state, ctx=ctx,
+        optimization=Optimization(CrossEntropy(options.label_smoothing), optimizer, scheduler, scaler),
+        settings=options, reporting=reporting,
+    )
 
 
 @pytest.fixture
@@ -357,5 +360,5 @@ def test_evaluate_runs_the_dataparallel_that_splits_the_batch_over_its_gpus():
     called = []
     wrapped.register_forward_hook(lambda module, inputs, output: called.append(module))
     batches = [(torch.randn(6, 1, 2, 2), torch.randint(0, 10, (6,))) for _ in range(2)]
-    averages = evaluate(wrapped, batches, Batches(CPU, None), DistContext(0, 0, 1, 1, CPU, None))
+    averages = evaluate(wrapped, batches, Batches(CPU, None), DistContext(0, 0, 1, 1, CPU, None), CrossEntropy())
     assert averages.samples == 12 and len(called) == 2 and all(module is wrapped for module in called)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
-
 from torch.optim.swa_utils import AveragedModel
 
 from config.schema import RunConfig
@@ -13,7 +11,7 @@ from data import build_loaders
 from distributed.context import DistContext
 from training.checkpoint import find_resume, load_checkpoint
 from training.metrics import Averages
-from training.reporting import Reporter
+from training.reporting import write_metrics
 from training.trainer import Batches, evaluate
 
 log = logging.getLogger("train")
@@ -35,24 +33,25 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
         if checkpoint.get("ema") is not None:
             ema = AveragedModel(net, use_buffers=True)
             ema.load_state_dict(checkpoint["ema"])
-    batches = Batches(ctx.device, settings.limit_val_batches)
-    val = evaluate(net, loaders.val, batches, ctx)
+    batches, criterion = Batches(ctx.device, settings.limit_val_batches), job.loss()
+    val = evaluate(net, loaders.val, batches, ctx, criterion)
     metrics = _figures("val", val)
     line = f"test: acc@1 {val.acc:.4f} acc@5 {val.acc5:.4f} loss {val.loss:.4f}"
     if ema is not None:
-        averaged = evaluate(ema.module, loaders.val, batches, ctx)
+        averaged = evaluate(ema.module, loaders.val, batches, ctx, criterion)
         metrics.update(_figures("val_ema", averaged))
         line += f"  ema acc@1 {averaged.acc:.4f} acc@5 {averaged.acc5:.4f} loss {averaged.loss:.4f}"
     log.info("%s  (%d images, %s)", line, val.samples, source)
-    Reporter(ctx, job.run_dir, replace(job.logger, tensorboard=False)).write_metrics({  # metrics.json only
-        **metrics, "weights": source, **job.labels, "world_size": ctx.world_size,
-        "batch_size": settings.batch_size, "wall_s": time.perf_counter() - start,
-    })
+    if ctx.is_main:
+        write_metrics(job.run_dir, {
+            **metrics, "weights": source, **job.labels, "world_size": ctx.world_size,
+            "batch_size": settings.batch_size, "wall_s": time.perf_counter() - start,
+        })
     return metrics
 
 
 def _figures(prefix: str, averages: Averages) -> dict[str, float | int]:
     return {
         f"{prefix}_acc": averages.acc, f"{prefix}_acc5": averages.acc5, f"{prefix}_loss": averages.loss,
-        f"{prefix}_samples": averages.samples,
+        f"{prefix}_ce": averages.ce, f"{prefix}_samples": averages.samples,
     }

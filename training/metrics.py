@@ -8,29 +8,33 @@ import torch.nn.functional as F
 
 from distributed.collectives import all_reduce_sum
 from distributed.context import DistContext
+from training.loss import Criterion
 
 
 @dataclass(frozen=True)
 class Averages:
-    loss: float
+    loss: float  # the criterion's
     acc: float  # fraction 0..1
     samples: int
     acc5: float | None = None  # the label among the 5 highest logits (validation only)
+    ce: float | None = None  # plain cross-entropy, whatever the criterion (validation only)
 
 
 class Accumulator:
-    def __init__(self, device: torch.device, top5: bool = False) -> None:
-        self.sums = torch.zeros(4 if top5 else 3, dtype=torch.float64, device=device)  # loss*n, correct, n[, top-5]
+    def __init__(self, device: torch.device, validation: bool = False) -> None:
+        # loss*n, correct, n[, top-5 hits, cross-entropy*n]
+        self.sums = torch.zeros(5 if validation else 3, dtype=torch.float64, device=device)
 
-    def update_validation(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        """Per-sample losses summed in float64, and top-5 hits (needs top5=True). Per-batch float32
-        means made the loss depend on the split into batches and ranks (digits, 2 ranks: in its
-        9th digit); these sums move by float64 rounding at most (not at all in the tests)."""
-        self.sums[0] += F.cross_entropy(logits, targets, reduction="none").double().sum()
+    def update_validation(self, logits: torch.Tensor, targets: torch.Tensor, criterion: Criterion) -> None:
+        """Per-sample losses summed in float64, top-5 hits and cross-entropy (needs validation=True).
+        Per-batch float32 means made the loss depend on the split into batches and ranks (digits,
+        2 ranks: in its 9th digit); these sums move by float64 rounding at most (not at all in the tests)."""
+        self.sums[0] += criterion(logits, targets, reduction="none").double().sum()
         self.sums[1] += (logits.argmax(dim=1) == targets).sum()
         self.sums[2] += targets.shape[0]
         top = logits.topk(min(5, logits.shape[1]), dim=1).indices
         self.sums[3] += (top == targets[:, None]).any(dim=1).sum()
+        self.sums[4] += F.cross_entropy(logits, targets, reduction="none").double().sum()
 
     def all_reduce(self, ctx: DistContext) -> "Accumulator":
         """Sum over ranks in place: afterwards every rank holds the global figures."""
@@ -41,9 +45,10 @@ class Accumulator:
         self.sums += other.sums
 
     def averages(self) -> Averages:
-        loss_sum, correct, n, *top5 = self.sums.tolist()  # the one host sync
+        loss_sum, correct, n, *validation = self.sums.tolist()  # the one host sync
         n_ = max(n, 1)
-        return Averages(loss_sum / n_, correct / n_, int(n), top5[0] / n_ if top5 else None)
+        top5, ce = (validation[0] / n_, validation[1] / n_) if validation else (None, None)
+        return Averages(loss_sum / n_, correct / n_, int(n), top5, ce)
 
 
 class Window:

@@ -31,8 +31,9 @@ class Mixing:
     def __call__(
         self, images: torch.Tensor, labels: torch.Tensor, epoch: int, batch: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(mixed images, soft targets N x classes, each sample's dominant label: what train
-        accuracy counts against). No host sync: the draws are CPU scalars."""
+        """(mixed images, soft targets N x classes (which the criterion takes: training/loss.py),
+        each sample's dominant label: what train accuracy counts against). No host sync: the draws
+        are CPU scalars."""
         if epoch != self._epoch:
             self._epoch, self._epoch_seed = epoch, epoch_seed(self.seed, epoch, self.rank)
         with torch.random.fork_rng(devices=[]):

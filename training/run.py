@@ -19,16 +19,18 @@ from errors import Preempted
 from training.checkpoint import Checkpointer, TrainState, agree_on_resume
 from training.ema import EMA, adjusted_decay
 from training.evaluation import test
+from training.loggers import build_loggers
 from training.memory import MemoryProbe
 from training.metrics import reset_peak_memory
 from training.mixing import Mixing
 from training.optim import check_arguments, parameter_groups
 from training.precision import Precision
 from training.preemption import PreemptionWatch
-from training.reporting import Reporter, configure_logging
+from training.reporting import configure_logging, write_metrics
+from training.samples import SampleImages
 from training.schedule import with_warmup
 from training.sharded_checkpoint import ShardedCheckpointer
-from training.trainer import Trainer
+from training.trainer import Optimization, Reporting, Trainer
 
 log = logging.getLogger("train")
 
@@ -117,10 +119,15 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         job.labels["model"], job.labels["dataset"], job.labels["strategy"], ctx.world_size, ctx.device.type,
         settings.batch_size, state.epoch + 1, f" batch {state.batch + 1} ({resume})" if resume else "",
     )
-    reporter = Reporter(ctx, job.run_dir, job.logger, background=not loaders.start_processes)
+    loggers = build_loggers(job.logger, job) if ctx.is_main else []
+    callbacks = [build() for build in job.callbacks]
+    if job.logger.sample_images:
+        callbacks.insert(0, SampleImages(job.logger.sample_images, model, loaders.val, loggers, ctx.device))
     trainer = Trainer(
-        model, strategy, optimizer, scheduler, loaders, checkpointer, reporter, scaler, ctx, settings, state,
-        preemption, ema, Mixing.of(settings, job.dataset.num_classes, ctx.rank),
+        model=model, strategy=strategy, ema=ema, mixing=Mixing.of(settings, job.dataset.num_classes, ctx.rank),
+        optimization=Optimization(job.loss(), optimizer, scheduler, scaler),
+        loaders=loaders, checkpointer=checkpointer, state=state, preemption=preemption,
+        reporting=Reporting(loggers, callbacks), ctx=ctx, settings=settings,
     )
     try:
         metrics = trainer.fit()
@@ -130,12 +137,15 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
                 "batch_size": settings.batch_size, "wall_s": time.perf_counter() - start,
                 **memory.per_rank(ctx, metrics["peak_memory_mb"]),
             }
-            reporter.write_metrics(final)
-            reporter.hparams(job.hparams, final, job.swept)
+            if ctx.is_main:
+                write_metrics(job.run_dir, final)
+            for logger in loggers:
+                logger.log_hparams(job.hparams, final)
     finally:
         checkpointer.close()  # the last save is on disk before the process may exit
         preemption.close()
-        reporter.close()
+        for logger in loggers:
+            logger.close()
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()  # for the next job of a torchrun/SLURM rank that runs a -m sweep
     if preemption.received:  # after the last step that checked: the run is saved whole, the request still stands

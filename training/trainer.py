@@ -7,10 +7,9 @@ import logging
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
@@ -20,13 +19,15 @@ from distributed.collectives import all_reduce_max
 from distributed.context import DistContext, epoch_seed
 from distributed.strategies import Strategy, for_evaluation, prepare_evaluation, unwrap
 from errors import NonFiniteLoss
+from training.callbacks import Callback, handling
 from training.checkpoint import Checkpointer, TrainState, restore_rng
 from training.ema import EMA
+from training.loggers.base import Logger
+from training.loss import Criterion
 from training.metrics import Accumulator, Averages, Window, peak_memory_mb
 from training.mixing import Mixing
 from training.precision import Precision
 from training.preemption import PreemptionWatch
-from training.reporting import Reporter
 from training.schedule import Warmup
 
 log = logging.getLogger("train")
@@ -64,44 +65,68 @@ class Batches:
         return len(loader) if self.limit is None else min(len(loader), self.limit)
 
 
+@dataclass(frozen=True)
+class Optimization:
+    """What the weights follow, and how: the criterion, the optimizer, its schedule (an LRScheduler,
+    or a Warmup, which also steps after every optimizer step; None: a constant lr) and fp16's loss
+    scaler (None: none)."""
+
+    criterion: Criterion
+    optimizer: torch.optim.Optimizer
+    scheduler: Any = None
+    scaler: torch.amp.GradScaler | None = None
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """Where the run's figures go: the loggers (rank 0's; none on the others) and the callbacks
+    (every rank's, in order)."""
+
+    loggers: Sequence[Logger] = ()
+    callbacks: Sequence[Callback] = ()
+
+
 class Trainer:
     def __init__(
         self,
+        *,
         model: nn.Module,
         strategy: Strategy,
-        optimizer: torch.optim.Optimizer,
-        scheduler: Any,
+        optimization: Optimization,
         loaders: Loaders,
         checkpointer: Checkpointer,
-        reporter: Reporter,
-        scaler: torch.amp.GradScaler,
         ctx: DistContext,
         settings: TrainerConfig,
+        reporting: Reporting = Reporting(),
         state: TrainState | None = None,
-        preemption: PreemptionWatch | None = None,
         ema: EMA | None = None,
         mixing: Mixing | None = None,
+        preemption: PreemptionWatch | None = None,
     ) -> None:
-        """`model` is wrapped by `strategy` already; `settings` are read here, once, not per step.
-        `scheduler` may be a Warmup, which also steps after every optimizer step."""
-        self.model, self.strategy, self.optimizer, self.scheduler = model, strategy, optimizer, scheduler
-        self.warmup = scheduler if isinstance(scheduler, Warmup) else None
-        self.ema, self.mixing = ema, mixing
+        """`model` is wrapped by `strategy` already; `settings` are read here, once, not per step."""
+        self.model, self.strategy, self.ema, self.mixing = model, strategy, ema, mixing
         self.net = unwrap(model)  # what the EMA averages
-        self.loaders, self.checkpointer, self.reporter, self.ctx = loaders, checkpointer, reporter, ctx
+        self.criterion, self.optimizer = optimization.criterion, optimization.optimizer
+        self.scheduler = optimization.scheduler
+        self.warmup = self.scheduler if isinstance(self.scheduler, Warmup) else None
+        self.scaler = optimization.scaler or torch.amp.GradScaler(ctx.device.type, enabled=False)
+        self.loaders, self.checkpointer, self.ctx, self.settings = loaders, checkpointer, ctx, settings
+        self.loggers, self.callbacks = reporting.loggers, reporting.callbacks
         self.state = state or TrainState()
         self.preemption = preemption
-        self.settings = settings
         # What the step needs, resolved once: at 32 bits it enters no autocast, loss scaling or
-        # no_sync context, as a hand-written loop would not.
+        # no_sync context, as a hand-written loop would not; without clipping, a skip check or a
+        # callback that wants it, nothing measures the gradients.
         self.precision = Precision.of(settings.precision, ctx.device)
-        self.scaler = scaler
-        self.scaled = scaler.is_enabled()
+        self.scaled = self.scaler.is_enabled()
         self.channels_last = settings.channels_last
         self.grad_clip = settings.grad_clip
         self.accumulate = settings.accumulate_grad_batches
-        self.skip_nonfinite = settings.nonfinite == NonFinite.skip
-        self.label_smoothing = settings.label_smoothing
+        # Under fp16 the GradScaler skips a step whose gradients overflow and lowers its scale, as
+        # it calibrates in the first steps and after each raise: no skip of ours to count or warn of.
+        self.skip_check = settings.nonfinite == NonFinite.skip and not self.scaled
+        self.gradient_callbacks = handling(self.callbacks, "after_backward")
+        self.measure_gradients = self.grad_clip is not None or self.skip_check or bool(self.gradient_callbacks)
         self.ema_every = settings.ema_every_n_steps
         limit = settings.overfit_batches or settings.limit_train_batches
         self.train_batches = Batches(ctx.device, limit)
@@ -130,7 +155,6 @@ class Trainer:
             with self._random_stream_kept():
                 val = self.evaluate(self.loaders.val)
                 ema = self.evaluate(self.loaders.val, self.ema.module) if self.ema is not None else None
-                self.reporter.samples(state.step, self.model, self.loaders.val)
             samples_per_s.append(speed)
             if finished:
                 if self.scheduler is not None:
@@ -138,15 +162,18 @@ class Trainer:
                 state.epoch, state.batch, state.rng = epoch + 1, 0, None  # rng: unused if resumed at the epoch's end
             improved = self._note_best(val, ema)
             memory = peak_memory_mb(self.ctx)  # per device: DP's first card holds more
-            self.reporter.scalars(
-                state.step,
-                {
-                    "val/loss": val.loss, "val/acc": val.acc, "val/acc5": val.acc5, "val/best_acc": state.best_val_acc,
-                    "throughput/samples_per_s": speed, "time/train_s": time.perf_counter() - started, "time/data_s": data_s,
-                    **({"val_ema/loss": ema.loss, "val_ema/acc": ema.acc, "val_ema/acc5": ema.acc5} if ema else {}),
-                    **{f"memory/peak_mb/device{i}": mb for i, mb in enumerate(memory or [])},
-                },
-            )
+            scalars = {
+                "val/loss": val.loss, "val/ce": val.ce, "val/acc": val.acc, "val/acc5": val.acc5,
+                "val/best_acc": state.best_val_acc, "throughput/samples_per_s": speed,
+                "time/train_s": time.perf_counter() - started, "time/data_s": data_s,
+                **({"val_ema/loss": ema.loss, "val_ema/ce": ema.ce, "val_ema/acc": ema.acc, "val_ema/acc5": ema.acc5}
+                   if ema else {}),
+                **{f"memory/peak_mb/device{i}": mb for i, mb in enumerate(memory or [])},
+            }
+            with self._random_stream_kept():  # the sample grid's first batches come from a DataLoader
+                for callback in self.callbacks:
+                    callback.on_epoch_end(epoch, state.step, scalars)
+            self._log(state.step, scalars)
             where = (
                 f"epoch {epoch + 1}/{settings.epochs}" if finished else
                 f"stopped at step {state.step} (trainer.max_steps) in epoch {epoch + 1} of {settings.epochs}, "
@@ -170,11 +197,13 @@ class Trainer:
             return {}
         # The first epoch pays for warm-up (allocator, lazy init); report the steady state after it.
         steady = samples_per_s[1:] or samples_per_s
-        return {
+        metrics = {
             "val_acc": val.acc,
             "val_acc5": val.acc5,
             "val_loss": val.loss,
-            **({"val_ema_acc": ema.acc, "val_ema_acc5": ema.acc5, "val_ema_loss": ema.loss} if ema else {}),
+            "val_ce": val.ce,
+            **({"val_ema_acc": ema.acc, "val_ema_acc5": ema.acc5, "val_ema_loss": ema.loss, "val_ema_ce": ema.ce}
+               if ema else {}),
             "best_val_acc": state.best_val_acc,
             "best_val_acc5": state.best_val_acc5,
             "best_weights": state.best_weights,
@@ -186,6 +215,9 @@ class Trainer:
             "steps": state.step,
             "nonfinite_steps_skipped": self.skipped_steps,
         }
+        for callback in self.callbacks:
+            callback.on_train_end(metrics)
+        return metrics
 
     def train_epoch(self) -> tuple[Averages, float]:
         """One epoch. trainer.batch_size is the global batch of one micro-batch (as in Lightning):
@@ -275,35 +307,21 @@ class Trainer:
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.precision.dtype is None:
             logits = self.model(x)
-            loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
+            loss = self.criterion(logits, y)
         else:
             with self.precision.autocast():
                 logits = self.model(x)
-                loss = F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
+                loss = self.criterion(logits, y)
         share = loss / group_size if group_size > 1 else loss
         (self.scaler.scale(share) if self.scaled else share).backward()
         return logits, loss
 
     def optimizer_step(self) -> None:
-        """Clip the true (unscaled) gradients, step (skipped by the scaler on fp16 overflow, and
-        with trainer.nonfinite=skip on NaN/inf gradients), clear."""
-        # Under fp16 the GradScaler skips a step whose gradients overflow and lowers its scale, as
-        # it calibrates in the first steps and after each raise: no skip of ours to count or warn of.
-        skip_check = self.skip_nonfinite and not self.scaled
-        if self.grad_clip is not None or skip_check:
-            if self.scaled:
-                self.scaler.unscale_(self.optimizer)
-            parameters = [p for p in self.model.parameters() if p.grad is not None]
-            if self.grad_clip is not None:
-                norm = nn.utils.clip_grad_norm_(parameters, self.grad_clip)
-            else:
-                norm = nn.utils.get_total_norm([p.grad for p in parameters])
-            # After DDP's all-reduce every rank holds the same gradients, so every rank agrees.
-            if skip_check and not torch.isfinite(norm).item():
-                self.skipped_steps += 1
-                log.warning("step %d: non-finite gradients, update skipped (trainer.nonfinite=skip)", self.state.step + 1)
-                self.optimizer.zero_grad()
-                return
+        """Prepare the update where something needs the gradients measured, step (skipped by the
+        scaler on fp16 overflow, and with trainer.nonfinite=skip on NaN/inf gradients), clear."""
+        if self.measure_gradients and not self._prepare_update():
+            self.optimizer.zero_grad()
+            return
         if self.scaled:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -314,8 +332,28 @@ class Trainer:
         # launch-bound GPU step pays for (bench.gpu_profile).
         self.optimizer.zero_grad()
 
+    def _prepare_update(self) -> bool:
+        """The true (unscaled) gradients' total norm, measured once for the callbacks, clipping and
+        the skip check; False: it is not finite under trainer.nonfinite=skip, so no update."""
+        if self.scaled:
+            self.scaler.unscale_(self.optimizer)
+        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        norm = nn.utils.get_total_norm([p.grad for p in parameters])
+        if self.gradient_callbacks:
+            whole = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP's: a DTensor of the shards
+            for callback in self.gradient_callbacks:
+                callback.after_backward(self.state.step + 1, self.model, whole)
+        if self.grad_clip is not None:
+            nn.utils.clip_grads_with_norm_(parameters, self.grad_clip, norm)
+        # The norm is of the whole gradients (DDP's all-reduced, FSDP's shards together): every rank agrees.
+        if self.skip_check and not torch.isfinite(norm).item():
+            self.skipped_steps += 1
+            log.warning("step %d: non-finite gradients, update skipped (trainer.nonfinite=skip)", self.state.step + 1)
+            return False
+        return True
+
     def evaluate(self, loader: Iterable, model: nn.Module | None = None) -> Averages:
-        return evaluate(self.model if model is None else model, loader, self.val_batches, self.ctx)
+        return evaluate(self.model if model is None else model, loader, self.val_batches, self.ctx, self.criterion)
 
     def _note_best(self, val: Averages, ema: Averages | None) -> bool:
         """The best accuracy of any weights evaluated (the model's, or the EMA's), and whose it was."""
@@ -329,7 +367,7 @@ class Trainer:
 
     def _raise_if_nonfinite(self) -> None:
         """Before anything is saved, and at each report: every rank learns the earliest bad step."""
-        if self.skip_nonfinite:
+        if self.settings.nonfinite == NonFinite.skip:
             return
         first = self.window.first_nonfinite()
         marker = torch.tensor(_NO_BAD_STEP - first if first is not None else 0, device=self.ctx.device)
@@ -338,38 +376,41 @@ class Trainer:
             raise NonFiniteLoss(_NO_BAD_STEP - worst)
 
     def _report_window(self, total: Accumulator, bar: tqdm) -> Averages:
-        """The steps since the last report, over all ranks: to TensorBoard and the bar."""
+        """The steps since the last report, over all ranks: to the loggers and the bar."""
         self._raise_if_nonfinite()
         window = self.window.drain(self.ctx.device).all_reduce(self.ctx)
         total.add(window)
         averages = window.averages()
         lr = self.optimizer.param_groups[0]["lr"]
-        self.reporter.scalars(self.state.step, {"train/loss": averages.loss, "train/acc": averages.acc, "lr": lr})
+        self._log(self.state.step, {"train/loss": averages.loss, "train/acc": averages.acc, "lr": lr})
         bar.set_postfix(loss=f"{averages.loss:.4f}", acc=f"{averages.acc:.3f}", refresh=False)
         return averages
+
+    def _log(self, step: int, values: dict[str, float]) -> None:
+        for logger in self.loggers:
+            logger.log_scalars(step, values)
 
     def _done(self) -> bool:
         return self.settings.max_steps is not None and self.state.step >= self.settings.max_steps
 
     @staticmethod
     def _random_stream_kept() -> contextlib.AbstractContextManager:
-        """Validation draws from a copy of the host's random stream (a DataLoader takes its base
-        seed from it; nothing in validation draws on a GPU): a mid-epoch checkpoint saved afterwards
-        holds the stream the training left."""
+        """Validation and the epoch's callbacks draw from a copy of the host's random stream (a
+        DataLoader takes its base seed from it; nothing there draws on a GPU): a mid-epoch checkpoint
+        saved afterwards holds the stream the training left."""
         return torch.random.fork_rng(devices=[])
 
 
-
-
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable, batches: Batches, ctx: DistContext) -> Averages:
-    """Loss, accuracy and top-5 over every rank's validation shard, summed across ranks."""
+def evaluate(model: nn.Module, loader: Iterable, batches: Batches, ctx: DistContext, criterion: Criterion) -> Averages:
+    """The criterion's loss, accuracy, top-5 and cross-entropy over every rank's validation shard,
+    summed across ranks."""
     net = for_evaluation(model)
     net.eval()
-    sums = Accumulator(ctx.device, top5=True)
+    sums = Accumulator(ctx.device, validation=True)
     padding = prepare_evaluation(net, batches.count(loader), ctx)  # FSDP: every forward takes all ranks
     for x, y in batches.take(loader):
-        sums.update_validation(net(x), y)
+        sums.update_validation(net(x), y, criterion)
     for _ in range(padding):
         net(x[:0])
     net.train()
