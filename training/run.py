@@ -19,7 +19,7 @@ from errors import Preempted
 from training.checkpoint import Checkpointer, TrainState, agree_on_resume
 from training.ema import EMA, adjusted_decay
 from training.evaluation import test
-from training.loggers import build_loggers
+from training.loggers import build_loggers, takes_images
 from training.memory import MemoryProbe
 from training.metrics import reset_peak_memory
 from training.mixing import Mixing
@@ -121,7 +121,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     )
     loggers = build_loggers(job.logger, job) if ctx.is_main else []
     callbacks = [build() for build in job.callbacks]
-    if job.logger.sample_images:
+    if job.logger.sample_images and takes_images(job.logger):
         callbacks.insert(0, SampleImages(job.logger.sample_images, model, loaders.val, loggers, ctx.device))
     trainer = Trainer(
         model=model, strategy=strategy, ema=ema, mixing=Mixing.of(settings, job.dataset.num_classes, ctx.rank),

@@ -21,6 +21,8 @@ from training.loggers.packages import import_for
 
 
 class MlflowLogger:
+    takes_images = True
+
     def __init__(self, cfg: LoggerConfig, job: RunConfig) -> None:
         self.client: Any = None
         self.run_id = ""

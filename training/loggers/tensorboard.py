@@ -30,6 +30,8 @@ HPARAM_METRICS = {
 class TensorBoardLogger:
     """logger.tensorboard: scalars, images and the HParams row under <run dir>/tb."""
 
+    takes_images = True
+
     def __init__(self, job: RunConfig) -> None:
         self.run_dir, self.swept = job.run_dir, job.swept
         self._images: dict[str, tuple[np.ndarray, Summary]] = {}  # tag -> the image last encoded, its summary

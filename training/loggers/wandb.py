@@ -19,6 +19,8 @@ log = logging.getLogger("train")
 
 
 class WandbLogger:
+    takes_images = True
+
     def __init__(self, cfg: LoggerConfig, job: RunConfig) -> None:
         self._wandb = wandb = import_for("wandb")
         options = cfg.wandb
