@@ -242,11 +242,13 @@ def target_arguments(node: Any, cls: type) -> dict[str, Any]:
 def run_config(
     cfg: DictConfig, settings: Config, run_dir: Path, choices: dict[str, str], swept: dict[str, Any],
     preempt_signals: tuple[signal.Signals, ...], requeue_signals: tuple[signal.Signals, ...] = (),
+    sweep_dir: Path | None = None,
 ) -> RunConfig:
     """The typed config every worker receives. `settings`: `cfg` typed; `choices`: the group
     options Hydra picked; `swept`: the job's overrides (`swept_overrides`); `preempt_signals`,
     `requeue_signals`: trainer.preempt_signals and requeue_signals as check_and_plan parsed them
-    (its plan's forward_signals and requeue_signals)."""
+    (its plan's forward_signals and requeue_signals); `sweep_dir`: the -m sweep's or search's dir
+    that this job is one of (the loggers group its jobs by it)."""
     labels = {group: choices[group] for group in ("model", "dataset", "strategy")}
     resolve_num_classes(settings)
     cfg.dataset.num_classes = settings.dataset.num_classes  # the model node interpolates it
@@ -276,6 +278,7 @@ def run_config(
         config_yaml=OmegaConf.to_yaml(cfg, resolve=True),  # the values this run used
         preempt_signals=preempt_signals,
         requeue_signals=requeue_signals,
+        sweep_dir=sweep_dir,
     )
 
 

@@ -45,10 +45,12 @@ def main(cfg: DictConfig) -> float | None:
     run_dir, overrides = Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task)
     settings = typed(cfg)
     swept = swept_overrides(overrides, hydra_cfg.job.config.override_dirname.exclude_keys)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        plan = check_and_plan(settings, run_dir, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
+        plan = check_and_plan(settings, run_dir, multirun=multirun)
         launch(plan, run, run_config(
             cfg, settings, run_dir, hydra_cfg.runtime.choices, swept, plan.forward_signals, plan.requeue_signals,
+            sweep_dir=Path(hydra_cfg.sweep.dir) if multirun else None,
         ))
     except ConfigError as e:
         restore_run_record()
