@@ -26,6 +26,7 @@ from training.mixing import Mixing
 from training.optim import check_arguments, parameter_groups
 from training.precision import Precision
 from training.preemption import PreemptionWatch
+from training.profiling import ProfiledSteps
 from training.reporting import configure_logging, write_metrics
 from training.samples import SampleImages
 from training.schedule import with_warmup
@@ -123,6 +124,10 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     callbacks = [build() for build in job.callbacks]
     if job.logger.sample_images and takes_images(job.logger):
         callbacks.insert(0, SampleImages(job.logger.sample_images, model, loaders.val, loggers, ctx.device))
+    profiler = None
+    if settings.profile and ctx.is_main:  # rank 0's steps: a trace in the run dir, a table in the log
+        profiler = ProfiledSteps(settings.profile, ctx.device, job.run_dir / "profile" / "trace.json")
+        callbacks.append(profiler)
     trainer = Trainer(
         model=model, strategy=strategy, ema=ema, mixing=Mixing.of(settings, job.dataset.num_classes, ctx.rank),
         optimization=Optimization(job.loss(), optimizer, scheduler, scaler),
@@ -142,6 +147,8 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
             for logger in loggers:
                 logger.log_hparams(job.hparams, final)
     finally:
+        if profiler is not None:
+            profiler.close()
         checkpointer.close()  # the last save is on disk before the process may exit
         preemption.close()
         for logger in loggers:
