@@ -10,12 +10,13 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from config.schema import RunConfig, TrainerConfig
+from config.schema import DatasetConfig, RunConfig, TrainerConfig
 from data import build_loaders
 from distributed import context, strategies
 from distributed.collectives import all_gather_object
 from distributed.context import DistContext
 from errors import Preempted
+from models.summary import summarize
 from training.checkpoint import Checkpointer, TrainState, agree_on_resume
 from training.ema import EMA, adjusted_decay
 from training.evaluation import test
@@ -77,6 +78,14 @@ def log_placement(ctx: DistContext, workers: int) -> None:
     log.info("ranks by host: %s", "; ".join(f"{host}: {', '.join(ranks)}" for host, ranks in hosts.items()))
 
 
+def summarized(net: nn.Module, dataset: DatasetConfig) -> dict[str, int | float | None]:
+    """The model's size and its FLOPs per sample at the size it is built for, logged; for
+    metrics.json and the loggers' hparams (cost: BENCHMARKS.md, "Model summary")."""
+    summary = summarize(net, (dataset.channels, dataset.image_size, dataset.image_size))
+    log.info("model: %s", summary)
+    return summary.metrics()
+
+
 def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     """Build everything `job` names, train, report; return the trained (unwrapped) model."""
     start = time.perf_counter()
@@ -94,6 +103,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     if settings.overfit_batches:  # validate on the very batches it trains on: they must be learnt
         loaders = replace(loaders, val=loaders.train)
     net = job.model().to(ctx.device)
+    model_figures = summarized(net, job.dataset) if ctx.is_main else {}  # as built: before a wrapper shards it
     if settings.channels_last:
         net = net.to(memory_format=torch.channels_last)
     strategy = strategies.get(job.strategy)
@@ -140,12 +150,12 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
             final = {
                 **metrics, **job.labels, "world_size": ctx.world_size, "devices": len(ctx.devices) * ctx.world_size,
                 "batch_size": settings.batch_size, "wall_s": time.perf_counter() - start,
-                **memory.per_rank(ctx, metrics["peak_memory_mb"]),
+                **memory.per_rank(ctx, metrics["peak_memory_mb"]), **model_figures,
             }
             if ctx.is_main:
                 write_metrics(job.run_dir, final)
             for logger in loggers:
-                logger.log_hparams(job.hparams, final)
+                logger.log_hparams({**job.hparams, **model_figures}, final)
     finally:
         if profiler is not None:
             profiler.close()
