@@ -29,7 +29,7 @@ from config.callbacks import restore_run_record
 from config.overrides import check_override_keys, swept_overrides
 from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
-from preflight import check_and_plan, run_config, typed
+from preflight import check_and_plan, check_logger_options, run_config, typed
 from training.preemption import requeue_or_explain, resume_command
 from training.run import run
 
@@ -74,6 +74,7 @@ if __name__ == "__main__":
     sys.argv = [arg for arg in sys.argv if not arg.startswith(("--local-rank=", "--local_rank="))]
     try:
         check_override_keys(sys.argv[1:])
+        check_logger_options(sys.argv[1:])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
