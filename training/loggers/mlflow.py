@@ -2,7 +2,7 @@
 
 The store is logger.mlflow.tracking_uri (a server, Databricks, a database), else $MLFLOW_TRACKING_URI,
 else SQLite: mlflow.db in the sweep's dir, or a single run's own dir, with the runs' artifacts (the
-config, images, metrics.json) in mlartifacts/ beside it. MLflow 3 refuses its older file store.
+config, images, final_metrics.json) in mlartifacts/ beside it. MLflow 3 refuses its older file store.
 Browse it with `mlflow ui --backend-store-uri sqlite:///<dir>/mlflow.db` (the full `mlflow` package).
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ class MlflowLogger:
 
     def log_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
         """The options as params, the final figures that are numbers as metrics at the last step,
-        and every figure in metrics.json beside the run's config."""
+        and every figure of metrics.json (final_metrics.json) beside the run's config."""
         from mlflow.entities import Metric
 
         client = self._opened()
@@ -79,7 +79,8 @@ class MlflowLogger:
         numbers = [Metric(key, float(value), now, step) for key, value in metrics.items()
                    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)]
         client.log_batch(self.run_id, metrics=numbers)
-        client.log_dict(self.run_id, dict(metrics), "metrics.json")
+        # Not named metrics.json: bench.report takes each metrics.json under a sweep's dir for a job's.
+        client.log_dict(self.run_id, dict(metrics), "final_metrics.json")
 
     def close(self) -> None:
         self._opened()
