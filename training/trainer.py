@@ -126,6 +126,7 @@ class Trainer:
         # it calibrates in the first steps and after each raise: no skip of ours to count or warn of.
         self.skip_check = settings.nonfinite == NonFinite.skip and not self.scaled
         self.gradient_callbacks = handling(self.callbacks, "after_backward")
+        self.step_callbacks = handling(self.callbacks, "on_step_end")
         self.measure_gradients = self.grad_clip is not None or self.skip_check or bool(self.gradient_callbacks)
         self.ema_every = settings.ema_every_n_steps
         limit = settings.overfit_batches or settings.limit_train_batches
@@ -261,6 +262,8 @@ class Trainer:
                 self.warmup.step_update(state.step)
             if self.ema is not None and state.step % self.ema_every == 0:
                 self.ema.update_parameters(self.net, state.epoch)
+            for callback in self.step_callbacks:
+                callback.on_step_end(state.step)
             state.batch = i + 1  # micro-batches of this epoch done: a mid-epoch resume skips them
             steps_in_window += 1
             if not self._announced:

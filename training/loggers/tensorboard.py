@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import io
-import os
-import threading
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import google_crc32c
 import numpy as np
 
 from config.schema import RunConfig
+from training.loggers.background import Background
 
 if TYPE_CHECKING:
     from tensorboard.compat.proto.summary_pb2 import Summary
@@ -31,16 +30,13 @@ HPARAM_METRICS = {
 class TensorBoardLogger:
     """logger.tensorboard: scalars, images and the HParams row under <run dir>/tb."""
 
+    takes_images = True
+
     def __init__(self, job: RunConfig) -> None:
         self.run_dir, self.swept = job.run_dir, job.swept
         self._images: dict[str, tuple[np.ndarray, Summary]] = {}  # tag -> the image last encoded, its summary
         self._made: SummaryWriter | None = None
-        # Made beside the first steps, whose kernels release the GIL, not before them (see
-        # BENCHMARKS.md: Default job, time to accuracy); the first write waits for it.
-        thread = threading.Thread(target=self._make_writer, name="tensorboard", daemon=True)
-        self._making: threading.Thread | None = thread
-        _making.add(thread)
-        thread.start()
+        self._making: Background | None = Background(self._make_writer, "tensorboard")  # beside the first steps
 
     def _make_writer(self) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -51,11 +47,10 @@ class TensorBoardLogger:
     @property
     def _writer(self) -> SummaryWriter:
         if self._making is not None:
-            self._making.join()
-            _making.discard(self._making)
-            self._making = None
+            making, self._making = self._making, None
+            making.result()  # raises the thread's error
         if self._made is None:
-            raise RuntimeError("TensorBoard's writer could not be made (see the tensorboard thread's error above)")
+            raise RuntimeError("TensorBoard's writer could not be made (see the error its first write raised)")
         return self._made
 
     def log_scalars(self, step: int, values: Mapping[str, float]) -> None:
@@ -86,21 +81,6 @@ class TensorBoardLogger:
 
     def close(self) -> None:
         self._writer.close()
-
-
-_making: set[threading.Thread] = set()  # writers being made, on their threads
-
-
-def _wait_for_writers() -> None:
-    """Before this process forks (a DataLoader's workers): a thread still importing TensorBoard
-    holds the import and dynamic-loader locks, and a child that needs one would wait forever for a
-    thread it does not have (os.fork's documentation: forking a multi-threaded process)."""
-    for thread in [t for t in _making if t is not threading.current_thread()]:
-        thread.join()
-        _making.discard(thread)
-
-
-os.register_at_fork(before=_wait_for_writers)
 
 
 def checksum_records_in_c() -> None:
