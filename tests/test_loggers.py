@@ -103,7 +103,7 @@ def test_wandb_writes_an_offline_run_named_by_the_overrides_grouped_by_the_sweep
     [run] = [r.run for r in records if r.HasField("run")]
     assert run.display_name == "optimizer.lr=0.1 trainer.epochs=2" and run.run_group == "2026-11-26/18-55-00"
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
-    assert config["trainer"]["epochs"] == 2 and config["hparams"]["lr"] == 0.1
+    assert config["trainer"]["epochs"] == 2 and config["hparams"]["optimizer.lr"] == 0.1
     history = {r.history.step.num: {"/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
                for r in records if r.HasField("history")}
     assert history[0]["train/loss"] == 2.5 and history[50]["train/loss"] == 1.25 and history[50]["val/acc"] == 0.5
@@ -123,7 +123,7 @@ def test_mlflow_keeps_a_sweeps_jobs_in_one_sqlite_experiment_under_the_sweep_dir
     monkeypatch.chdir(tmp_path)
     cfg = LoggerConfig(mlflow=MlflowConfig())
     second = replace(job, run_dir=job.sweep_dir / "1_optimizer.lr-0.2+trainer.epochs-2",
-                     swept={"optimizer.lr": 0.2, "trainer.epochs": 2}, hparams={**job.hparams, "lr": 0.2})
+                     swept={"optimizer.lr": 0.2, "trainer.epochs": 2}, hparams={**job.hparams, "optimizer.lr": 0.2})
     for run, loss in ((job, 1.25), (second, 1.5)):
         logger = MlflowLogger(cfg, run)
         logger.log_scalars(0, {"train/loss": 2.5})
@@ -137,7 +137,7 @@ def test_mlflow_keeps_a_sweeps_jobs_in_one_sqlite_experiment_under_the_sweep_dir
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
     assert set(runs) == {"optimizer.lr=0.1 trainer.epochs=2", "optimizer.lr=0.2 trainer.epochs=2"}
     first = runs["optimizer.lr=0.1 trainer.epochs=2"]
-    assert first.info.status == "FINISHED" and first.data.params["lr"] == "0.1" and first.data.params["model"] == "mnist_net"
+    assert first.info.status == "FINISHED" and first.data.params["optimizer.lr"] == "0.1" and first.data.params["optimizer"] == "sgd"
     assert first.data.metrics["best_val_acc"] == 0.98 and "peak_memory_mb" not in first.data.metrics
     assert [(m.step, m.value) for m in client.get_metric_history(first.info.run_id, "train/loss")] == [(0, 2.5), (50, 1.25)]
     artifacts = Path(first.info.artifact_uri.removeprefix("file://"))

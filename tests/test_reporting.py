@@ -9,19 +9,23 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+import yaml
+from google.protobuf import json_format
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
-from config.overrides import swept_overrides
+from config.overrides import sweep_grid
 from config.schema import LoggerConfig
 from training.loggers import build_loggers
-from training.loggers.tensorboard import HPARAM_METRICS, TensorBoardLogger, image_summary, masked_crc32c
+from training.loggers.tensorboard import (
+    HPARAM_METRICS, TensorBoardLogger, hparam_values, image_summary, masked_crc32c,
+)
 from training.samples import SampleGrid
 
 
-def _tensorboard(run_dir, swept=None) -> TensorBoardLogger:
+def _tensorboard(run_dir, varied=None) -> TensorBoardLogger:
     """What build_loggers makes for logger=tensorboard, from the two fields of the RunConfig it reads."""
-    return TensorBoardLogger(SimpleNamespace(run_dir=run_dir, swept=swept or {}))
+    return TensorBoardLogger(SimpleNamespace(run_dir=run_dir, varied=varied or {}))
 
 
 def _caption_hues(grid: np.ndarray, index: int, tile: int = 96) -> set[str]:
@@ -66,36 +70,58 @@ def _hparams_plugin_data(events: EventAccumulator, tag: str) -> plugin_data_pb2.
     return plugin_data_pb2.HParamsPluginData.FromString(events.PluginTagToContent(metadata.PLUGIN_NAME)[tag])
 
 
-def test_hparams_put_the_overrides_first_and_declare_the_metrics(tmp_path):
-    options = {"model": "simple_cnn", "dataset": "digits", "optimizer": "AdamW", "lr": 0.001, "devices": 1,
-               "epochs": 2, "seed": 0, "precision": "32"}
-    metrics = {"val_acc": 0.5, "best_val_acc": 0.75, "val_loss": 1.0, "train_samples_per_s": 900.0, "wall_s": 12.5,
-               "steps": 10}
-    task = ["optimizer=adamw", "model=simple_cnn", "optimizer.lr=0.001", "optimizer.weight_decay=0.1",
-            "trainer.accelerator=cpu"]
-    swept = swept_overrides(task, exclude_keys=["trainer.accelerator"])
-    assert swept == {"optimizer": "adamw", "model": "simple_cnn", "optimizer.lr": 0.001, "optimizer.weight_decay": 0.1}
-    logger = _tensorboard(tmp_path, swept)
-    logger.log_hparams(options, metrics)
+def test_hparams_read_as_the_config_spells_them_and_differ_where_the_sweep_varies_them(tmp_path):
+    # The first job of `-m model=simple_cnn,mnist_net optimizer=sgd,adamw trainer.epochs=3`, as
+    # preflight._hparams and preflight.varied_hparams give it: sgd's lr is 0.05, adamw's 0.001.
+    options = {"model": "simple_cnn", "dataset": "digits", "optimizer": "sgd", "optimizer.lr": 0.05,
+               "trainer.batch_size": 64, "trainer.epochs": 3, "trainer.precision": "32", "trainer.compile": False}
+    varied = {"model": ("simple_cnn", "mnist_net"), "optimizer": ("sgd", "adamw"), "optimizer.lr": (0.05, 0.001)}
+    logger = _tensorboard(tmp_path, varied)
+    logger.log_hparams(options, {"val_acc": 0.5, "steps": 10})
     logger.close()
 
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     experiment = _hparams_plugin_data(events, metadata.EXPERIMENT_TAG).experiment
-    infos = {info.name: info.differs for info in experiment.hparam_infos}
-    # TensorBoard lists the hparams flagged as differing first; an override of an option is that option.
-    swept_first = ["optimizer", "model", "lr", "optimizer.weight_decay"]
-    assert [name for name, differs in infos.items() if differs] == swept_first
-    assert set(infos) == {*options, "optimizer.weight_decay"}
+    infos = {info.name: info for info in experiment.hparam_infos}
+    assert list(infos) == list(options)
+    assert [name for name, info in infos.items() if info.differs] == ["model", "optimizer", "optimizer.lr"]
+    # TensorBoard prints a number to 5 digits (64.000): a whole one goes as text, a fraction as a
+    # number (sorted, filtered by range); a text's filter offers the sweep's values, or the one it has.
+    kinds = {name: api_pb2.DataType.Name(info.type) for name, info in infos.items()}
+    assert (kinds["optimizer.lr"], kinds["trainer.epochs"], kinds["model"], kinds["trainer.compile"]) == (
+        "DATA_TYPE_FLOAT64", "DATA_TYPE_STRING", "DATA_TYPE_STRING", "DATA_TYPE_BOOL")
+    assert list(infos["model"].domain_discrete) == ["mnist_net", "simple_cnn"]
+    assert list(infos["trainer.batch_size"].domain_discrete) == ["64"]
     assert [(m.name.tag, m.display_name) for m in experiment.metric_infos] == list(HPARAM_METRICS.items())
     start = _hparams_plugin_data(events, metadata.SESSION_START_INFO_TAG).session_start_info.hparams
-    assert (start["optimizer"].string_value, start["optimizer.weight_decay"].number_value) == ("AdamW", 0.1)
+    assert {name: json_format.MessageToDict(value) for name, value in start.items()} == {
+        "model": "simple_cnn", "dataset": "digits", "optimizer": "sgd", "optimizer.lr": 0.05,
+        "trainer.batch_size": "64", "trainer.epochs": "3", "trainer.precision": "32", "trainer.compile": False}
     # Every metric is read off a series the trainer writes each epoch: hparams adds no one-point chart.
     assert events.Tags()["scalars"] == []
 
 
+def test_a_whole_number_a_sweep_gives_fractions_too_is_a_number_in_every_job():
+    assert hparam_values({"optimizer.lr": 1, "trainer.epochs": 3}, {"optimizer.lr": (1, 0.5)}) == {
+        "optimizer.lr": 1.0, "trainer.epochs": "3"}
+
+
+def test_a_sweep_record_gives_the_overrides_every_job_shares_and_those_it_sweeps():
+    # multirun.yaml as hparams_search=digits writes it, run with a narrower lr and a fixed batch.
+    record = yaml.safe_dump({"hydra": {
+        "sweeper": {"params": {"optimizer.lr": "tag(log, interval(1e-3, 0.5))", "trainer.batch_size": "choice(16, 32)",
+                               "optimizer.weight_decay": "tag(log, interval(1e-6, 1e-2))"}},
+        "overrides": {"task": ["hparams_search=digits", "optimizer.lr=interval(0.01, 0.1)", "trainer.batch_size=64",
+                               "model=simple_cnn,mnist_net", "+model.width=8"]},
+    }})
+    fixed, swept = sweep_grid(record)
+    assert fixed == ["hparams_search=digits", "trainer.batch_size=64", "+model.width=8"]  # the command line wins
+    assert swept == {"optimizer.weight_decay": [], "optimizer.lr": [], "model": ["model=simple_cnn", "model=mnist_net"]}
+
+
 def test_logger_none_makes_no_logger_and_tensorboard_its_own(tmp_path):
-    job = SimpleNamespace(run_dir=tmp_path, swept={})
+    job = SimpleNamespace(run_dir=tmp_path, varied={})
     assert build_loggers(LoggerConfig(), job) == []  # logger=none
     (logger,) = build_loggers(LoggerConfig(tensorboard=True), job)
     assert isinstance(logger, TensorBoardLogger)
