@@ -14,6 +14,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from bench import report
 from tests import train_server
 from tests.runs import FORK_RANKS
+from training.loggers.tensorboard import HPARAM_METRICS
 
 TINY = ("trainer.accelerator=cpu", "trainer.epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
         "trainer.progress_bar=false")
@@ -293,6 +294,7 @@ def model_optimizer_sweep(tmp_path_factory) -> tuple[Path, list[str], str]:
 def test_a_model_and_optimizer_sweep_reports_per_override_without_speedups(model_optimizer_sweep):
     sweep, (header, _, *lines), _ = model_optimizer_sweep
     assert header.startswith("| optimizer | strategy | devices | model |")
+    assert f"| {HPARAM_METRICS['throughput/median_samples_per_s']} |" in header  # one samples/s, one title
     assert [line.split(" | ")[0] for line in lines] == ["| sgd", "| adamw", "| sgd", "| adamw"]
     assert all(line.count(" | — | — | ") == 1 for line in lines)  # speed-up, efficiency: nothing to compare
     # What each job used where it overrode nothing, from the .hydra/ files Hydra wrote.

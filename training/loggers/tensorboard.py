@@ -23,7 +23,7 @@ HPARAM_METRICS = {
     "val/best_acc": "best val acc",
     "val/loss": "final val loss",
     "val/ce": "final val cross-entropy",
-    "throughput/samples_per_s": "samples/s (last epoch)",
+    "throughput/median_samples_per_s": "samples/s (median of epochs 2+)",  # training.metrics.samples_per_s
     "time/train_s": "training time (s)",
 }
 
