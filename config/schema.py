@@ -254,7 +254,7 @@ class LoggerConfig:
     csv: bool = False  # <run dir>/metrics.csv, a row per logged step; hparams.csv, the options and final figures
     wandb: Optional[WandbConfig] = None
     mlflow: Optional[MlflowConfig] = None
-    sample_images: int = 16  # validation images drawn with their predictions each epoch
+    sample_images: int = 8  # validation images drawn with their predictions each epoch (two rows)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
 from config.overrides import sweep_grid
 from config.schema import LoggerConfig
+from config.setup import CONF_DIR
 from training.loggers import build_loggers
 from training.loggers.tensorboard import (
     HPARAM_METRICS, TensorBoardLogger, hparam_values, image_summary, masked_crc32c,
@@ -28,21 +29,53 @@ def _tensorboard(run_dir, varied=None) -> TensorBoardLogger:
     return TensorBoardLogger(SimpleNamespace(run_dir=run_dir, varied=varied or {}))
 
 
-def _caption_hues(grid: np.ndarray, index: int, tile: int = 96) -> set[str]:
-    """'green' and/or 'red' if the caption under tile `index` has such pixels (the text is anti-aliased)."""
-    row, column = divmod(index, 4)
-    strip = grid[row * (tile + 14) + tile:(row + 1) * (tile + 14), column * (tile + 2):column * (tile + 2) + tile]
+def _caption(grid: np.ndarray, index: int) -> np.ndarray:
+    """The caption strip of sample `index`: above its tile, which is right below it."""
+    row, column = divmod(index, SampleGrid.COLUMNS)
+    top = SampleGrid.HEADER + row * (SampleGrid.CAPTION + SampleGrid.TILE)
+    left = SampleGrid.MARGIN + column * (SampleGrid.TILE + SampleGrid.GAP)
+    return grid[top:top + SampleGrid.CAPTION, left:left + SampleGrid.TILE]
+
+
+def _tile(grid: np.ndarray, index: int) -> np.ndarray:
+    row, column = divmod(index, SampleGrid.COLUMNS)
+    top = SampleGrid.HEADER + row * (SampleGrid.CAPTION + SampleGrid.TILE) + SampleGrid.CAPTION
+    left = SampleGrid.MARGIN + column * (SampleGrid.TILE + SampleGrid.GAP)
+    return grid[top:top + SampleGrid.TILE, left:left + SampleGrid.TILE]
+
+
+def _caption_hues(grid: np.ndarray, index: int) -> set[str]:
+    """'green' and/or 'red' if the caption of sample `index` has such pixels (the text is anti-aliased)."""
+    strip = _caption(grid, index)
     r, g = strip[..., 0].astype(int), strip[..., 1].astype(int)
     return {hue for hue, present in (("green", (g > r + 80).any()), ("red", (r > g + 80).any())) if present}
+
+
+def _text_height(strip: np.ndarray) -> int:
+    """How many pixel rows the text in a strip spans (anything not near white)."""
+    rows = np.flatnonzero((strip < 200).any(axis=(1, 2)))
+    return int(rows[-1] - rows[0] + 1) if rows.size else 0
 
 
 def test_grid_has_a_tile_per_sample_and_colours_right_and_wrong():
     images = torch.randn(5, 1, 8, 8) * 3 + 7  # normalised or not: each tile is scaled to its own range
     grid = SampleGrid(images, torch.tensor([1, 0, 3, 0, 5])).draw(torch.tensor([1, 2, 3, 4, 5]))
-    assert grid.dtype == np.uint8 and grid.shape == (2 * (96 + 14), 4 * 98 - 2, 3)
+    tile, caption = SampleGrid.TILE, SampleGrid.CAPTION
+    assert grid.dtype == np.uint8 and grid.shape == (SampleGrid.HEADER + 2 * (caption + tile), 350, 3)
     assert [_caption_hues(grid, i) for i in range(5)] == [{"green"}, {"red"}, {"green"}, {"red"}, {"green"}]
-    first_tile = grid[:96, :96]
+    first_tile = _tile(grid, 0)
     assert first_tile.min() == 0 and first_tile.max() == 255
+
+
+def test_the_grid_is_shown_pixel_for_pixel_in_tensorboard_with_captions_tall_enough_to_read():
+    # TensorBoard fits an image to its box by nearest pixel: the Images tab's is 350 px wide, the
+    # Time Series card's 212 px tall, and the default 8 samples fit both.
+    default = yaml.safe_load((CONF_DIR / "logger" / "tensorboard.yaml").read_text())["sample_images"]  # logger's default
+    grid = SampleGrid(torch.randn(default, 1, 8, 8), torch.arange(default) * 61).draw(torch.arange(default) * 67)
+    assert grid.shape[1] == 350 and grid.shape[0] <= 212
+    legend = grid[:SampleGrid.HEADER]
+    assert [_text_height(_caption(grid, i)) >= 10 for i in range(default)] == [True] * default
+    assert _text_height(legend) >= 10
 
 
 def test_each_epoch_draws_the_grid_a_fresh_one_would_draw():
@@ -63,7 +96,7 @@ def test_colour_images_keep_their_colours():
     image = torch.zeros(1, 3, 4, 4)
     image[0, 0] = 1.0  # pure red
     grid = SampleGrid(image, torch.tensor([0])).draw(torch.tensor([0]))
-    assert tuple(grid[10, 10]) == (255, 0, 0)
+    assert tuple(_tile(grid, 0)[10, 10]) == (255, 0, 0)
 
 
 def _hparams_plugin_data(events: EventAccumulator, tag: str) -> plugin_data_pb2.HParamsPluginData:
