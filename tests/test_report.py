@@ -309,17 +309,17 @@ def test_tensorboard_names_each_sweep_run_by_its_overrides(model_optimizer_sweep
     runs = EventMultiplexer().AddRunsFromDirectory(str(sweep))
     runs.Reload()
     expected = {  # TensorBoard's run name -> the (model, optimizer, optimizer.lr) in its HParams row
-        "0_model-simple_cnn+optimizer-sgd+trainer.epochs-1/tb": ("simple_cnn", "sgd", 0.05),
-        "1_model-simple_cnn+optimizer-adamw+trainer.epochs-1/tb": ("simple_cnn", "adamw", 0.001),
-        "2_model-mnist_net+optimizer-sgd+trainer.epochs-1/tb": ("mnist_net", "sgd", 0.05),
-        "3_model-mnist_net+optimizer-adamw+trainer.epochs-1/tb": ("mnist_net", "adamw", 0.001),
+        "0_model-simple_cnn+optimizer-sgd+trainer.epochs-1/tb": ("simple_cnn", "sgd", "0.05"),
+        "1_model-simple_cnn+optimizer-adamw+trainer.epochs-1/tb": ("simple_cnn", "adamw", "0.001"),
+        "2_model-mnist_net+optimizer-sgd+trainer.epochs-1/tb": ("mnist_net", "sgd", "0.05"),
+        "3_model-mnist_net+optimizer-adamw+trainer.epochs-1/tb": ("mnist_net", "adamw", "0.001"),
     }
     assert sorted(runs.Runs()) == list(expected)
     for run, tags in runs.PluginRunToTagToContent("hparams").items():
         data = plugin_data_pb2.HParamsPluginData.FromString
         hparams = data(tags["_hparams_/session_start_info"]).session_start_info.hparams
         assert (hparams["model"].string_value, hparams["optimizer"].string_value,
-                hparams["optimizer.lr"].number_value) == expected[run]
+                hparams["optimizer.lr"].string_value) == expected[run]
         assert hparams["trainer.epochs"].string_value == "1"  # as typed, not 1.0000
         # Differing: what the sweep varies and what its choices change (each optimizer's lr), not
         # trainer.epochs=1, which every job was given.

@@ -119,25 +119,26 @@ def test_hparams_read_as_the_config_spells_them_and_differ_where_the_sweep_varie
     infos = {info.name: info for info in experiment.hparam_infos}
     assert list(infos) == list(options)
     assert [name for name, info in infos.items() if info.differs] == ["model", "optimizer", "optimizer.lr"]
-    # TensorBoard prints a number to 5 digits (64.000): a whole one goes as text, a fraction as a
-    # number (sorted, filtered by range); a text's filter offers the sweep's values, or the one it has.
+    # TensorBoard prints a number to 5 digits (64.000, 0.050000): a value goes as the text the config
+    # spells (filtered by value), a flag as a flag; a text's filter offers the sweep's values, or its own.
     kinds = {name: api_pb2.DataType.Name(info.type) for name, info in infos.items()}
-    assert (kinds["optimizer.lr"], kinds["trainer.epochs"], kinds["model"], kinds["trainer.compile"]) == (
-        "DATA_TYPE_FLOAT64", "DATA_TYPE_STRING", "DATA_TYPE_STRING", "DATA_TYPE_BOOL")
+    assert set(kinds.values()) == {"DATA_TYPE_STRING", "DATA_TYPE_BOOL"} and kinds["trainer.compile"] == "DATA_TYPE_BOOL"
+    assert list(infos["optimizer.lr"].domain_discrete) == ["0.001", "0.05"]
     assert list(infos["model"].domain_discrete) == ["mnist_net", "simple_cnn"]
     assert list(infos["trainer.batch_size"].domain_discrete) == ["64"]
     assert [(m.name.tag, m.display_name) for m in experiment.metric_infos] == list(HPARAM_METRICS.items())
     start = _hparams_plugin_data(events, metadata.SESSION_START_INFO_TAG).session_start_info.hparams
     assert {name: json_format.MessageToDict(value) for name, value in start.items()} == {
-        "model": "simple_cnn", "dataset": "digits", "optimizer": "sgd", "optimizer.lr": 0.05,
+        "model": "simple_cnn", "dataset": "digits", "optimizer": "sgd", "optimizer.lr": "0.05",
         "trainer.batch_size": "64", "trainer.epochs": "3", "trainer.precision": "32", "trainer.compile": False}
     # Every metric is read off a series the trainer writes each epoch: hparams adds no one-point chart.
     assert events.Tags()["scalars"] == []
 
 
-def test_a_whole_number_a_sweep_gives_fractions_too_is_a_number_in_every_job():
-    assert hparam_values({"optimizer.lr": 1, "trainer.epochs": 3}, {"optimizer.lr": (1, 0.5)}) == {
-        "optimizer.lr": 1.0, "trainer.epochs": "3"}
+def test_a_key_a_search_samples_from_an_interval_is_a_number_to_sort_and_plot():
+    varied = {"optimizer.lr": (), "trainer.batch_size": (16, 32), "model": ()}  # model=glob(*): no values listed
+    shown = hparam_values({"optimizer.lr": 0.0302, "trainer.batch_size": 16, "model": "resnet18"}, varied)
+    assert shown == {"optimizer.lr": 0.0302, "trainer.batch_size": "16", "model": "resnet18"}
 
 
 def test_a_sweep_record_gives_the_overrides_every_job_shares_and_those_it_sweeps():

@@ -133,24 +133,24 @@ def image_summary(tag: str, hwc: np.ndarray) -> Summary:
 
 
 def hparam_values(hparams: Mapping[str, Any], varied: Mapping[str, Sequence[Any]]) -> dict[str, bool | float | str]:
-    """The options as the HParams tab shows them best. It prints every number to 5 significant
-    digits (3 as 3.0000, 64 as 64.000) and a text as it is: a whole number goes as text, which it
-    also filters by value; a fraction stays a number, which it sorts, filters by range and plots on
-    a numeric axis (a search's lr). A key whose sweep lists a fraction is a number in every job."""
-    def shown(key: str, value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """The options as the HParams tab shows them best: as text, spelled as the config spells them
+    (sgd, 3, 0.05), which the tab prints as it is and filters by value, where it would print a number
+    to 5 digits (3.0000, 0.050000). A key a search samples from an interval (listing no values) is a
+    number, which the tab sorts, filters by range and plots on a numeric axis."""
+    def shown(key: str, value: Any) -> bool | float | str:
+        if isinstance(value, bool):
             return value
-        whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (value, *varied.get(key, ())))
-        return str(value) if whole else float(value)
+        sampled = isinstance(value, (int, float)) and key in varied and not varied[key]
+        return float(value) if sampled else str(value)
 
     return {key: shown(key, value) for key, value in hparams.items() if value is not None}
 
 
 def experiment_summary(values: Mapping[str, Any], varied: Mapping[str, Sequence[Any]]) -> Any:
-    """TensorBoard's experiment for the HParams tab: every hparam, with the values its checkbox
-    filter offers (the sweep's, or this job's alone), the keys the sweep varies flagged as
-    differing (TensorBoard lists those first), and HPARAM_METRICS with their titles. Every job of a
-    sweep writes the same one: TensorBoard reads the first it finds."""
+    """TensorBoard's experiment for the HParams tab: every hparam, a text one with the values its
+    checkbox filter offers (the sweep's, or this job's alone), those whose value differs between the
+    sweep's jobs flagged so (TensorBoard lists them first), and HPARAM_METRICS with their titles.
+    Every job of a sweep writes the same one: TensorBoard reads the first it finds."""
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
