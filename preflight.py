@@ -4,10 +4,13 @@ the dataset's files; training.checkpoint: a resume), every problem one line; the
 and the typed RunConfig every worker receives."""
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+import itertools
 import signal
 from dataclasses import fields, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
@@ -18,9 +21,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
 import data
+from config.overrides import sweep_grid, swept_overrides
 from config.schema import (
     COMPILE_MODES, PRECISIONS, Accelerator, Config, LrScaling, OptimConfig, RunConfig, ScheduleConfig, TrainerConfig,
 )
+from config.setup import compose
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError, first_line
@@ -316,13 +321,14 @@ def target_arguments(node: Any, cls: type) -> dict[str, Any]:
 def run_config(
     cfg: DictConfig, settings: Config, run_dir: Path, choices: dict[str, str], swept: dict[str, Any],
     preempt_signals: tuple[signal.Signals, ...], requeue_signals: tuple[signal.Signals, ...] = (),
-    sweep_dir: Path | None = None,
+    sweep_dir: Path | None = None, varied: dict[str, tuple[Any, ...]] | None = None,
 ) -> RunConfig:
     """The typed config every worker receives. `settings`: `cfg` typed; `choices`: the group
     options Hydra picked; `swept`: the job's overrides (`swept_overrides`); `preempt_signals`,
     `requeue_signals`: trainer.preempt_signals and requeue_signals as check_and_plan parsed them
     (its plan's forward_signals and requeue_signals); `sweep_dir`: the -m sweep's or search's dir
-    that this job is one of (the loggers group its jobs by it)."""
+    that this job is one of (the loggers group its jobs by it); `varied`: the keys its sweep varies
+    (`varied_hparams`), none for a single run."""
     labels = {group: choices[group] for group in ("model", "dataset", "strategy")}
     resolve_num_classes(settings)
     cfg.dataset.num_classes = settings.dataset.num_classes  # the model node interpolates it
@@ -347,8 +353,9 @@ def run_config(
         schedule=schedule_config(cfg.scheduler),
         run_dir=run_dir,
         labels=labels,
-        hparams=_hparams(cfg, settings, labels, optimizer.get("lr")),
+        hparams=_hparams(cfg, choices, swept),
         swept=swept,
+        varied=varied or {},
         config_yaml=OmegaConf.to_yaml(cfg, resolve=True),  # the values this run used
         preempt_signals=preempt_signals,
         requeue_signals=requeue_signals,
@@ -356,19 +363,44 @@ def run_config(
     )
 
 
-def _hparams(cfg: DictConfig, settings: Config, labels: dict[str, str], lr: float | None) -> dict[str, Any]:
-    """The choices that tell one sweep job from another, for TensorBoard's HParams tab."""
-    trainer = settings.trainer
-    return {
-        **labels,
-        "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
-        "lr": lr,  # as trained: after optimizer.lr_scaling
-        "scheduler": cfg.scheduler.get("_target_", "none").rsplit(".", 1)[-1],
-        "loss": cfg.loss._target_.rsplit(".", 1)[-1],
-        "accelerator": trainer.accelerator.value if trainer.gpus is None else "gpu",
-        "devices": trainer.devices_per_node * trainer.num_nodes,
-        "batch_size": trainer.batch_size,
-        "epochs": trainer.epochs,
-        "seed": trainer.seed,
-        "precision": trainer.precision,
-    }
+# The HParams tab's options besides a job's overrides: the group options, then these keys.
+HPARAM_GROUPS = ("model", "dataset", "strategy", "optimizer", "scheduler", "loss")
+HPARAM_KEYS = ("optimizer.lr", "trainer.batch_size", "trainer.epochs", "trainer.seed", "trainer.precision",
+               "trainer.accelerator", "trainer.devices")
+
+
+def _hparams(cfg: DictConfig, choices: dict[str, str], swept: dict[str, Any]) -> dict[str, Any]:
+    """The run's main options and every override of its command line, for the loggers' tables
+    (TensorBoard's HParams tab): each under its key as the command line types it (`optimizer`,
+    `optimizer.lr`, `trainer.epochs`), so that a sweep's and a search's columns read alike and an
+    override is its option; each value as the config spells it (`sgd`, 0.05, 3, `auto`).
+    optimizer.lr is as written: the lr trained with, after optimizer.lr_scaling, is the `lr` series."""
+    options = {group: choices[group] for group in HPARAM_GROUPS}
+    for key in HPARAM_KEYS:
+        value = OmegaConf.select(cfg, key)
+        options[key] = value.name if isinstance(value, Enum) else value
+    options.update((key, value) for key, value in swept.items() if key not in options)
+    return {key: value for key, value in options.items() if value is not None}
+
+
+def varied_hparams(sweep_record: Path) -> dict[str, tuple[Any, ...]]:
+    """The options (_hparams') whose value differs between the jobs of a sweep, each with the values
+    it takes there: the config of every job the sweep's record lists (config.overrides.sweep_grid),
+    composed, so that optimizer.lr differs where optimizer=sgd,adamw picks it. A key an interval or a
+    glob sweeps differs, its values unlisted. {} where there is no record."""
+    return _varied_hparams(sweep_record.read_text()) if sweep_record.is_file() else {}
+
+
+@functools.lru_cache(maxsize=1)  # one per sweep: its jobs run one after another in the sweep's process
+def _varied_hparams(record: str) -> dict[str, tuple[Any, ...]]:
+    fixed, swept = sweep_grid(record)
+    jobs = []
+    for combination in itertools.product(*(lines for lines in swept.values() if lines)):
+        cfg = compose(*fixed, *combination, hydra=True)
+        jobs.append(_hparams(cfg, cfg.hydra.runtime.choices, swept_overrides(combination)))
+    varied = {key: () for key, lines in swept.items() if not lines}
+    for key in dict.fromkeys(key for job in jobs for key in job):
+        values = list(dict.fromkeys(job.get(key) for job in jobs))
+        if len(values) > 1:
+            varied[key] = tuple(value for value in values if value is not None)
+    return varied

@@ -29,7 +29,7 @@ from config.callbacks import restore_run_record
 from config.overrides import check_override_keys, swept_overrides
 from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
-from preflight import check_and_plan, check_logger_options, run_config, typed
+from preflight import check_and_plan, check_logger_options, run_config, typed, varied_hparams
 from training.preemption import requeue_or_explain, resume_command
 from training.run import run
 
@@ -46,11 +46,12 @@ def main(cfg: DictConfig) -> float | None:
     settings = typed(cfg)
     swept = swept_overrides(overrides, hydra_cfg.job.config.override_dirname.exclude_keys)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    varied = varied_hparams(Path(hydra_cfg.sweep.dir) / "multirun.yaml") if multirun else {}
     try:
         plan = check_and_plan(settings, run_dir, multirun=multirun)
         launch(plan, run, run_config(
             cfg, settings, run_dir, hydra_cfg.runtime.choices, swept, plan.forward_signals, plan.requeue_signals,
-            sweep_dir=Path(hydra_cfg.sweep.dir) if multirun else None,
+            sweep_dir=Path(hydra_cfg.sweep.dir) if multirun else None, varied=varied,
         ))
     except ConfigError as e:
         restore_run_record()
