@@ -159,7 +159,10 @@ def check_python(words: list[str], tmp_path: Path) -> None:
 def check_torchrun(words: list[str], tmp_path: Path) -> None:
     from torch.distributed.run import get_args_parser
 
-    args = get_args_parser().parse_args(words[1:])  # a flag torchrun no longer takes: SystemExit
+    try:
+        args = get_args_parser().parse_args(words[1:])
+    except SystemExit:  # argparse printed which flag on stderr
+        pytest.fail(f"`{shlex.join(words)}`: torchrun refuses its flags")
     assert args.training_script == "train.py", words
     check_train_py(args.training_script_args, tmp_path, alone=False)
 
