@@ -51,7 +51,7 @@ def per_round(figures: Sequence[float], baseline: Sequence[float]) -> list[float
 
 
 def spread(values: Sequence[float]) -> str:
-    """min–max of the rounds: one run here moves by up to ±15 %, so this says how far their median holds."""
+    """min–max of the rounds: runs on a shared machine move between rounds, so this says how far their median holds."""
     return f"{min(values):.3f}–{max(values):.3f}"
 
 

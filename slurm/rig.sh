@@ -195,7 +195,7 @@ down() {
   done
 }
 
-stop() {  # SIGTERM, then SIGKILL after 1 s: the rig keeps no state worth a slow exit (slurmctld takes ~7 s)
+stop() {  # SIGTERM, then SIGKILL after 1 s: the rig keeps no state worth slurmctld's slow exit
   local pid=$1
   kill "$pid" 2>/dev/null || return 0
   for _ in $(seq 10); do running "$pid" || return 0; sleep 0.1; done

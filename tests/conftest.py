@@ -15,8 +15,8 @@ import pytest
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache/torchinductor"))
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
 # Two xdist workers share the cores: a train.py (or a test) taking every core as an intra-op thread
-# oversubscribes them, and spinning OpenMP threads then run a step up to ~10x slower (measured on a
-# loaded 2-core machine: simple_cnn 1,656 samples/s with 1 thread, 137 with 2). One thread each: set
+# oversubscribes them, and spinning OpenMP threads then run a step many times slower (BENCHMARKS.md,
+# two 1-thread processes vs one 2-thread process). One thread each: set
 # before any test module imports torch, which reads it then.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -14,8 +14,8 @@ from distributed import sharded_state
 from tests import train_server
 
 # What run_train adds to a run's overrides, unless cold: the CPU ranks it starts are forked from it,
-# with nothing left to import (a spawned rank imports torch afresh: 6.0 s of CPU for a tiny 2-rank
-# DDP run against 0.8 s; BENCHMARKS.md, the test suite). The kill, preemption and rank-failure runs
+# with nothing left to import (a spawned rank imports torch afresh, most of a tiny 2-rank DDP
+# run's CPU; BENCHMARKS.md, the test suite). The kill, preemption and rank-failure runs
 # of test_resume_preempt.py keep the default, spawn: what it leaves behind (multiprocessing's
 # resource tracker) is among what they check. The FSDP kills and the hung ranks fork theirs: what
 # they test comes once the ranks train. test_launchers.py holds spawned and forkserver ranks to

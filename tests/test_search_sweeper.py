@@ -55,6 +55,7 @@ def test_a_search_counts_complete_trials_only_and_its_rerun_counts_the_studys(tm
     assert [job["beats"] for job in jobs] == [1, 2, 3]  # each running trial beats from its start
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    assert study.metric_names == ["value"]  # hydra.sweeper.metric, as optuna-dashboard labels its plots
     assert study.trials[0].distributions == {
         "+x": FloatDistribution(0.0, 1.0), "+z": FloatDistribution(0.5, 1.5, step=0.5),  # range's stop excluded
     }

@@ -4,7 +4,8 @@ Each run is still its own process running train.py as `__main__` with the given 
 directory and environment, exiting with train.py's code. It is forked from a server process
 (multiprocessing's forkserver) that imported, once per test worker, what every run imports
 (torch, `torch._dynamo` for the first optimizer step, Hydra, torchvision, TensorBoard and this
-project): ~2.5 s of CPU per run, most of the suite's CPU when every run paid it. The server only
+project): most of a tiny run's CPU, and most of the suite's when every run paid it (BENCHMARKS.md,
+the test suite). The server only
 imports (one thread, no OpenMP pool, no CUDA), so forking it is safe; random reseeds itself in
 each child (os.register_at_fork).
 

@@ -458,6 +458,9 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
         sweeper.heartbeat_interval, sweeper.grace_period,
     )
     check_new_study_has_its_own_dir(study, sweeper.storage, sweep_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)  # metric names: experimental since Optuna 3.2
+        study.set_metric_names([sweeper.metric])  # the dashboard's axis says best_val_acc, not "Objective 0"
     # Only now: a refused command leaves the record of the search the dir holds as it was.
     OmegaConf.save(sweeper.config, sweep_dir / "multirun.yaml")
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))

@@ -1,5 +1,5 @@
 """The loggers that need a package training does not (requirements-extras.txt): checked before
-launch, imported only by the backend that uses it (wandb and mlflow take ~0.3-0.6 s to import)."""
+launch, imported only by the backend that uses it (wandb's and mlflow's imports would slow every start-up)."""
 from __future__ import annotations
 
 import importlib
