@@ -16,6 +16,8 @@ from tests.dataset_files import write_cifar, write_idx, write_image_folder
 from tests.runs import run_train
 
 TINY = ("debug=fdr",)  # last, as on a command line: a few CPU batches of the recipe
+# What these runs test is the recipe's wiring, not its sizes: ResNet-50 at 64 px, not 176-224.
+SMALL_CROPS = ("dataset.train_crop=64", "dataset.val_resize=72", "dataset.val_crop=64")
 
 
 def test_seed000_is_resnet50_ddp_with_128_images_per_device():
@@ -123,7 +125,7 @@ def test_seed003_runs_tiny_on_an_image_folder(tmp_path):
     root = write_image_folder(tmp_path / "images", classes=2, per_class=2)
     metrics = _run(
         tmp_path / "run", "experiment=imagenet_resnet50_ddp", f"dataset.root={root}", "dataset.num_classes=2",
-        "trainer.devices=1", "trainer.batch_size=2",
+        "trainer.devices=1", "trainer.batch_size=2", *SMALL_CROPS,
     )
     assert (metrics["model"], metrics["dataset"]) == ("resnet50", "imagefolder")
 
@@ -136,7 +138,7 @@ def test_tv_resnet50_runs_tiny_on_an_image_folder(tmp_path):
     # copies the weights (n_averaged stays 0), and this run is 1 epoch of 3 steps.
     metrics = _run(
         run_dir, "experiment=tv_resnet50", f"dataset.root={root}", "trainer.devices=1", "trainer.batch_size=2",
-        "trainer.ema_every_n_steps=1", "scheduler.warmup_epochs=0",
+        "trainer.ema_every_n_steps=1", "scheduler.warmup_epochs=0", *SMALL_CROPS,
     )
     assert (metrics["model"], metrics["dataset"], metrics["steps"]) == ("resnet50", "imagefolder", 3)
     assert {"val_ema_acc", "val_acc5", "best_weights"} <= set(metrics)
