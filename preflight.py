@@ -4,28 +4,36 @@ the dataset's files; training.checkpoint: a resume), every problem one line; the
 and the typed RunConfig every worker receives."""
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+import itertools
 import signal
 from dataclasses import fields, replace
+from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
 import data
+from config.overrides import sweep_grid, swept_overrides
 from config.schema import (
     COMPILE_MODES, PRECISIONS, Accelerator, Config, LrScaling, OptimConfig, RunConfig, ScheduleConfig, TrainerConfig,
 )
+from config.setup import compose
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError, first_line
 from training.checkpoint import check_resume
+from training.loggers.packages import check_installed
 from training.optim import scaled_lr
 from training.preemption import parse_signals
+from training.profiling import WAIT, WARMUP
 
 T = TypeVar("T")
 
@@ -45,6 +53,7 @@ def check_and_plan(cfg: Config, run_dir: Path | None = None, multirun: bool = Fa
     preempt = parse_signals(cfg.trainer.preempt_signals, "trainer.preempt_signals")
     requeue = parse_signals(cfg.trainer.requeue_signals, "trainer.requeue_signals")
     _check_recipe(cfg)
+    _check_loggers_and_profiler(cfg)
     # The checks that build the model (and may read a weights file) after the cheap ones.
     resolve_num_classes(cfg)  # before anything builds the model
     _check_model(cfg.model)
@@ -126,6 +135,76 @@ def _check_recipe(cfg: Config) -> None:
             raise ConfigError(f"{key}={value}: use {what}")
     if optim.lr_scaling == LrScaling.linear and "lr" not in cfg.optimizer:
         raise ConfigError("optimizer.lr_scaling=linear scales optimizer.lr, which is not set; give optimizer.lr")
+
+
+def _check_loggers_and_profiler(cfg: Config) -> None:
+    """The chosen loggers' packages, and trainer.profile against the optimizer steps the run takes."""
+    check_installed(cfg.logger)
+    profile = cfg.trainer.profile
+    if profile is None:
+        return
+    if profile < 1:
+        raise ConfigError(f"trainer.profile={profile}: profile 1 or more optimizer steps, or null for none")
+    warmup, (steps, why) = WAIT + WARMUP, _steps_at_most(cfg.trainer)
+    if steps is not None and profile + warmup > steps:
+        fix = f"use trainer.profile={steps - warmup} or fewer" if steps > warmup else \
+            f"train {profile + warmup} or more steps"
+        raise ConfigError(
+            f"trainer.profile={profile} needs {profile + warmup} optimizer steps ({warmup} to warm the profiler "
+            f"up, then {profile} recorded), and this run takes {steps} ({why}); {fix}"
+        )
+
+
+def _steps_at_most(trainer: TrainerConfig) -> tuple[int | None, str]:
+    """The optimizer steps a run takes at most, as far as its keys tell before launch (a full epoch's
+    length is the dataset's, known once it is loaded), and the keys that tell it."""
+    bounds = []
+    if trainer.max_steps is not None:
+        bounds.append((trainer.max_steps, f"trainer.max_steps={trainer.max_steps}"))
+    key = "overfit_batches" if trainer.overfit_batches else "limit_train_batches"
+    batches, accumulate = getattr(trainer, key), trainer.accumulate_grad_batches
+    if batches:
+        per_batch = f" / trainer.accumulate_grad_batches={accumulate}" if accumulate > 1 else ""
+        bounds.append((trainer.epochs * -(-batches // accumulate),
+                       f"trainer.epochs={trainer.epochs} x trainer.{key}={batches}{per_batch}"))
+    return min(bounds) if bounds else (None, "")
+
+
+def check_logger_options(overrides: Sequence[str]) -> None:
+    """logger.wandb.* or logger.mlflow.* set for a backend the run does not choose: one line naming
+    the choice to add, where Hydra would stop with an assertion on the unset node (so this runs before
+    Hydra composes). A backend chosen on the command line costs nothing; otherwise the config is
+    composed without those keys, to see whether a preset (an experiment) chose it."""
+    try:
+        parsed = OverridesParser.create().parse_overrides([o for o in overrides if "=" in o])  # not -m, --cfg
+    except Exception:  # bad syntax: Hydra's own message names it
+        return
+    chosen: set[str] = set()  # the backends every job's logger= names
+    for override in parsed:
+        if override.key_or_group == "logger" and not override.is_delete():
+            jobs = override.value().list if override.is_sweep_override() else [override.value()]
+            chosen = set.intersection(*({*job} if isinstance(job, list) else {job} for job in jobs))
+    setting: dict[str, str] = {}  # a backend not chosen here -> the first override that sets its keys
+    for override in parsed:
+        path = override.key_or_group.split(".")
+        if len(path) > 2 and path[0] == "logger" and path[1] in ("wandb", "mlflow") and path[1] not in chosen:
+            setting.setdefault(path[1], override.input_line)
+    if not setting:
+        return
+    from config.setup import compose
+
+    theirs = tuple(f"logger.{backend}." for backend in setting)
+    try:
+        cfg = compose(*[o.input_line for o in parsed
+                        if not o.is_sweep_override() and not o.key_or_group.startswith(theirs)])
+    except Exception:  # Hydra's to report
+        return
+    for backend, line in setting.items():
+        if cfg.logger[backend] is None:
+            raise ConfigError(
+                f"{line} sets an option of logger={backend}, which this run does not choose; add it: "
+                f"logger={backend}, or a list such as 'logger=[tensorboard,{backend}]'"
+            )
 
 
 def resolve_num_classes(cfg: Config) -> None:
@@ -242,11 +321,14 @@ def target_arguments(node: Any, cls: type) -> dict[str, Any]:
 def run_config(
     cfg: DictConfig, settings: Config, run_dir: Path, choices: dict[str, str], swept: dict[str, Any],
     preempt_signals: tuple[signal.Signals, ...], requeue_signals: tuple[signal.Signals, ...] = (),
+    sweep_dir: Path | None = None, varied: dict[str, tuple[Any, ...]] | None = None,
 ) -> RunConfig:
     """The typed config every worker receives. `settings`: `cfg` typed; `choices`: the group
     options Hydra picked; `swept`: the job's overrides (`swept_overrides`); `preempt_signals`,
     `requeue_signals`: trainer.preempt_signals and requeue_signals as check_and_plan parsed them
-    (its plan's forward_signals and requeue_signals)."""
+    (its plan's forward_signals and requeue_signals); `sweep_dir`: the -m sweep's or search's dir
+    that this job is one of (the loggers group its jobs by it); `varied`: the keys its sweep varies
+    (`varied_hparams`), none for a single run."""
     labels = {group: choices[group] for group in ("model", "dataset", "strategy")}
     resolve_num_classes(settings)
     cfg.dataset.num_classes = settings.dataset.num_classes  # the model node interpolates it
@@ -271,27 +353,54 @@ def run_config(
         schedule=schedule_config(cfg.scheduler),
         run_dir=run_dir,
         labels=labels,
-        hparams=_hparams(cfg, settings, labels, optimizer.get("lr")),
+        hparams=_hparams(cfg, choices, swept),
         swept=swept,
+        varied=varied or {},
         config_yaml=OmegaConf.to_yaml(cfg, resolve=True),  # the values this run used
         preempt_signals=preempt_signals,
         requeue_signals=requeue_signals,
+        sweep_dir=sweep_dir,
     )
 
 
-def _hparams(cfg: DictConfig, settings: Config, labels: dict[str, str], lr: float | None) -> dict[str, Any]:
-    """The choices that tell one sweep job from another, for TensorBoard's HParams tab."""
-    trainer = settings.trainer
-    return {
-        **labels,
-        "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
-        "lr": lr,  # as trained: after optimizer.lr_scaling
-        "scheduler": cfg.scheduler.get("_target_", "none").rsplit(".", 1)[-1],
-        "loss": cfg.loss._target_.rsplit(".", 1)[-1],
-        "accelerator": trainer.accelerator.value if trainer.gpus is None else "gpu",
-        "devices": trainer.devices_per_node * trainer.num_nodes,
-        "batch_size": trainer.batch_size,
-        "epochs": trainer.epochs,
-        "seed": trainer.seed,
-        "precision": trainer.precision,
-    }
+# The HParams tab's options besides a job's overrides: the group options, then these keys.
+HPARAM_GROUPS = ("model", "dataset", "strategy", "optimizer", "scheduler", "loss")
+HPARAM_KEYS = ("optimizer.lr", "trainer.batch_size", "trainer.epochs", "trainer.seed", "trainer.precision",
+               "trainer.accelerator", "trainer.devices")
+
+
+def _hparams(cfg: DictConfig, choices: dict[str, str], swept: dict[str, Any]) -> dict[str, Any]:
+    """The run's main options and every override of its command line, for the loggers' tables
+    (TensorBoard's HParams tab): each under its key as the command line types it (`optimizer`,
+    `optimizer.lr`, `trainer.epochs`), so that a sweep's and a search's columns read alike and an
+    override is its option; each value as the config spells it (`sgd`, 0.05, 3, `auto`).
+    optimizer.lr is as written: the lr trained with, after optimizer.lr_scaling, is the `lr` series."""
+    options = {group: choices[group] for group in HPARAM_GROUPS}
+    for key in HPARAM_KEYS:
+        value = OmegaConf.select(cfg, key)
+        options[key] = value.name if isinstance(value, Enum) else value
+    options.update((key, value) for key, value in swept.items() if key not in options)
+    return {key: value for key, value in options.items() if value is not None}
+
+
+def varied_hparams(sweep_record: Path) -> dict[str, tuple[Any, ...]]:
+    """The options (_hparams') whose value differs between the jobs of a sweep, each with the values
+    it takes there: the config of every job the sweep's record lists (config.overrides.sweep_grid),
+    composed, so that optimizer.lr differs where optimizer=sgd,adamw picks it. A key an interval or a
+    glob sweeps differs, its values unlisted. {} where there is no record."""
+    return _varied_hparams(sweep_record.read_text()) if sweep_record.is_file() else {}
+
+
+@functools.lru_cache(maxsize=1)  # one per sweep: its jobs run one after another in the sweep's process
+def _varied_hparams(record: str) -> dict[str, tuple[Any, ...]]:
+    fixed, swept = sweep_grid(record)
+    jobs = []
+    for combination in itertools.product(*(lines for lines in swept.values() if lines)):
+        cfg = compose(*fixed, *combination, hydra=True)
+        jobs.append(_hparams(cfg, cfg.hydra.runtime.choices, swept_overrides(combination)))
+    varied = {key: () for key, lines in swept.items() if not lines}
+    for key in dict.fromkeys(key for job in jobs for key in job):
+        values = list(dict.fromkeys(job.get(key) for job in jobs))
+        if len(values) > 1:
+            varied[key] = tuple(value for value in values if value is not None)
+    return varied

@@ -29,7 +29,7 @@ from config.callbacks import restore_run_record
 from config.overrides import check_override_keys, swept_overrides
 from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
-from preflight import check_and_plan, run_config, typed
+from preflight import check_and_plan, check_logger_options, run_config, typed, varied_hparams
 from training.preemption import requeue_or_explain, resume_command
 from training.run import run
 
@@ -45,10 +45,13 @@ def main(cfg: DictConfig) -> float | None:
     run_dir, overrides = Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task)
     settings = typed(cfg)
     swept = swept_overrides(overrides, hydra_cfg.job.config.override_dirname.exclude_keys)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    varied = varied_hparams(Path(hydra_cfg.sweep.dir) / "multirun.yaml") if multirun else {}
     try:
-        plan = check_and_plan(settings, run_dir, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
+        plan = check_and_plan(settings, run_dir, multirun=multirun)
         launch(plan, run, run_config(
             cfg, settings, run_dir, hydra_cfg.runtime.choices, swept, plan.forward_signals, plan.requeue_signals,
+            sweep_dir=Path(hydra_cfg.sweep.dir) if multirun else None, varied=varied,
         ))
     except ConfigError as e:
         restore_run_record()
@@ -72,6 +75,7 @@ if __name__ == "__main__":
     sys.argv = [arg for arg in sys.argv if not arg.startswith(("--local-rank=", "--local_rank="))]
     try:
         check_override_keys(sys.argv[1:])
+        check_logger_options(sys.argv[1:])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

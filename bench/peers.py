@@ -51,7 +51,7 @@ class Case:
         return -(-steps * self.batch // TRAIN_SIZE)
 
 
-# mnist_net trains ~8x slower than simple_cnn on CPU: fewer long steps keep its long run near simple_cnn's.
+# mnist_net trains several times slower than simple_cnn on CPU: fewer long steps keep its long run near simple_cnn's.
 CASES = [Case("simple_cnn", 3, 32, 128, 1040), Case("mnist_net", 1, 28, 64, 240)]
 SHORT_STEPS = 40
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from training.loggers.tensorboard import HPARAM_METRICS
+
 # Overrides that only change how many devices train: runs differing in these alone compare in speed.
 DEVICE_KEYS = frozenset({"trainer.devices", "trainer.gpus", "trainer.num_nodes"})
 # Overrides that pick a strategy and a device count together (conf/parallelism, swept by
@@ -33,6 +35,8 @@ LAYOUT_KEYS = frozenset({"parallelism"})
 # Swept keys the table already shows in a column of its own.
 SHOWN = frozenset({"strategy", "model", "dataset", "trainer.batch_size"}) | DEVICE_KEYS | LAYOUT_KEYS
 SEARCH_RESULTS = "optimization_results.yaml"  # written by the hparams_search sweeper in the sweep dir
+# A run's samples/s (training.metrics.samples_per_s), titled as in the HParams tab.
+SAMPLES_PER_S = HPARAM_METRICS["throughput/median_samples_per_s"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ class Run:
     model: str
     dataset: str
     batch_size: int | None  # None: written before metrics.json recorded it
-    samples_per_s: float
+    samples_per_s: float  # metrics.json's train_samples_per_s (training.metrics.samples_per_s)
     val_acc: float
     best_val_acc: float
     wall_s: float
@@ -273,7 +277,7 @@ def markdown(table: list[Row]) -> str:
     runs = [row.run for row in table]
     extra = [k for k in swept_keys(runs) if k not in SHOWN]
     objectives = sorted({r.objective for r in runs} - {"val_acc", "best_val_acc"})
-    header = [*extra, "strategy", "devices", "model", "dataset", "batch", "samples/s", "speed-up", "efficiency",
+    header = [*extra, "strategy", "devices", "model", "dataset", "batch", SAMPLES_PER_S, "speed-up", "efficiency",
               "val acc", "best acc", *objectives, "state MB/rank", "peak MB/device", "run"]
     align = [*("---" for _ in extra), "---", "---:", "---", "---", *("---:" for _ in range(8 + len(objectives))), "---"]
     lines = [f"| {' | '.join(header)} |", f"| {' | '.join(align)} |"]
@@ -383,7 +387,7 @@ def _scaling(throughput: Any, efficiency: Any, table: list[Row], labels: Mapping
     efficiency.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     ticks = sorted({row.run.devices for row in table})
     for ax, title, ylabel in (
-        (throughput, "Throughput", "samples/s"),
+        (throughput, "Throughput", SAMPLES_PER_S),
         (efficiency, "Scaling efficiency vs 1 device", "speed-up / devices"),
     ):
         ax.set(title=title, xlabel="devices", ylabel=ylabel, xticks=ticks)

@@ -1,5 +1,6 @@
 """The command line's overrides, read as Hydra reads them: a key the schema lacks in one line
-before Hydra composes, and a job's overrides as {key: value} for its record."""
+before Hydra composes, a job's overrides as {key: value} for its record, and the keys its sweep
+varies."""
 from __future__ import annotations
 
 import difflib
@@ -8,7 +9,8 @@ from dataclasses import is_dataclass
 from typing import Any, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
 
 from config.schema import Config
 from errors import ConfigError
@@ -88,3 +90,29 @@ def swept_overrides(task_overrides: Sequence[str], exclude_keys: Sequence[str] =
             value = override.value()
             swept[override.key_or_group] = value if isinstance(value, (bool, int, float, str)) else str(value)
     return swept
+
+
+
+def sweep_grid(record: str) -> tuple[list[str], dict[str, list[str]]]:
+    """A sweep's own overrides, from the record both sweepers (Hydra's and hparams_search's) write in
+    its dir before the first job (multirun.yaml, given as its text): hydra.sweeper.params, then the
+    command line, a later override of a key replacing an earlier one as the sweepers read them. The
+    overrides every job shares, and each key the sweep sweeps with an override per value it lists
+    (none for an interval or a glob)."""
+    hydra = OmegaConf.to_container(OmegaConf.create(record).hydra, resolve=False)
+    params = hydra["sweeper"].get("params") or {}
+    lines = [*(f"{key}={value}" for key, value in params.items()), *hydra["overrides"]["task"]]
+    fixed: dict[str, str] = {}
+    swept: dict[str, list[str]] = {}
+    for override in OverridesParser.create().parse_overrides(lines):
+        key = override.key_or_group
+        fixed.pop(key, None)
+        swept.pop(key, None)
+        if not override.is_sweep_override():
+            fixed[key] = override.input_line
+            continue
+        try:
+            swept[key] = [f"{override.get_key_element()}={value}" for value in override.sweep_string_iterator()]
+        except HydraException:  # an interval, or a glob (which needs the config's option lists)
+            swept[key] = []
+    return list(fixed.values()), swept

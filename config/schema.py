@@ -254,7 +254,7 @@ class LoggerConfig:
     csv: bool = False  # <run dir>/metrics.csv, a row per logged step; hparams.csv, the options and final figures
     wandb: Optional[WandbConfig] = None
     mlflow: Optional[MlflowConfig] = None
-    sample_images: int = 16  # validation images drawn with their predictions each epoch
+    sample_images: int = 8  # validation images drawn with their predictions each epoch (two rows)
 
 
 @dataclass
@@ -319,9 +319,12 @@ class RunConfig:
     schedule: ScheduleConfig
     run_dir: Path
     labels: Dict[str, str]  # the chosen model, dataset and strategy options, for the log and metrics.json
-    hparams: Dict[str, Any]  # the run's main options (TensorBoard's HParams tab)
-    swept: Dict[str, Any]  # its command-line overrides, {key: value}: the HParams tab lists them first
+    hparams: Dict[str, Any]  # the run's main options and its overrides, {key as typed: value} (HParams tab)
+    swept: Dict[str, Any]  # its command-line overrides, {key: value}
     config_yaml: str  # the composed config, saved in every checkpoint
     preempt_signals: Tuple[signal.Signals, ...]  # trainer.preempt_signals, parsed once before launch
     requeue_signals: Tuple[signal.Signals, ...] = ()  # trainer.requeue_signals, parsed with them
     sweep_dir: Optional[Path] = None  # the dir of the -m sweep or search this job is one of; None: a single run
+    # The keys the sweep gives more than one value, each with the values it lists (config.overrides.varied_keys):
+    # the HParams tab's differing ones. {}: a single run.
+    varied: Dict[str, Tuple[Any, ...]] = field(default_factory=dict)

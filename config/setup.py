@@ -13,6 +13,7 @@ from typing import Any
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf
@@ -112,8 +113,11 @@ def register() -> None:
 
 
 def compose(*overrides: str, hydra: bool = False) -> DictConfig:
-    """The config `python train.py *overrides` composes (with `hydra`, its hydra node too)."""
+    """The config `python train.py *overrides` composes (with `hydra`, its hydra node too); also
+    from within train.py's main(), which runs with Hydra initialised on the same config dir."""
     register()
+    if GlobalHydra.instance().is_initialized():
+        return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
 

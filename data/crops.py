@@ -90,7 +90,7 @@ def resized_crops(images: Sequence[torch.Tensor], boxes: torch.Tensor, size: int
     resized_crop on tensors: n x C x size x size float32 in the images' range (no rounding back to
     uint8: normalisation follows on the same device).
 
-    One interpolate per image, since every box differs in size: on CPU tensors ~4x faster than
+    One interpolate per image, since every box differs in size: on CPU tensors faster than
     torchvision.ops.roi_align per image, and a batched roi_align needs the images padded to the
     largest (see BENCHMARKS.md: image folders)."""
     crops = [

@@ -125,8 +125,8 @@ class BatchTransform:
 
 def random_crop_flip(images: torch.Tensor, padding: int, flip: bool, generator: torch.Generator) -> torch.Tensor:
     """Each image shifted by its own offset in [-padding, padding]² (zeros shifted in) and, if
-    `flip`, mirrored left-right with probability 1/2: one gather over the padded batch, ~3x
-    faster on CPU than indexing with per-pixel row and column tensors."""
+    `flip`, mirrored left-right with probability 1/2: one gather over the padded batch, which
+    is faster on CPU than indexing with per-pixel row and column tensors."""
     n, c, h, w = images.shape
     device = images.device
     top = torch.randint(0, 2 * padding + 1, (n, 1, 1), generator=generator, device=device)

@@ -17,7 +17,7 @@ from distributed import environment
 from errors import ConfigError, first_line
 
 # Every rank imports it at its first optimizer step (torch/optim/optimizer.py: step and zero_grad
-# import it on their first call; ~0.9 s of CPU). Imported up front, a rank can freeze it and a
+# import it on their first call, at a cost of most of a second; BENCHMARKS.md: Start-up). Imported up front, a rank can freeze it and a
 # forkserver share it.
 OPTIMIZER_IMPORT = "torch._dynamo"
 
@@ -121,8 +121,8 @@ def init(ctx: DistContext, timeout_s: float) -> None:
         except RuntimeError as e:  # torch.distributed's DistError, gloo's and NCCL's own
             raise _unreachable(ctx, e) from None
         # shutdown() collects every object not frozen. What exists now lives as long as the process:
-        # the imports, the optimizer's included (train.py froze its own; torch._dynamo's ~135k
-        # objects come now). Frozen, they are left out of that walk: 0.06 s of CPU less per rank.
+        # the imports, the optimizer's included (train.py froze its own; torch._dynamo's come now).
+        # Frozen, they are left out of that walk, on every rank.
         importlib.import_module(OPTIMIZER_IMPORT)
         gc.freeze()
 
@@ -146,8 +146,8 @@ def _unreachable(ctx: DistContext, error: RuntimeError) -> Exception:
 def shutdown(ctx: DistContext, clean: bool) -> None:
     """Leave the process group; after an error skip the barrier, peers may never reach it.
 
-    gloo processes abort at interpreter exit in ~3 of 10 runs if a DDP model is still alive
-    when the group is destroyed; collecting it first made that 0 of 20 here.
+    gloo processes may abort at interpreter exit if a DDP model is still alive when the group is
+    destroyed; collecting it first prevents that (BENCHMARKS.md: Test suite).
     """
     if not (ctx.distributed and dist.is_initialized()):
         return

@@ -6,7 +6,7 @@ before its backward with reshard_after_forward) and its gradients reduce-scatter
 its backward; so the largest group bounds the memory a gathered step needs, and one group per
 repeated block keeps that small while the collectives stay large enough to be efficient.
 
-torch.distributed.fsdp and torch.distributed.tensor take ~1 s to import, which every process of
+torch.distributed.fsdp and torch.distributed.tensor are slow to import, which every process of
 every strategy would pay: they are imported when a model is sharded, and until then nothing is.
 """
 from __future__ import annotations

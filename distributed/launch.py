@@ -301,8 +301,8 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
 
 
 def forkserver_preload(worker: Callable[..., Any]) -> list[str]:
-    """What the forkserver imports once, so that no rank forked from it imports it again (~2.5 s of
-    CPU each): train.py (`__main__`), the worker's module and the first optimizer step's import.
+    """What the forkserver imports once, so that no rank forked from it imports it again (seconds of
+    CPU each; BENCHMARKS.md: Start-up): train.py (`__main__`), the worker's module and the first optimizer step's import.
     CUDA allows forkserver as it does spawn (not fork) as long as the server never initializes
     CUDA, and none of these imports does (tests/test_launchers.py checks)."""
     return ["__main__", OPTIMIZER_IMPORT, worker.__module__]
@@ -358,7 +358,7 @@ def _spawned_rank(
 def skip_collection_at_exit() -> None:
     """Call as a process ends: Python's collections at exit walk every object not yet frozen, what
     was imported and made after train.py froze its imports (torch._dynamo, TensorBoard, the run's
-    own): ~0.09 s of the default job (BENCHMARKS.md). Objects still alive then need not be
+    own; BENCHMARKS.md: Default job, time to accuracy). Objects still alive then need not be
     finalized (Python's own rule), and a run has closed all it writes by this point."""
     gc.freeze()
 

@@ -30,7 +30,7 @@ def resnet(
     from torchvision's resnet18-f37072fd.pth every backbone tensor loads and the head (and a cifar or
     non-RGB stem's conv) stays fresh; a state_dict saved from this very model loads whole.
     """
-    import torchvision  # lazy: costs ~1 s at start-up and only ResNets need it
+    import torchvision  # lazy: slow to import, and only ResNets need it
 
     model = torchvision.models.get_model(arch, num_classes=num_classes)
     _STEMS[stem](model, in_channels)

@@ -18,7 +18,7 @@ _AUX_HEADS = {"googlenet": ("aux1.", "aux2."), "inception_v3": ("AuxLogits.",)}
 def torchvision_classifier(arch: str, num_classes: int, in_channels: int = 3, weights: str | None = None) -> nn.Module:
     """`weights` (e.g. torchvision's resnet50-11ad3fa6.pth) load into every tensor of the same
     shape; the classifier's, sized for other classes, keep their fresh initialisation."""
-    import torchvision  # lazy: ~1 s of start-up, and only this model needs it
+    import torchvision  # lazy: slow to import, and only this model needs it
 
     without_aux = {"aux_logits": False, "init_weights": True} if arch in _AUX_HEADS else {}
     model = torchvision.models.get_model(arch, num_classes=num_classes, **without_aux)

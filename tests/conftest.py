@@ -4,6 +4,8 @@ and tests/runs.py, imported where a test (or a fixture, as it runs) needs it."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+@pytest.fixture(scope="session")
+def memory_dir(tmp_path_factory) -> Path:
+    """This worker's dir in memory (/dev/shm, else a usual temp dir), for runs whose files are synced
+    to disk many times: logger=mlflow's new SQLite store commits each of its schema migrations (see
+    BENCHMARKS.md: the loggers' tests)."""
+    if not Path("/dev/shm").is_dir():
+        yield tmp_path_factory.mktemp("memory")
+        return
+    path = Path(tempfile.mkdtemp(prefix="pytest-", dir="/dev/shm"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

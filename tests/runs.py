@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,22 @@ def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     counts = [k for k in b if not b[k].is_floating_point()]
     assert all(torch.equal(a[k], b[k]) for k in counts), counts
     return max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in b if k not in counts)
+
+
+def wandb_records(run_file: Path):
+    """The records of a .wandb file (LevelDB's log format: 32 KiB blocks of length-prefixed chunks
+    after W&B's 7-byte header), as W&B's own protobuf type. wandb 0.31 ships no reader of its own."""
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data, position, chunks = run_file.read_bytes(), 7, b""
+    assert data[:4] == b":W&B"
+    while position + 7 <= len(data):
+        if (left := 32768 - position % 32768) < 7:  # a block's tail too short for a header is padding
+            position += left
+            continue
+        length, kind = struct.unpack_from("<HB", data, position + 4)
+        chunks += data[position + 7:position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # FULL, or LAST of FIRST/MIDDLE/LAST
+            yield Record.FromString(chunks)
+            chunks = b""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sqlite3
 import sys
@@ -20,6 +21,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
+from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
 from config.setup import CONF_DIR, compose, register
 from hydra_plugins.optuna_study_sweeper import _study
@@ -337,6 +340,17 @@ def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
     assert (results["best_value"], results["best_params"]) == (study.best_value, study.best_params)
     assert "Best parameters: optimizer.lr=" in again.stdout
     assert all((sweep / t.user_attrs["job"] / "metrics.json").is_file() for t in complete)
+    # TensorBoard: each run named by its job's dir, its sampled floats to 4 digits; in the HParams tab
+    # the sampled keys differ, and those sampled from an interval are numbers (sorted, plotted as such).
+    runs = EventMultiplexer().AddRunsFromDirectory(str(sweep))
+    runs.Reload()
+    sampled = [float(x) for run in runs.Runs() for x in re.findall(r"\.(?:lr|weight_decay)-([\d.e-]+)", run)]
+    assert len(sampled) >= 8 and all(float(f"{x:.4g}") == x for x in sampled)
+    for tags in runs.PluginRunToTagToContent("hparams").values():
+        experiment = plugin_data_pb2.HParamsPluginData.FromString(tags["_hparams_/experiment"]).experiment
+        assert {info.name: api_pb2.DataType.Name(info.type) for info in experiment.hparam_infos if info.differs} == {
+            "optimizer.lr": "DATA_TYPE_FLOAT64", "optimizer.weight_decay": "DATA_TYPE_FLOAT64",
+            "trainer.batch_size": "DATA_TYPE_STRING"}
 
 
 def test_train_py_returns_the_metric_optimized_metric_names_to_the_sweeper(tmp_path):

@@ -1,9 +1,10 @@
 """The logger backends, each read back with the tool its users read it with: the CSV with pandas,
-W&B's offline run file with W&B's own record type, the MLflow store through MlflowClient."""
+W&B's offline run file with W&B's own record type, the MLflow store through MlflowClient; one
+`python train.py` run (and its resume) logging to all three, profiled, its model summarized; and the
+pre-flight's checks of the logger and profiler keys."""
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import pytest
 
 from config.schema import LoggerConfig, MlflowConfig, WandbConfig
 from errors import ConfigError
+from preflight import check_and_plan, check_logger_options
 from tests.configs import job_config, typed_config
+from tests.runs import run_train, wandb_records
 
 FINAL = {"val_acc": 0.97, "best_val_acc": 0.98, "steps": 100, "peak_memory_mb": None, "devices": 1}
 
@@ -65,87 +68,6 @@ def test_csv_is_a_row_per_step_a_column_per_tag_and_a_resume_rewrites_the_steps_
     assert list(table.columns) == ["model", "lr", *FINAL] and table["best_val_acc"].tolist() == [0.98, 0.98]
 
 
-def wandb_records(run_file: Path):
-    """The records of a .wandb file (LevelDB's log format: 32 KiB blocks of length-prefixed chunks
-    after W&B's 7-byte header), as W&B's own protobuf type. wandb 0.31 ships no reader of its own."""
-    from wandb.proto.wandb_internal_pb2 import Record
-
-    data, position, chunks = run_file.read_bytes(), 7, b""
-    assert data[:4] == b":W&B"
-    while position + 7 <= len(data):
-        if (left := 32768 - position % 32768) < 7:  # a block's tail too short for a header is padding
-            position += left
-            continue
-        length, kind = struct.unpack_from("<HB", data, position + 4)
-        chunks += data[position + 7:position + 7 + length]
-        position += 7 + length
-        if kind in (1, 4):  # FULL, or LAST of FIRST/MIDDLE/LAST
-            yield Record.FromString(chunks)
-            chunks = b""
-
-
-def test_wandb_writes_an_offline_run_named_by_the_overrides_grouped_by_the_sweep(job, monkeypatch, tmp_path):
-    from training.loggers.wandb import WandbLogger
-
-    for variable in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_API_KEY"):
-        monkeypatch.delenv(variable, raising=False)
-    for variable in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # not the user's home
-        monkeypatch.setenv(variable, str(tmp_path / variable))
-    logger = WandbLogger(LoggerConfig(wandb=WandbConfig()), job)
-    logger.log_scalars(0, {"train/loss": 2.5})
-    logger.log_scalars(50, {"train/loss": 1.25, "val/acc": 0.5})
-    logger.log_image(50, "val/samples", np.zeros((8, 8, 3), np.uint8))
-    logger.log_hparams(job.hparams, FINAL)
-    logger.close()
-
-    [run_dir] = (job.run_dir / "wandb").glob("offline-run-*")
-    records = list(wandb_records(next(run_dir.glob("run-*.wandb"))))
-    [run] = [r.run for r in records if r.HasField("run")]
-    assert run.display_name == "optimizer.lr=0.1 trainer.epochs=2" and run.run_group == "2026-11-26/18-55-00"
-    config = {item.key: json.loads(item.value_json) for item in run.config.update}
-    assert config["trainer"]["epochs"] == 2 and config["hparams"]["lr"] == 0.1
-    history = {r.history.step.num: {"/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-               for r in records if r.HasField("history")}
-    assert history[0]["train/loss"] == 2.5 and history[50]["train/loss"] == 1.25 and history[50]["val/acc"] == 0.5
-    assert history[50]["val/samples/_type"] == "image-file"  # W&B flattens an image's fields into the step's keys
-    summary = {i.key: json.loads(i.value_json) for r in records if r.HasField("summary") for i in r.summary.update if i.key}
-    assert {key: summary[key] for key in FINAL} == FINAL
-    assert list(run_dir.glob(f"files/{history[50]['val/samples/path']}"))
-
-
-@pytest.mark.filterwarnings("ignore::DeprecationWarning:mlflow.*")  # MLflow's own use of SQLAlchemy
-def test_mlflow_keeps_a_sweeps_jobs_in_one_sqlite_experiment_under_the_sweep_dir(job, monkeypatch, tmp_path):
-    from mlflow.tracking import MlflowClient
-
-    from training.loggers.mlflow import MlflowLogger
-
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.chdir(tmp_path)
-    cfg = LoggerConfig(mlflow=MlflowConfig())
-    second = replace(job, run_dir=job.sweep_dir / "1_optimizer.lr-0.2+trainer.epochs-2",
-                     swept={"optimizer.lr": 0.2, "trainer.epochs": 2}, hparams={**job.hparams, "lr": 0.2})
-    for run, loss in ((job, 1.25), (second, 1.5)):
-        logger = MlflowLogger(cfg, run)
-        logger.log_scalars(0, {"train/loss": 2.5})
-        logger.log_scalars(50, {"train/loss": loss, "val/acc": 0.5})
-        logger.log_image(50, "val/samples", np.zeros((8, 8, 3), np.uint8))
-        logger.log_hparams(run.hparams, FINAL)
-        logger.close()
-
-    client = MlflowClient(f"sqlite:///{job.sweep_dir / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("2026-11-26/18-55-00")
-    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    assert set(runs) == {"optimizer.lr=0.1 trainer.epochs=2", "optimizer.lr=0.2 trainer.epochs=2"}
-    first = runs["optimizer.lr=0.1 trainer.epochs=2"]
-    assert first.info.status == "FINISHED" and first.data.params["lr"] == "0.1" and first.data.params["model"] == "mnist_net"
-    assert first.data.metrics["best_val_acc"] == 0.98 and "peak_memory_mb" not in first.data.metrics
-    assert [(m.step, m.value) for m in client.get_metric_history(first.info.run_id, "train/loss")] == [(0, 2.5), (50, 1.25)]
-    artifacts = Path(first.info.artifact_uri.removeprefix("file://"))
-    assert artifacts.is_relative_to(job.sweep_dir / "mlartifacts") and not (tmp_path / "mlruns").exists()
-    assert json.loads((artifacts / "metrics.json").read_text()) == FINAL
-    assert "epochs: 2" in (artifacts / "config.yaml").read_text() and list(artifacts.glob("images/*.png"))
-
-
 def test_a_single_run_is_named_by_its_overrides_or_else_its_dir_and_belongs_to_no_sweep(job):
     from training.loggers.naming import run_name, sweep_name
 
@@ -165,3 +87,151 @@ def test_a_logger_whose_package_is_missing_is_one_line_naming_the_requirements_f
         assert str(error.value) == ("logger=wandb needs wandb_not_installed, which is not installed: "
                                     "pip install -r requirements-extras.txt (or leave it out of logger=)")
     packages.check_installed(LoggerConfig(tensorboard=True, csv=True))
+    with pytest.raises(ConfigError, match="^logger=wandb needs wandb_not_installed"):  # before launch
+        check_and_plan(typed_config("logger=wandb"))
+
+
+# Two epochs of 5 batches, stopped at step 8, then resumed to step 10: a row every 2 steps and at
+# each epoch's end (5, 10); steps 6 and 7 profiled, after the profiler's 3 skipped and 2 warm-up steps.
+LOGGED = ["logger=[csv,wandb,mlflow]", "debug=limit", "trainer.epochs=2", "trainer.log_every_n_steps=2"]
+STEPS = [2, 4, 5, 6, 8, 10]
+MNIST_NET = {"parameters": 53_002, "trainable_parameters": 53_002, "model_mb": 0.212,
+             "flops_per_sample": 2 * (32 * 9 * 36 + 64 * 32 * 9 * 16 + 256 * 128 + 128 * 10)}  # tests/test_summary.py
+
+
+@pytest.fixture(scope="module")
+def logged(memory_dir):
+    """`python train.py` with every logger but TensorBoard and trainer.profile, stopped at step 8,
+    then resumed in its run dir to step 10."""
+    run_dir = memory_dir / "logged" / "run"
+    with pytest.MonkeyPatch.context() as env:  # the train server's runs take this process's environment
+        for variable in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_API_KEY", "MLFLOW_TRACKING_URI"):
+            env.delenv(variable, raising=False)
+        for variable in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # not the user's home
+            env.setenv(variable, str(run_dir.parent / variable))
+        for overrides in (["trainer.max_steps=8", "trainer.profile=2"], ["trainer.max_steps=10", "trainer.resume=auto"]):
+            result = run_train(run_dir, *LOGGED, *overrides)
+            assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.slow
+def test_the_csv_of_a_run_and_its_resume_reads_as_one_unbroken_run(logged):
+    table = pd.read_csv(logged / "metrics.csv")
+    assert table["step"].tolist() == STEPS
+    assert table["val/acc"].notna().tolist() == [False, False, True, False, True, True]  # epoch 1, the stop, epoch 2
+    assert table["val/acc"].iloc[-1] == json.loads((logged / "metrics.json").read_text())["val_acc"]
+    hparams = pd.read_csv(logged / "hparams.csv")
+    assert hparams[list(MNIST_NET)].iloc[0].round(3).to_dict() == MNIST_NET
+
+
+@pytest.mark.slow
+def test_wandb_continues_the_run_it_started_offline_with_the_config_history_and_summary(logged):
+    run_id = (logged / "wandb" / "run_id").read_text().strip()
+    first, second = sorted((logged / "wandb").glob(f"offline-run-*-{run_id}"))  # one per process, one run
+    history, summary, runs = {}, {}, []
+    for run_dir in (first, second):
+        records = list(wandb_records(next(run_dir.glob("run-*.wandb"))))
+        runs += [r.run for r in records if r.HasField("run")]
+        history.update({r.history.step.num: {"/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                        for r in records if r.HasField("history")})
+        summary.update({i.key: json.loads(i.value_json) for r in records if r.HasField("summary")
+                        for i in r.summary.update if i.key})
+    assert [(run.run_id, run.run_group) for run in runs] == [(run_id, "")] * 2
+    assert "trainer.max_steps=8" in runs[0].display_name  # a single run: named by its overrides, in no sweep
+    config = {item.key: json.loads(item.value_json) for item in runs[0].config.update}
+    assert config["trainer"]["epochs"] == 2 and config["hparams"]["model"] == "mnist_net"
+    table = pd.read_csv(logged / "metrics.csv")
+    assert sorted(history) == STEPS and [history[s]["train/loss"] for s in STEPS] == table["train/loss"].tolist()
+    assert history[5]["val/samples/_type"] == "image-file"  # the sample grid, which W&B takes
+    assert list(first.glob(f"files/{history[5]['val/samples/path']}"))
+    metrics = json.loads((logged / "metrics.json").read_text())
+    assert summary["best_val_acc"] == metrics["best_val_acc"] and summary["steps"] == 10
+    assert {key: summary[key] for key in MNIST_NET} == {**MNIST_NET, "model_mb": metrics["model_mb"]}
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:mlflow.*")  # MLflow's own use of SQLAlchemy
+def test_mlflow_continues_its_run_in_a_store_under_the_run_dir(logged):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{logged / 'mlflow.db'}")
+    [run] = client.search_runs([client.get_experiment_by_name("runs").experiment_id])
+    assert run.info.run_id == (logged / "mlflow_run_id").read_text().strip() and run.info.status == "FINISHED"
+    assert run.data.params["model"] == "mnist_net" and run.data.params["parameters"] == "53002"
+    metrics = json.loads((logged / "metrics.json").read_text())
+    assert run.data.metrics["best_val_acc"] == metrics["best_val_acc"] and run.data.metrics["steps"] == 10
+    history = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert history == list(pd.read_csv(logged / "metrics.csv")[["step", "train/loss"]].itertuples(index=False))
+    artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
+    assert artifacts.is_relative_to(logged / "mlartifacts")
+    assert json.loads((artifacts / "final_metrics.json").read_text()) == metrics
+    assert "max_steps: 10" in (artifacts / "config.yaml").read_text() and list(artifacts.glob("images/*.png"))
+
+
+@pytest.mark.slow
+def test_trainer_profile_traces_its_steps_after_the_warm_up_and_logs_the_top_operators(logged):
+    events = json.loads((logged / "profile" / "trace.json").read_text())["traceEvents"]  # Chrome's format
+    steps = sorted(e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    assert steps == ["ProfilerStep#5", "ProfilerStep#6"]  # after steps 0-2 (skipped) and 3-4 (warm-up)
+    assert any(e.get("name") == "aten::convolution_backward" and e.get("ph") == "X" for e in events)
+    log = (logged / "train.log").read_text()
+    assert log.count("profiled 2 steps, top operators by self CPU time") == 1  # the resume profiles nothing
+    assert str(logged / "profile" / "trace.json") in log and "aten::mkldnn_convolution" in log
+
+
+@pytest.mark.slow
+def test_the_model_summary_is_logged_at_start_and_kept_in_metrics_json(logged):
+    metrics = json.loads((logged / "metrics.json").read_text())
+    assert {key: round(metrics[key], 3) for key in MNIST_NET} == MNIST_NET
+    log = (logged / "train.log").read_text()
+    assert log.count("model: 53,002 parameters (53,002 trainable), 0.21 MB, 0.68 MFLOPs per sample") == 2
+
+
+def test_the_sample_grid_is_drawn_only_for_a_logger_that_takes_images():
+    from training.loggers import takes_images
+
+    assert not takes_images(typed_config("logger=csv").logger) and not takes_images(typed_config("logger=none").logger)
+    assert all(takes_images(typed_config(f"logger=[csv,{option}]").logger) for option in ("tensorboard", "wandb", "mlflow"))
+
+
+def test_options_of_a_logger_the_run_does_not_choose_are_one_line_naming_the_choice():
+    def refusal(*overrides):
+        with pytest.raises(ConfigError) as error:
+            check_logger_options(overrides)
+        return str(error.value)
+
+    assert refusal("logger.wandb.project=p") == (
+        "logger.wandb.project=p sets an option of logger=wandb, which this run does not choose; add it: "
+        "logger=wandb, or a list such as 'logger=[tensorboard,wandb]'")
+    assert refusal("debug=default", "logger.mlflow.experiment=e").startswith("logger.mlflow.experiment=e sets")
+    assert refusal("-m", "logger=wandb,csv", "logger.wandb.tags=[a]").startswith("logger.wandb.tags=[a] sets")
+    check_logger_options(["logger=wandb", "logger.wandb.project=p"])
+    check_logger_options(["-m", "logger=[csv,mlflow],[mlflow]", "logger.mlflow.experiment=e", "trainer.epochs=2"])
+
+
+@pytest.mark.slow
+def test_train_py_refuses_them_before_hydra_composes(run_dir):
+    result = run_train(run_dir, "logger.mlflow.experiment=e")
+    assert (result.returncode, result.stderr) == (2, "error: logger.mlflow.experiment=e sets an option of "
+                                                     "logger=mlflow, which this run does not choose; add it: "
+                                                     "logger=mlflow, or a list such as 'logger=[tensorboard,mlflow]'\n")
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.profile=0"], "trainer.profile=0: profile 1 or more optimizer steps, or null for none"),
+    (["debug=limit", "trainer.profile=11"],
+     "trainer.profile=11 needs 16 optimizer steps (5 to warm the profiler up, then 11 recorded), and this run takes "
+     "15 (trainer.epochs=3 x trainer.limit_train_batches=5); use trainer.profile=10 or fewer"),
+    (["trainer.max_steps=6", "trainer.overfit_batches=3", "trainer.accumulate_grad_batches=2", "trainer.profile=2"],
+     "trainer.profile=2 needs 7 optimizer steps (5 to warm the profiler up, then 2 recorded), and this run takes 6 "
+     "(trainer.max_steps=6); use trainer.profile=1 or fewer"),
+    (["trainer.epochs=2", "trainer.overfit_batches=3", "trainer.accumulate_grad_batches=2", "trainer.profile=2"],
+     "trainer.profile=2 needs 7 optimizer steps (5 to warm the profiler up, then 2 recorded), and this run takes 4 "
+     "(trainer.epochs=2 x trainer.overfit_batches=3 / trainer.accumulate_grad_batches=2); train 7 or more steps"),
+])
+def test_trainer_profile_is_refused_in_one_line_where_the_run_is_too_short_to_record_it(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        check_and_plan(typed_config(*overrides))
+    assert str(error.value) == message

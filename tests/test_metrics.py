@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from distributed.context import make_context
 from training.loss import CrossEntropy
-from training.metrics import Accumulator, Averages, Window, peak_memory_mb
+from training.metrics import Accumulator, Averages, Window, peak_memory_mb, samples_per_s
 
 
 def test_validation_sums_give_the_mean_loss_and_the_accuracy_of_the_whole_set():
@@ -85,3 +85,8 @@ def test_sums_stay_on_the_device_of_the_batches():
     window = Window()
     window.update(torch.empty((), device=meta), torch.empty(4, 10, device=meta), torch.zeros(4, device=meta), 1)
     assert sums.sums.device == window.drain(meta).sums.device == meta
+
+
+def test_a_runs_samples_per_s_is_the_median_of_its_epochs_after_the_first():
+    assert samples_per_s([10.0, 40.0, 20.0, 30.0]) == 30.0  # the warm-up's 10 left out
+    assert samples_per_s([10.0]) == 10.0

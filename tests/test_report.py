@@ -14,6 +14,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from bench import report
 from tests import train_server
 from tests.runs import FORK_RANKS
+from training.loggers.tensorboard import HPARAM_METRICS
 
 TINY = ("trainer.accelerator=cpu", "trainer.epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
         "trainer.progress_bar=false")
@@ -293,6 +294,7 @@ def model_optimizer_sweep(tmp_path_factory) -> tuple[Path, list[str], str]:
 def test_a_model_and_optimizer_sweep_reports_per_override_without_speedups(model_optimizer_sweep):
     sweep, (header, _, *lines), _ = model_optimizer_sweep
     assert header.startswith("| optimizer | strategy | devices | model |")
+    assert f"| {HPARAM_METRICS['throughput/median_samples_per_s']} |" in header  # one samples/s, one title
     assert [line.split(" | ")[0] for line in lines] == ["| sgd", "| adamw", "| sgd", "| adamw"]
     assert all(line.count(" | — | — | ") == 1 for line in lines)  # speed-up, efficiency: nothing to compare
     # What each job used where it overrode nothing, from the .hydra/ files Hydra wrote.
@@ -306,16 +308,23 @@ def test_tensorboard_names_each_sweep_run_by_its_overrides(model_optimizer_sweep
     sweep, _, _ = model_optimizer_sweep
     runs = EventMultiplexer().AddRunsFromDirectory(str(sweep))
     runs.Reload()
-    expected = {  # TensorBoard's run name -> the (model, optimizer) in its HParams row
-        "0_model-simple_cnn+optimizer-sgd+trainer.epochs-1/tb": ("simple_cnn", "SGD"),
-        "1_model-simple_cnn+optimizer-adamw+trainer.epochs-1/tb": ("simple_cnn", "AdamW"),
-        "2_model-mnist_net+optimizer-sgd+trainer.epochs-1/tb": ("mnist_net", "SGD"),
-        "3_model-mnist_net+optimizer-adamw+trainer.epochs-1/tb": ("mnist_net", "AdamW"),
+    expected = {  # TensorBoard's run name -> the (model, optimizer, optimizer.lr) in its HParams row
+        "0_model-simple_cnn+optimizer-sgd+trainer.epochs-1/tb": ("simple_cnn", "sgd", "0.05"),
+        "1_model-simple_cnn+optimizer-adamw+trainer.epochs-1/tb": ("simple_cnn", "adamw", "0.001"),
+        "2_model-mnist_net+optimizer-sgd+trainer.epochs-1/tb": ("mnist_net", "sgd", "0.05"),
+        "3_model-mnist_net+optimizer-adamw+trainer.epochs-1/tb": ("mnist_net", "adamw", "0.001"),
     }
     assert sorted(runs.Runs()) == list(expected)
     for run, tags in runs.PluginRunToTagToContent("hparams").items():
-        hparams = plugin_data_pb2.HParamsPluginData.FromString(tags["_hparams_/session_start_info"]).session_start_info
-        assert (hparams.hparams["model"].string_value, hparams.hparams["optimizer"].string_value) == expected[run]
+        data = plugin_data_pb2.HParamsPluginData.FromString
+        hparams = data(tags["_hparams_/session_start_info"]).session_start_info.hparams
+        assert (hparams["model"].string_value, hparams["optimizer"].string_value,
+                hparams["optimizer.lr"].string_value) == expected[run]
+        assert hparams["trainer.epochs"].string_value == "1"  # as typed, not 1.0000
+        # Differing: what the sweep varies and what its choices change (each optimizer's lr), not
+        # trainer.epochs=1, which every job was given.
+        experiment = data(tags["_hparams_/experiment"]).experiment
+        assert [info.name for info in experiment.hparam_infos if info.differs] == ["model", "optimizer", "optimizer.lr"]
 
 
 @pytest.mark.slow

@@ -9,36 +9,73 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+import yaml
+from google.protobuf import json_format
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
-from config.overrides import swept_overrides
+from config.overrides import sweep_grid
 from config.schema import LoggerConfig
+from config.setup import CONF_DIR
 from training.loggers import build_loggers
-from training.loggers.tensorboard import HPARAM_METRICS, TensorBoardLogger, image_summary, masked_crc32c
+from training.loggers.tensorboard import (
+    HPARAM_METRICS, TensorBoardLogger, hparam_values, image_summary, masked_crc32c,
+)
 from training.samples import SampleGrid
 
 
-def _tensorboard(run_dir, swept=None) -> TensorBoardLogger:
+def _tensorboard(run_dir, varied=None) -> TensorBoardLogger:
     """What build_loggers makes for logger=tensorboard, from the two fields of the RunConfig it reads."""
-    return TensorBoardLogger(SimpleNamespace(run_dir=run_dir, swept=swept or {}))
+    return TensorBoardLogger(SimpleNamespace(run_dir=run_dir, varied=varied or {}))
 
 
-def _caption_hues(grid: np.ndarray, index: int, tile: int = 96) -> set[str]:
-    """'green' and/or 'red' if the caption under tile `index` has such pixels (the text is anti-aliased)."""
-    row, column = divmod(index, 4)
-    strip = grid[row * (tile + 14) + tile:(row + 1) * (tile + 14), column * (tile + 2):column * (tile + 2) + tile]
+def _caption(grid: np.ndarray, index: int) -> np.ndarray:
+    """The caption strip of sample `index`: above its tile, which is right below it."""
+    row, column = divmod(index, SampleGrid.COLUMNS)
+    top = SampleGrid.HEADER + row * (SampleGrid.CAPTION + SampleGrid.TILE)
+    left = SampleGrid.MARGIN + column * (SampleGrid.TILE + SampleGrid.GAP)
+    return grid[top:top + SampleGrid.CAPTION, left:left + SampleGrid.TILE]
+
+
+def _tile(grid: np.ndarray, index: int) -> np.ndarray:
+    row, column = divmod(index, SampleGrid.COLUMNS)
+    top = SampleGrid.HEADER + row * (SampleGrid.CAPTION + SampleGrid.TILE) + SampleGrid.CAPTION
+    left = SampleGrid.MARGIN + column * (SampleGrid.TILE + SampleGrid.GAP)
+    return grid[top:top + SampleGrid.TILE, left:left + SampleGrid.TILE]
+
+
+def _caption_hues(grid: np.ndarray, index: int) -> set[str]:
+    """'green' and/or 'red' if the caption of sample `index` has such pixels (the text is anti-aliased)."""
+    strip = _caption(grid, index)
     r, g = strip[..., 0].astype(int), strip[..., 1].astype(int)
     return {hue for hue, present in (("green", (g > r + 80).any()), ("red", (r > g + 80).any())) if present}
+
+
+def _text_height(strip: np.ndarray) -> int:
+    """How many pixel rows the text in a strip spans (anything not near white)."""
+    rows = np.flatnonzero((strip < 200).any(axis=(1, 2)))
+    return int(rows[-1] - rows[0] + 1) if rows.size else 0
 
 
 def test_grid_has_a_tile_per_sample_and_colours_right_and_wrong():
     images = torch.randn(5, 1, 8, 8) * 3 + 7  # normalised or not: each tile is scaled to its own range
     grid = SampleGrid(images, torch.tensor([1, 0, 3, 0, 5])).draw(torch.tensor([1, 2, 3, 4, 5]))
-    assert grid.dtype == np.uint8 and grid.shape == (2 * (96 + 14), 4 * 98 - 2, 3)
+    tile, caption = SampleGrid.TILE, SampleGrid.CAPTION
+    assert grid.dtype == np.uint8 and grid.shape == (SampleGrid.HEADER + 2 * (caption + tile), 350, 3)
     assert [_caption_hues(grid, i) for i in range(5)] == [{"green"}, {"red"}, {"green"}, {"red"}, {"green"}]
-    first_tile = grid[:96, :96]
+    first_tile = _tile(grid, 0)
     assert first_tile.min() == 0 and first_tile.max() == 255
+
+
+def test_the_grid_is_shown_pixel_for_pixel_in_tensorboard_with_captions_tall_enough_to_read():
+    # TensorBoard fits an image to its box by nearest pixel: the Images tab's is 350 px wide, the
+    # Time Series card's 212 px tall, and the default 8 samples fit both.
+    default = yaml.safe_load((CONF_DIR / "logger" / "tensorboard.yaml").read_text())["sample_images"]  # logger's default
+    grid = SampleGrid(torch.randn(default, 1, 8, 8), torch.arange(default) * 61).draw(torch.arange(default) * 67)
+    assert grid.shape[1] == 350 and grid.shape[0] <= 212
+    legend = grid[:SampleGrid.HEADER]
+    assert [_text_height(_caption(grid, i)) >= 10 for i in range(default)] == [True] * default
+    assert _text_height(legend) >= 10
 
 
 def test_each_epoch_draws_the_grid_a_fresh_one_would_draw():
@@ -59,43 +96,66 @@ def test_colour_images_keep_their_colours():
     image = torch.zeros(1, 3, 4, 4)
     image[0, 0] = 1.0  # pure red
     grid = SampleGrid(image, torch.tensor([0])).draw(torch.tensor([0]))
-    assert tuple(grid[10, 10]) == (255, 0, 0)
+    assert tuple(_tile(grid, 0)[10, 10]) == (255, 0, 0)
 
 
 def _hparams_plugin_data(events: EventAccumulator, tag: str) -> plugin_data_pb2.HParamsPluginData:
     return plugin_data_pb2.HParamsPluginData.FromString(events.PluginTagToContent(metadata.PLUGIN_NAME)[tag])
 
 
-def test_hparams_put_the_overrides_first_and_declare_the_metrics(tmp_path):
-    options = {"model": "simple_cnn", "dataset": "digits", "optimizer": "AdamW", "lr": 0.001, "devices": 1,
-               "epochs": 2, "seed": 0, "precision": "32"}
-    metrics = {"val_acc": 0.5, "best_val_acc": 0.75, "val_loss": 1.0, "train_samples_per_s": 900.0, "wall_s": 12.5,
-               "steps": 10}
-    task = ["optimizer=adamw", "model=simple_cnn", "optimizer.lr=0.001", "optimizer.weight_decay=0.1",
-            "trainer.accelerator=cpu"]
-    swept = swept_overrides(task, exclude_keys=["trainer.accelerator"])
-    assert swept == {"optimizer": "adamw", "model": "simple_cnn", "optimizer.lr": 0.001, "optimizer.weight_decay": 0.1}
-    logger = _tensorboard(tmp_path, swept)
-    logger.log_hparams(options, metrics)
+def test_hparams_read_as_the_config_spells_them_and_differ_where_the_sweep_varies_them(tmp_path):
+    # The first job of `-m model=simple_cnn,mnist_net optimizer=sgd,adamw trainer.epochs=3`, as
+    # preflight._hparams and preflight.varied_hparams give it: sgd's lr is 0.05, adamw's 0.001.
+    options = {"model": "simple_cnn", "dataset": "digits", "optimizer": "sgd", "optimizer.lr": 0.05,
+               "trainer.batch_size": 64, "trainer.epochs": 3, "trainer.precision": "32", "trainer.compile": False}
+    varied = {"model": ("simple_cnn", "mnist_net"), "optimizer": ("sgd", "adamw"), "optimizer.lr": (0.05, 0.001)}
+    logger = _tensorboard(tmp_path, varied)
+    logger.log_hparams(options, {"val_acc": 0.5, "steps": 10})
     logger.close()
 
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     experiment = _hparams_plugin_data(events, metadata.EXPERIMENT_TAG).experiment
-    infos = {info.name: info.differs for info in experiment.hparam_infos}
-    # TensorBoard lists the hparams flagged as differing first; an override of an option is that option.
-    swept_first = ["optimizer", "model", "lr", "optimizer.weight_decay"]
-    assert [name for name, differs in infos.items() if differs] == swept_first
-    assert set(infos) == {*options, "optimizer.weight_decay"}
+    infos = {info.name: info for info in experiment.hparam_infos}
+    assert list(infos) == list(options)
+    assert [name for name, info in infos.items() if info.differs] == ["model", "optimizer", "optimizer.lr"]
+    # TensorBoard prints a number to 5 digits (64.000, 0.050000): a value goes as the text the config
+    # spells (filtered by value), a flag as a flag; a text's filter offers the sweep's values, or its own.
+    kinds = {name: api_pb2.DataType.Name(info.type) for name, info in infos.items()}
+    assert set(kinds.values()) == {"DATA_TYPE_STRING", "DATA_TYPE_BOOL"} and kinds["trainer.compile"] == "DATA_TYPE_BOOL"
+    assert list(infos["optimizer.lr"].domain_discrete) == ["0.001", "0.05"]
+    assert list(infos["model"].domain_discrete) == ["mnist_net", "simple_cnn"]
+    assert list(infos["trainer.batch_size"].domain_discrete) == ["64"]
     assert [(m.name.tag, m.display_name) for m in experiment.metric_infos] == list(HPARAM_METRICS.items())
     start = _hparams_plugin_data(events, metadata.SESSION_START_INFO_TAG).session_start_info.hparams
-    assert (start["optimizer"].string_value, start["optimizer.weight_decay"].number_value) == ("AdamW", 0.1)
+    assert {name: json_format.MessageToDict(value) for name, value in start.items()} == {
+        "model": "simple_cnn", "dataset": "digits", "optimizer": "sgd", "optimizer.lr": "0.05",
+        "trainer.batch_size": "64", "trainer.epochs": "3", "trainer.precision": "32", "trainer.compile": False}
     # Every metric is read off a series the trainer writes each epoch: hparams adds no one-point chart.
     assert events.Tags()["scalars"] == []
 
 
+def test_a_key_a_search_samples_from_an_interval_is_a_number_to_sort_and_plot():
+    varied = {"optimizer.lr": (), "trainer.batch_size": (16, 32), "model": ()}  # model=glob(*): no values listed
+    shown = hparam_values({"optimizer.lr": 0.0302, "trainer.batch_size": 16, "model": "resnet18"}, varied)
+    assert shown == {"optimizer.lr": 0.0302, "trainer.batch_size": "16", "model": "resnet18"}
+
+
+def test_a_sweep_record_gives_the_overrides_every_job_shares_and_those_it_sweeps():
+    # multirun.yaml as hparams_search=digits writes it, run with a narrower lr and a fixed batch.
+    record = yaml.safe_dump({"hydra": {
+        "sweeper": {"params": {"optimizer.lr": "tag(log, interval(1e-3, 0.5))", "trainer.batch_size": "choice(16, 32)",
+                               "optimizer.weight_decay": "tag(log, interval(1e-6, 1e-2))"}},
+        "overrides": {"task": ["hparams_search=digits", "optimizer.lr=interval(0.01, 0.1)", "trainer.batch_size=64",
+                               "model=simple_cnn,mnist_net", "+model.width=8"]},
+    }})
+    fixed, swept = sweep_grid(record)
+    assert fixed == ["hparams_search=digits", "trainer.batch_size=64", "+model.width=8"]  # the command line wins
+    assert swept == {"optimizer.weight_decay": [], "optimizer.lr": [], "model": ["model=simple_cnn", "model=mnist_net"]}
+
+
 def test_logger_none_makes_no_logger_and_tensorboard_its_own(tmp_path):
-    job = SimpleNamespace(run_dir=tmp_path, swept={})
+    job = SimpleNamespace(run_dir=tmp_path, varied={})
     assert build_loggers(LoggerConfig(), job) == []  # logger=none
     (logger,) = build_loggers(LoggerConfig(tensorboard=True), job)
     assert isinstance(logger, TensorBoardLogger)

@@ -159,8 +159,9 @@ def test_srun_two_nodes_train_fsdp_like_spawn(rig, fsdp_reference):
 
 def _srun_fails(rig: Rig, *overrides: str, env: dict[str, str] | None = None, timeout_s: int = 30) -> list[str]:
     """A 2-node srun of train.py that must fail within launcher.timeout_s (start-up aside): its ranks'
-    `error:` lines."""
-    cmd = ["srun", "--nodes=2", "--ntasks=2", "--cpus-per-task=2", "--kill-on-bad-exit=1", sys.executable,
+    `error:` lines. Without train.sbatch's --kill-on-bad-exit, so that srun's kill neither hides a rank
+    that would hang nor cuts off the line of the rank that exits second."""
+    cmd = ["srun", "--nodes=2", "--ntasks=2", "--cpus-per-task=2", sys.executable,
            str(ROOT / "train.py"), *TINY, f"launcher.timeout_s={timeout_s}", *overrides]
     started = time.monotonic()
     result = rig.on("a", cmd, env=env, timeout=4 * timeout_s + 60)

@@ -20,16 +20,16 @@ from config.setup import compose, job_dir
 from errors import ConfigError
 from tests import train_server
 from config.setup import ROOT
-from tests.runs import FORK_RANKS
+from tests.runs import FORK_RANKS, wandb_records
 from training.loggers.tensorboard import HPARAM_METRICS
 
-TINY = ("debug=limit", "logger=tensorboard")  # 3 short epochs, with the TensorBoard files under test
+TINY = ("debug=limit",)  # 3 short epochs
 
 
 def _multirun(sweep_dir: Path, *overrides: str) -> list[Path]:
     result = train_server.run(["-m", FORK_RANKS, f"hydra.sweep.dir={sweep_dir}", *TINY, *overrides])
     assert result.returncode == 0, result.stderr
-    return sorted(p for p in sweep_dir.iterdir() if p.is_dir())
+    return sorted(p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir())  # the jobs' (not mlartifacts/)
 
 
 def _hparams(events: EventAccumulator) -> dict:
@@ -119,12 +119,20 @@ def test_the_report_of_sweep_strategies_compares_each_strategy_with_its_own_one_
 
 
 @pytest.mark.slow
-def test_scaling_sweep_runs_ddp_per_job_and_reports(tmp_path):
-    sweep = tmp_path / "sweep"
-    jobs = _multirun(sweep, "sweep=scaling", "trainer.devices=1,2")  # the command line narrows 1,2,4,8
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:mlflow.*")  # MLflow's own use of SQLAlchemy
+def test_scaling_sweep_runs_ddp_per_job_logs_each_as_a_run_of_the_sweep_and_reports(memory_dir, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    for variable in ("WANDB_MODE", "WANDB_API_KEY", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(variable, raising=False)
+    sweep = memory_dir / "scaling" / "sweep"
+    for variable in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # not the user's home
+        monkeypatch.setenv(variable, str(sweep.parent / variable))
+    # The command line narrows 1,2,4,8
+    jobs = _multirun(sweep, "sweep=scaling", "trainer.devices=1,2", "logger=[tensorboard,wandb,mlflow]")
     # Each job's dir, and so its TensorBoard run, is named by the overrides that tell it apart.
-    assert [job.name for job in jobs] == [
-        "0_logger-tensorboard+strategy-ddp+trainer.devices-1", "1_logger-tensorboard+strategy-ddp+trainer.devices-2"]
+    assert [job.name for job in jobs] == [f"{i}_logger-[tensorboard,wandb,mlflow]+strategy-ddp+trainer.devices-{i + 1}"
+                                          for i in range(2)]
     metrics = [json.loads((job / "metrics.json").read_text()) for job in jobs]
     assert [(m["strategy"], m["devices"], m["world_size"], m["batch_size"]) for m in metrics] == [
         ("ddp", 1, 1, 64), ("ddp", 2, 2, 64)]
@@ -138,10 +146,27 @@ def test_scaling_sweep_runs_ddp_per_job_and_reports(tmp_path):
         assert [e.value for e in events.Scalars("val/best_acc")] == sorted(e.value for e in events.Scalars("val/best_acc"))
         assert events.Scalars("val/best_acc")[-1].value == pytest.approx(m["best_val_acc"])
         hparams = _hparams(events)
-        assert (hparams["strategy"], hparams["devices"], hparams["model"]) == ("ddp", m["devices"], "mnist_net")
+        assert (hparams["strategy"], hparams["trainer.devices"], hparams["model"]) == ("ddp", str(m["devices"]), "mnist_net")
+        # sweep=scaling's params set strategy=ddp for every job and trainer.devices=1,2,4,8, narrowed here.
+        experiment = plugin_data_pb2.HParamsPluginData.FromString(
+            events.PluginTagToContent("hparams")["_hparams_/experiment"]).experiment
+        assert [(info.name, list(info.domain_discrete)) for info in experiment.hparam_infos if info.differs] == [
+            ("trainer.devices", ["1", "2"])]
         images = events.Images("val/samples")
         assert len(images) == 3 and images[-1].width > 0  # one grid per epoch
         assert images[-1].encoded_image_string[:4] == b"\x89PNG"
+
+    # W&B and MLflow: a run per job, named by its overrides, grouped by the sweep (its dir's last two parts)
+    names = [f"strategy=ddp trainer.devices={n} logger=['tensorboard', 'wandb', 'mlflow']" for n in (1, 2)]
+    group = f"{sweep.parent.name}/sweep"
+    runs = [r.run for job in jobs for r in wandb_records(next(job.glob("wandb/offline-run-*/run-*.wandb")))
+            if r.HasField("run")]
+    assert [(run.display_name, run.run_group) for run in runs] == [(name, group) for name in names]
+    client = MlflowClient(f"sqlite:///{sweep / 'mlflow.db'}")  # the sweep's one store
+    logged = client.search_runs([client.get_experiment_by_name(group).experiment_id], order_by=["attributes.start_time"])
+    assert [(run.info.run_name, run.info.status, run.data.tags["sweep"]) for run in logged] == [
+        (name, "FINISHED", group) for name in names]
+    assert [run.data.metrics["best_val_acc"] for run in logged] == [m["best_val_acc"] for m in metrics]
 
     result = subprocess.run([sys.executable, "-m", "bench.report", str(sweep)], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
@@ -157,8 +182,7 @@ def test_every_strategy_runs_under_multirun(tmp_path):
     # sweep=strategies' 1-device jobs (the command line narrows its seven): one process runs all three
     # (world size 1), each joining and leaving its own process group.
     jobs = _multirun(tmp_path / "sweep", "sweep=strategies", "parallelism=single,ddp1,fsdp1")
-    assert [job.name for job in jobs] == [
-        f"{i}_logger-tensorboard+parallelism-{p}" for i, p in enumerate(("single", "ddp1", "fsdp1"))]
+    assert [job.name for job in jobs] == [f"{i}_parallelism-{p}" for i, p in enumerate(("single", "ddp1", "fsdp1"))]
     metrics = [json.loads((job / "metrics.json").read_text()) for job in jobs]
     assert [(m["strategy"], m["devices"]) for m in metrics] == [("single", 1), ("ddp", 1), ("fsdp", 1)]
     assert all((job / "checkpoints" / "last.pt").exists() and (job / "train.log").is_file() for job in jobs)

@@ -30,6 +30,11 @@ class Callback:
         total 2-norm over every rank's shards, a 0-dim tensor on the device, computed once for this,
         trainer.grad_clip and trainer.nonfinite=skip. `model` is the trained (wrapped) module."""
 
+    def on_step_end(self, step: int) -> None:
+        """Optimizer step `step` (from 1) is done: the update (and the EMA's) applied, the gradients
+        cleared. It comes every step: keep it to host-side bookkeeping (the profiler marks its steps
+        here)."""
+
     def on_epoch_end(self, epoch: int, step: int, scalars: dict[str, float]) -> None:
         """Epoch `epoch` (from 0) is validated, at optimizer step `step`: `scalars` holds its figures
         (val/*, throughput/*, time/*, memory/*), which go to the loggers after every callback has

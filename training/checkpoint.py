@@ -356,7 +356,7 @@ class Checkpointer:
         """Every rank loads the same file; DDP's weights then agree without a broadcast."""
         self.wait()
         if path.is_dir():  # strategy=fsdp's sharded last.pt, resharded to this world size and strategy
-            from distributed import sharded_state  # torch.distributed.checkpoint: ~1 s to import
+            from distributed import sharded_state  # torch.distributed.checkpoint: slow to import
 
             checkpoint = sharded_state.load(path, self.model, self.optimizer, self.ctx)
         else:

@@ -1,6 +1,8 @@
-"""Loss/accuracy sums kept on the device: no host sync per step, one all-reduce per report."""
+"""Loss/accuracy sums kept on the device: no host sync per step, one all-reduce per report; the
+run's samples/s."""
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -114,3 +116,11 @@ def peak_memory_mb(ctx: DistContext) -> list[float] | None:
     slots = torch.zeros(ctx.world_size * len(local), dtype=torch.float64, device=ctx.device)
     slots[ctx.rank * len(local):(ctx.rank + 1) * len(local)] = torch.tensor(local, dtype=torch.float64)
     return (all_reduce_sum(slots, ctx) / 1e6).tolist()
+
+
+def samples_per_s(per_epoch: list[float]) -> float:
+    """A run's samples/s, its one definition: the median over its epochs after the first, which pays
+    for the warm-up (allocator, lazy initialisation, compilation); the first alone while there is no
+    other. metrics.json's train_samples_per_s, bench.report's samples/s and the HParams tab's (the
+    last point of throughput/median_samples_per_s, this over the epochs so far)."""
+    return statistics.median(per_epoch[1:] or per_epoch)

@@ -48,7 +48,8 @@ def check_arguments(optimizer: Callable[..., Any], scheduler: Callable[..., Any]
     """The optimizer's and scheduler's own argument checks (a key the class does not take, a
     Nesterov SGD without momentum, StepLR's step_size=0 at its first step) on a throwaway
     parameter, as one-line ConfigErrors before training. In the rank, not in the pre-flight:
-    building an optimizer imports torch._dynamo (~0.9 s), which the launching process never needs."""
+    building an optimizer imports torch._dynamo (slow; BENCHMARKS.md: Start-up), which the
+    launching process never needs."""
     try:
         probe = optimizer([nn.Parameter(torch.zeros(1))])
     except (TypeError, ValueError) as e:

@@ -5,16 +5,19 @@ The first WAIT steps run unprofiled (allocator growth, cuDNN's algorithm search,
 first graphs), the next WARMUP are traced and thrown away (the profiler's own start-up), then
 `steps` are recorded: CPU operators, and on CUDA the kernels and the memory each operator allocates.
 The trace opens in Perfetto (ui.perfetto.dev) and chrome://tracing; the table of the top operators,
-by self time, goes to the log and beside the trace.
+by self time, goes to the log.
 """
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
+
+from training.callbacks import Callback
 
 log = logging.getLogger("train")
 
@@ -33,6 +36,8 @@ class StepProfiler:
             raise ValueError(f"profile {steps} steps: give at least 1")
         self.device, self.trace_path, self.steps = device, trace, steps
         self.cuda = device.type == "cuda"
+        if not self.cuda:  # kineto's ERROR line for the GPU driver a CPU-only machine lacks
+            os.environ.setdefault("KINETO_LOG_LEVEL", "5")
         self.total = wait + warmup + steps  # the step() that ends the recorded ones
         self.stepped = 0
         self.table: str | None = None
@@ -64,6 +69,37 @@ class StepProfiler:
         where = f"; trace: {self.trace_path} (ui.perfetto.dev or chrome://tracing)" if self.trace_path else ""
         log.info("profiled %d steps, top operators by self %s time%s\n%s",
                  self.steps, "device" if self.cuda else "CPU", where, self.table)
+
+
+class ProfiledSteps(Callback):
+    """trainer.profile=N on rank 0: a StepProfiler whose steps are the Trainer's optimizer steps,
+    started with the callback (just before training) and stopped once it has recorded its steps.
+    Without trainer.profile there is no such callback, and nothing runs per step."""
+
+    def __init__(self, steps: int, device: torch.device, trace: Path) -> None:
+        self.profiler: StepProfiler | None = StepProfiler(steps, device, trace).__enter__()
+
+    def on_step_end(self, step: int) -> None:
+        if self.profiler is None:
+            return
+        self.profiler.step()
+        if self.profiler.table is not None:  # recorded, written and logged
+            self.close()
+
+    def on_train_end(self, metrics: dict) -> None:
+        profiler = self.profiler
+        if profiler is not None:  # the run was shorter than the pre-flight could tell (a resume, a full epoch)
+            warmup = profiler.total - profiler.steps
+            log.warning("trainer.profile=%d: training ended after %d optimizer steps, %d of them recorded after the "
+                        "profiler's %d of warm-up; train longer, or profile fewer steps", profiler.steps,
+                        profiler.stepped, max(0, profiler.stepped - warmup), warmup)
+        self.close()
+
+    def close(self) -> None:
+        """Stop profiling (idempotent): once recorded, at the end of training, or when it failed."""
+        profiler, self.profiler = self.profiler, None
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
 
 
 def top_operators(prof: profile, cuda: bool, rows: int = TOP_OPERATORS) -> str:

@@ -10,22 +10,24 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from config.schema import RunConfig, TrainerConfig
+from config.schema import DatasetConfig, RunConfig, TrainerConfig
 from data import build_loaders
 from distributed import context, strategies
 from distributed.collectives import all_gather_object
 from distributed.context import DistContext
 from errors import Preempted
+from models.summary import summarize
 from training.checkpoint import Checkpointer, TrainState, agree_on_resume
 from training.ema import EMA, adjusted_decay
 from training.evaluation import test
-from training.loggers import build_loggers
+from training.loggers import build_loggers, takes_images
 from training.memory import MemoryProbe
 from training.metrics import reset_peak_memory
 from training.mixing import Mixing
 from training.optim import check_arguments, parameter_groups
 from training.precision import Precision
 from training.preemption import PreemptionWatch
+from training.profiling import ProfiledSteps
 from training.reporting import configure_logging, write_metrics
 from training.samples import SampleImages
 from training.schedule import with_warmup
@@ -76,6 +78,14 @@ def log_placement(ctx: DistContext, workers: int) -> None:
     log.info("ranks by host: %s", "; ".join(f"{host}: {', '.join(ranks)}" for host, ranks in hosts.items()))
 
 
+def summarized(net: nn.Module, dataset: DatasetConfig) -> dict[str, int | float | None]:
+    """The model's size and its FLOPs per sample at the size it is built for, logged; for
+    metrics.json and the loggers' hparams (cost: BENCHMARKS.md, "Model summary")."""
+    summary = summarize(net, (dataset.channels, dataset.image_size, dataset.image_size))
+    log.info("model: %s", summary)
+    return summary.metrics()
+
+
 def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     """Build everything `job` names, train, report; return the trained (unwrapped) model."""
     start = time.perf_counter()
@@ -93,6 +103,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     if settings.overfit_batches:  # validate on the very batches it trains on: they must be learnt
         loaders = replace(loaders, val=loaders.train)
     net = job.model().to(ctx.device)
+    model_figures = summarized(net, job.dataset) if ctx.is_main else {}  # as built: before a wrapper shards it
     if settings.channels_last:
         net = net.to(memory_format=torch.channels_last)
     strategy = strategies.get(job.strategy)
@@ -121,8 +132,12 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     )
     loggers = build_loggers(job.logger, job) if ctx.is_main else []
     callbacks = [build() for build in job.callbacks]
-    if job.logger.sample_images:
+    if job.logger.sample_images and takes_images(job.logger):
         callbacks.insert(0, SampleImages(job.logger.sample_images, model, loaders.val, loggers, ctx.device))
+    profiler = None
+    if settings.profile and ctx.is_main:  # rank 0's steps: a trace in the run dir, a table in the log
+        profiler = ProfiledSteps(settings.profile, ctx.device, job.run_dir / "profile" / "trace.json")
+        callbacks.append(profiler)
     trainer = Trainer(
         model=model, strategy=strategy, ema=ema, mixing=Mixing.of(settings, job.dataset.num_classes, ctx.rank),
         optimization=Optimization(job.loss(), optimizer, scheduler, scaler),
@@ -135,13 +150,15 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
             final = {
                 **metrics, **job.labels, "world_size": ctx.world_size, "devices": len(ctx.devices) * ctx.world_size,
                 "batch_size": settings.batch_size, "wall_s": time.perf_counter() - start,
-                **memory.per_rank(ctx, metrics["peak_memory_mb"]),
+                **memory.per_rank(ctx, metrics["peak_memory_mb"]), **model_figures,
             }
             if ctx.is_main:
                 write_metrics(job.run_dir, final)
             for logger in loggers:
-                logger.log_hparams(job.hparams, final)
+                logger.log_hparams({**job.hparams, **model_figures}, final)
     finally:
+        if profiler is not None:
+            profiler.close()
         checkpointer.close()  # the last save is on disk before the process may exit
         preemption.close()
         for logger in loggers:

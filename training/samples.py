@@ -66,58 +66,66 @@ def _first_samples(loader: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class SampleGrid:
-    """An HWC uint8 grid of the same images each epoch, each scaled to its own min..max and captioned
-    predicted / true label, green when right, red when wrong.
+    """An HWC uint8 grid of the same images each epoch, four to a row, each captioned above with its
+    predicted / true label, green when right, red when wrong, under a line that says which is which.
 
-    The tiles are drawn once and a caption only when its prediction changes: once a model has learnt
-    its samples most epochs change none (see BENCHMARKS.md: Default job, time to accuracy). A caption
-    is cut at its tile's width."""
+    As wide as TensorBoard's image card in its Images tab (WIDTH), and for the default 8 images
+    (logger.sample_images) as tall as its Time Series card's image: both show it about pixel for
+    pixel. They fit an image to their box by nearest pixel, and small text survives no scaling. The
+    tiles are drawn once and a caption only when its prediction changes: once a model has learnt
+    its samples most epochs change none (see BENCHMARKS.md: Default job, time to accuracy)."""
 
-    CAPTION, GAP = 14, 2
+    WIDTH = 350  # the Images tab's card (tf-image-loader), its image at width 100%
+    COLUMNS, TILE, GAP = 4, 78, 2  # two rows of 4 fit the Time Series card's image box, 212 px tall
+    MARGIN = (WIDTH - COLUMNS * (TILE + GAP) + GAP) // 2
+    CAPTION = HEADER = 18  # a caption's strip, and the legend's above the grid: 14 px text
+    LEGEND = "predicted / true"
 
-    def __init__(self, images: torch.Tensor, targets: torch.Tensor, tile: int = 96) -> None:
-        from PIL import Image
+    def __init__(self, images: torch.Tensor, targets: torch.Tensor) -> None:
+        from PIL import Image, ImageDraw
 
         # Per-image min-max undoes any normalisation well enough to look at, whatever the dataset.
         values = images.float()
         low, high = values.amin(dim=(1, 2, 3), keepdim=True), values.amax(dim=(1, 2, 3), keepdim=True)
         pixels = ((values - low) / (high - low).clamp_min(1e-8) * 255).to(torch.uint8)
         pixels = pixels.expand(-1, 3, -1, -1) if pixels.shape[1] == 1 else pixels
-        self.tile, self.targets = tile, targets.tolist()
-        self.columns = min(len(images), 4)
-        rows = -(-len(images) // self.columns)
-        self._grid = Image.new("RGB", (self.columns * (tile + self.GAP) - self.GAP, rows * (tile + self.CAPTION)), "white")
+        self.targets = targets.tolist()
+        rows = -(-len(images) // self.COLUMNS)
+        self._grid = Image.new("RGB", (self.WIDTH, self.HEADER + rows * (self.CAPTION + self.TILE)), "white")
+        ImageDraw.Draw(self._grid).text((self.MARGIN + 2, 1), self.LEGEND, fill=(80, 80, 80), font=_font())
         for i, hwc in enumerate(pixels.permute(0, 2, 3, 1).numpy()):
-            self._grid.paste(Image.fromarray(hwc).resize((tile, tile), Image.NEAREST), self._corner(i))
+            x, y = self._corner(i)
+            self._grid.paste(Image.fromarray(hwc).resize((self.TILE, self.TILE), Image.NEAREST), (x, y + self.CAPTION))
         self._shown: list[int | None] = [None] * len(images)
 
     def draw(self, predicted: torch.Tensor) -> np.ndarray:
         for i, (p, t) in enumerate(zip(predicted.tolist(), self.targets)):
-            if p == self._shown[i]:
-                continue
-            x, y = self._corner(i)
-            self._grid.paste(_caption(p, t, self.tile, self.CAPTION), (x, y + self.tile))
-            self._shown[i] = p
+            if p != self._shown[i]:
+                self._grid.paste(_caption(p, t, self.TILE, self.CAPTION), self._corner(i))
+                self._shown[i] = p
         return np.asarray(self._grid)  # a copy: later epochs' captions do not reach it
 
     def _corner(self, i: int) -> tuple[int, int]:
-        return (i % self.columns) * (self.tile + self.GAP), (i // self.columns) * (self.tile + self.CAPTION)
+        """The top left of sample i's caption, its tile right below it."""
+        row, column = divmod(i, self.COLUMNS)
+        return self.MARGIN + column * (self.TILE + self.GAP), self.HEADER + row * (self.CAPTION + self.TILE)
 
 
 @functools.lru_cache(maxsize=256)
 def _caption(predicted: int, target: int, width: int, height: int) -> Image.Image:
-    """A caption tile, drawn once per (predicted, true) pair: drawing text is slow, and ImageDraw
-    loads its default font afresh for every new Draw (see BENCHMARKS.md: Default job, time to accuracy)."""
+    """A caption strip, drawn once per (predicted, true) pair: drawing text is slow (see
+    BENCHMARKS.md: Default job, time to accuracy). Text past the tile's width is cut."""
     from PIL import Image, ImageDraw
 
     caption = Image.new("RGB", (width, height), "white")
     colour = (0, 140, 0) if predicted == target else (200, 0, 0)
-    ImageDraw.Draw(caption).text((2, 1), f"pred {predicted} / true {target}", fill=colour, font=_font())
+    ImageDraw.Draw(caption).text((2, 1), f"{predicted} / {target}", fill=colour, font=_font())
     return caption
 
 
 @functools.cache
 def _font() -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    """Pillow's own font (Aileron), at a size that reads at TensorBoard's scale of one: no system fonts needed."""
     from PIL import ImageFont
 
-    return ImageFont.load_default()
+    return ImageFont.load_default(size=14)

@@ -76,7 +76,7 @@ class ShardedCheckpointer(Checkpointer):
 
 
 def _sharded_state():
-    """Imported by FSDP runs only: torch.distributed.checkpoint takes ~1 s to import."""
+    """Imported by FSDP runs only: torch.distributed.checkpoint is slow to import."""
     from distributed import sharded_state
 
     return sharded_state

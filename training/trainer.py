@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -24,7 +23,7 @@ from training.checkpoint import Checkpointer, TrainState, restore_rng
 from training.ema import EMA
 from training.loggers.base import Logger
 from training.loss import Criterion
-from training.metrics import Accumulator, Averages, Window, peak_memory_mb
+from training.metrics import Accumulator, Averages, Window, peak_memory_mb, samples_per_s
 from training.mixing import Mixing
 from training.precision import Precision
 from training.preemption import PreemptionWatch
@@ -126,6 +125,7 @@ class Trainer:
         # it calibrates in the first steps and after each raise: no skip of ours to count or warn of.
         self.skip_check = settings.nonfinite == NonFinite.skip and not self.scaled
         self.gradient_callbacks = handling(self.callbacks, "after_backward")
+        self.step_callbacks = handling(self.callbacks, "on_step_end")
         self.measure_gradients = self.grad_clip is not None or self.skip_check or bool(self.gradient_callbacks)
         self.ema_every = settings.ema_every_n_steps
         limit = settings.overfit_batches or settings.limit_train_batches
@@ -138,7 +138,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train from `state.epoch` to `epochs` (or `max_steps`); return the final figures."""
         state, settings = self.state, self.settings
-        samples_per_s: list[float] = []
+        speeds: list[float] = []  # each epoch's samples/s
         train = val = ema = memory = None
         started = time.perf_counter()
         while state.epoch < settings.epochs and not self._done():
@@ -155,7 +155,7 @@ class Trainer:
             with self._random_stream_kept():
                 val = self.evaluate(self.loaders.val)
                 ema = self.evaluate(self.loaders.val, self.ema.module) if self.ema is not None else None
-            samples_per_s.append(speed)
+            speeds.append(speed)
             if finished:
                 if self.scheduler is not None:
                     self.scheduler.step()
@@ -165,6 +165,7 @@ class Trainer:
             scalars = {
                 "val/loss": val.loss, "val/ce": val.ce, "val/acc": val.acc, "val/acc5": val.acc5,
                 "val/best_acc": state.best_val_acc, "throughput/samples_per_s": speed,
+                "throughput/median_samples_per_s": samples_per_s(speeds),
                 "time/train_s": time.perf_counter() - started, "time/data_s": data_s,
                 **({"val_ema/loss": ema.loss, "val_ema/ce": ema.ce, "val_ema/acc": ema.acc, "val_ema/acc5": ema.acc5}
                    if ema else {}),
@@ -195,8 +196,6 @@ class Trainer:
                      f"already finished epoch {state.epoch} of {settings.epochs}")
             log.info("nothing to train: the checkpoint %s", where)
             return {}
-        # The first epoch pays for warm-up (allocator, lazy init); report the steady state after it.
-        steady = samples_per_s[1:] or samples_per_s
         metrics = {
             "val_acc": val.acc,
             "val_acc5": val.acc5,
@@ -209,7 +208,7 @@ class Trainer:
             "best_weights": state.best_weights,
             "train_loss": train.loss,
             "train_acc": train.acc,
-            "train_samples_per_s": statistics.median(steady),
+            "train_samples_per_s": samples_per_s(speeds),
             "peak_memory_mb": memory,  # one per device of the job; None on CPU
             "epochs": state.epoch,
             "steps": state.step,
@@ -261,6 +260,8 @@ class Trainer:
                 self.warmup.step_update(state.step)
             if self.ema is not None and state.step % self.ema_every == 0:
                 self.ema.update_parameters(self.net, state.epoch)
+            for callback in self.step_callbacks:
+                callback.on_step_end(state.step)
             state.batch = i + 1  # micro-batches of this epoch done: a mid-epoch resume skips them
             steps_in_window += 1
             if not self._announced:

@@ -1,7 +1,7 @@
 """The Logger seam: what a backend implements to receive the run's figures (training/loggers/)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -10,6 +10,10 @@ if TYPE_CHECKING:
 class Logger(Protocol):
     """One backend (TensorBoard, CSV, W&B, MLflow). Made on rank 0 only, from the run's
     RunConfig; every method is called on rank 0 only, from the training process."""
+
+    # Whether log_image shows anything: the sample grid is drawn only if a chosen backend takes
+    # images (a class attribute: every rank decides from the config, without making the backends).
+    takes_images: ClassVar[bool]
 
     def log_scalars(self, step: int, values: Mapping[str, float]) -> None:
         """Figures at an optimizer step: every `trainer.log_every_n_steps` (train/*, lr) and each

@@ -26,6 +26,8 @@ Row = dict[str, float]
 
 
 class CsvLogger:
+    takes_images = False
+
     def __init__(self, cfg: LoggerConfig, job: RunConfig) -> None:
         self.path = job.run_dir / "metrics.csv"
         self.hparams_path = job.run_dir / "hparams.csv"

@@ -2,7 +2,7 @@
 
 The store is logger.mlflow.tracking_uri (a server, Databricks, a database), else $MLFLOW_TRACKING_URI,
 else SQLite: mlflow.db in the sweep's dir, or a single run's own dir, with the runs' artifacts (the
-config, images, metrics.json) in mlartifacts/ beside it. MLflow 3 refuses its older file store.
+config, images, final_metrics.json) in mlartifacts/ beside it. MLflow 3 refuses its older file store.
 Browse it with `mlflow ui --backend-store-uri sqlite:///<dir>/mlflow.db` (the full `mlflow` package).
 """
 from __future__ import annotations
@@ -14,56 +14,85 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from config.schema import LoggerConfig, RunConfig
-from training.loggers.naming import run_name, sweep_name
+from config.schema import LoggerConfig, MlflowConfig, RunConfig
+from training.loggers.background import Background
+from training.loggers.naming import keep_id, kept_id, run_name, sweep_name
 from training.loggers.packages import import_for
 
 
 class MlflowLogger:
+    takes_images = True
+
     def __init__(self, cfg: LoggerConfig, job: RunConfig) -> None:
+        self.client: Any = None
+        self.run_id = ""
+        self._params: dict[str, str] = {}  # logged already
+        # MLflow's import, and a new SQLite store's schema migrations (seconds), off the critical path.
+        self._opening: Background[None] | None = Background(lambda: self._open(cfg.mlflow, job), "mlflow")
+
+    def _open(self, options: MlflowConfig, job: RunConfig) -> None:
+        """This job's run started (a resumed job's, started again), its options and config logged."""
         import_for("mlflow")
-        from mlflow.entities import Metric, Param
         from mlflow.tracking import MlflowClient
 
-        self._metric, self._param = Metric, Param
-        options = cfg.mlflow
         uri = options.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         store = (job.sweep_dir or job.run_dir).resolve()
         self.client = MlflowClient(tracking_uri=uri or f"sqlite:///{store / 'mlflow.db'}")
-        # A fresh SQLite store's default artifact root is ./mlruns wherever train.py was started.
-        artifacts = None if uri else (store / "mlartifacts").as_uri()
-        experiment = _experiment_id(self.client, options.experiment or sweep_name(job) or "runs", artifacts)
-        tags = {"run_dir": str(job.run_dir), **({"sweep": sweep_name(job)} if job.sweep_dir else {})}
-        self.run_id = self.client.create_run(experiment, run_name=run_name(job), tags=tags).info.run_id
-        self._params: dict[str, str] = {}
+        kept = job.run_dir / "mlflow_run_id"
+        resumed = _running_again(self.client, kept_id(kept))
+        if resumed is not None:
+            self.run_id, self._params = resumed.info.run_id, dict(resumed.data.params)
+        else:
+            # A fresh SQLite store's default artifact root is ./mlruns wherever train.py was started.
+            artifacts = None if uri else (store / "mlartifacts").as_uri()
+            experiment = _experiment_id(self.client, options.experiment or sweep_name(job) or "runs", artifacts)
+            tags = {"run_dir": str(job.run_dir), **({"sweep": sweep_name(job)} if job.sweep_dir else {})}
+            run = self.client.create_run(experiment, run_name=run_name(job), tags=tags)
+            self.run_id = keep_id(kept, run.info.run_id)
         self._log_params(job.hparams)
         self.client.log_text(self.run_id, job.config_yaml, "config.yaml")
 
+    def _opened(self) -> Any:
+        """The client, once the run is open (the first call waits for it)."""
+        if self._opening is not None:
+            opening, self._opening = self._opening, None
+            opening.result()
+        return self.client
+
     def log_scalars(self, step: int, values: Mapping[str, float]) -> None:
-        now = int(time.time() * 1000)
-        metrics = [self._metric(tag, float(value), now, step) for tag, value in values.items()]
-        self.client.log_batch(self.run_id, metrics=metrics)
+        from mlflow.entities import Metric
+
+        client, now = self._opened(), int(time.time() * 1000)
+        client.log_batch(self.run_id, metrics=[Metric(tag, float(value), now, step) for tag, value in values.items()])
 
     def log_image(self, step: int, tag: str, hwc: np.ndarray) -> None:
-        self.client.log_image(self.run_id, hwc, key=tag, step=step)
+        self._opened().log_image(self.run_id, hwc, key=tag, step=step)
 
     def log_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
         """The options as params, the final figures that are numbers as metrics at the last step,
-        and every figure in metrics.json beside the run's config."""
+        and every figure of metrics.json (final_metrics.json) beside the run's config."""
+        from mlflow.entities import Metric
+
+        client = self._opened()
         self._log_params(hparams)
         now, step = int(time.time() * 1000), int(metrics.get("steps") or 0)
-        numbers = [self._metric(key, float(value), now, step) for key, value in metrics.items()
+        numbers = [Metric(key, float(value), now, step) for key, value in metrics.items()
                    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)]
-        self.client.log_batch(self.run_id, metrics=numbers)
-        self.client.log_dict(self.run_id, dict(metrics), "metrics.json")
+        client.log_batch(self.run_id, metrics=numbers)
+        # Not named metrics.json: bench.report takes each metrics.json under a sweep's dir for a job's.
+        client.log_dict(self.run_id, dict(metrics), "final_metrics.json")
 
     def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+        self._opened()
+        if self.run_id:  # not if its start failed (raised at its first use)
+            self.client.set_terminated(self.run_id)
 
     def _log_params(self, hparams: Mapping[str, Any]) -> None:
         """Params not logged yet: MLflow refuses a param logged again with another value."""
+        from mlflow.entities import Param
+
         new = {key: str(value) for key, value in hparams.items() if value is not None and key not in self._params}
-        self.client.log_batch(self.run_id, params=[self._param(key, value) for key, value in new.items()])
+        self.client.log_batch(self.run_id, params=[Param(key, value) for key, value in new.items()])
         self._params.update(new)
 
 
@@ -82,3 +111,17 @@ def _experiment_id(client: Any, name: str, artifact_location: str | None) -> str
         if found is None:
             raise
         return found.experiment_id
+
+
+def _running_again(client: Any, run_id: str | None) -> Any:
+    """The run an earlier process of this job kept, set running again; None where this store has no
+    such run (logger.mlflow.tracking_uri changed, or the run was deleted)."""
+    from mlflow.exceptions import MlflowException
+
+    if run_id is None:
+        return None
+    try:
+        client.update_run(run_id, status="RUNNING")
+        return client.get_run(run_id)
+    except MlflowException:
+        return None

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import io
-import os
-import threading
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import google_crc32c
 import numpy as np
 
 from config.schema import RunConfig
+from training.loggers.background import Background
 
 if TYPE_CHECKING:
     from tensorboard.compat.proto.summary_pb2 import Summary
@@ -23,7 +22,7 @@ HPARAM_METRICS = {
     "val/best_acc": "best val acc",
     "val/loss": "final val loss",
     "val/ce": "final val cross-entropy",
-    "throughput/samples_per_s": "samples/s (last epoch)",
+    "throughput/median_samples_per_s": "samples/s (median of epochs 2+)",  # training.metrics.samples_per_s
     "time/train_s": "training time (s)",
 }
 
@@ -31,16 +30,13 @@ HPARAM_METRICS = {
 class TensorBoardLogger:
     """logger.tensorboard: scalars, images and the HParams row under <run dir>/tb."""
 
+    takes_images = True
+
     def __init__(self, job: RunConfig) -> None:
-        self.run_dir, self.swept = job.run_dir, job.swept
+        self.run_dir, self.varied = job.run_dir, job.varied
         self._images: dict[str, tuple[np.ndarray, Summary]] = {}  # tag -> the image last encoded, its summary
         self._made: SummaryWriter | None = None
-        # Made beside the first steps, whose kernels release the GIL, not before them (see
-        # BENCHMARKS.md: Default job, time to accuracy); the first write waits for it.
-        thread = threading.Thread(target=self._make_writer, name="tensorboard", daemon=True)
-        self._making: threading.Thread | None = thread
-        _making.add(thread)
-        thread.start()
+        self._making: Background | None = Background(self._make_writer, "tensorboard")  # beside the first steps
 
     def _make_writer(self) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -51,11 +47,10 @@ class TensorBoardLogger:
     @property
     def _writer(self) -> SummaryWriter:
         if self._making is not None:
-            self._making.join()
-            _making.discard(self._making)
-            self._making = None
+            making, self._making = self._making, None
+            making.result()  # raises the thread's error
         if self._made is None:
-            raise RuntimeError("TensorBoard's writer could not be made (see the tensorboard thread's error above)")
+            raise RuntimeError("TensorBoard's writer could not be made (see the error its first write raised)")
         return self._made
 
     def log_scalars(self, step: int, values: Mapping[str, float]) -> None:
@@ -71,36 +66,20 @@ class TensorBoardLogger:
         self._writer.file_writer.add_summary(last[1], step)
 
     def log_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
-        """One row in the HParams tab: this job's options against its final figures. The job's
-        command-line overrides (RunConfig.swept) head the columns, under the option's name where they
-        set one (optimizer.lr is lr)."""
+        """One row in the HParams tab: this job's options and overrides against its final figures;
+        the keys its sweep varies (RunConfig.varied) marked as differing, which the tab lists first."""
         from torch.utils.tensorboard.summary import hparams as session
 
-        values, heading = hparam_values(dict(hparams), self.swept)
+        values = hparam_values(hparams, self.varied)
         step = metrics.get("steps", 0)
         _, start, end = session(values, {})  # the session's start and end, as torch writes them
         # SummaryWriter.add_hparams would open a second writer in a timestamped subdirectory, which
         # TensorBoard shows as a run of its own; written here, a sweep shows one run per job.
-        for summary in (experiment_summary(values, heading), start, end):
+        for summary in (experiment_summary(values, self.varied), start, end):
             self._writer.file_writer.add_summary(summary, step)
 
     def close(self) -> None:
         self._writer.close()
-
-
-_making: set[threading.Thread] = set()  # writers being made, on their threads
-
-
-def _wait_for_writers() -> None:
-    """Before this process forks (a DataLoader's workers): a thread still importing TensorBoard
-    holds the import and dynamic-loader locks, and a child that needs one would wait forever for a
-    thread it does not have (os.fork's documentation: forking a multi-threaded process)."""
-    for thread in [t for t in _making if t is not threading.current_thread()]:
-        thread.join()
-        _making.discard(thread)
-
-
-os.register_at_fork(before=_wait_for_writers)
 
 
 def checksum_records_in_c() -> None:
@@ -133,39 +112,41 @@ def image_summary(tag: str, hwc: np.ndarray) -> Summary:
     return Summary(value=[Summary.Value(tag=tag, image=image)])
 
 
-def hparam_values(options: dict[str, Any], swept: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The HParams of a job, overrides first, and the names the overrides took.
+def hparam_values(hparams: Mapping[str, Any], varied: Mapping[str, Sequence[Any]]) -> dict[str, bool | float | str]:
+    """The options as the HParams tab shows them best: as text, spelled as the config spells them
+    (sgd, 3, 0.05), which the tab prints as it is and filters by value, where it would print a number
+    to 5 digits (3.0000, 0.050000). A key a search samples from an interval (listing no values) is a
+    number, which the tab sorts, filters by range and plots on a numeric axis."""
+    def shown(key: str, value: Any) -> bool | float | str:
+        if isinstance(value, bool):
+            return value
+        sampled = isinstance(value, (int, float)) and key in varied and not varied[key]
+        return float(value) if sampled else str(value)
 
-    An override that sets one of the options shows as that option (model, optimizer.lr as lr,
-    trainer.devices as devices), with its value; any other shows under its own key.
-    """
-    values: dict[str, Any] = {}
-    for key, value in swept.items():
-        name = _option_name(key, options)
-        values[name] = options[name] if name in options else value
-    values.update((k, v) for k, v in options.items() if k not in values)
-    return {k: v for k, v in values.items() if v is not None}, [_option_name(k, options) for k in swept]
-
-
-def _option_name(key: str, options: dict[str, Any]) -> str:
-    section, _, leaf = key.rpartition(".")
-    return leaf if key not in options and section in ("trainer", "optimizer") and leaf in options else key
+    return {key: shown(key, value) for key, value in hparams.items() if value is not None}
 
 
-def experiment_summary(values: dict[str, Any], swept: Sequence[str]) -> Any:
-    """TensorBoard's experiment for the HParams tab: every hparam, the overrides flagged as differing
-    (TensorBoard lists those first), and HPARAM_METRICS with their titles."""
+def experiment_summary(values: Mapping[str, Any], varied: Mapping[str, Sequence[Any]]) -> Any:
+    """TensorBoard's experiment for the HParams tab: every hparam, a text one with the values its
+    checkbox filter offers (the sweep's, or this job's alone), those whose value differs between the
+    sweep's jobs flagged so (TensorBoard lists them first), and HPARAM_METRICS with their titles.
+    Every job of a sweep writes the same one: TensorBoard reads the first it finds."""
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
-    def data_type(value: Any) -> int:
-        if isinstance(value, bool):
-            return api_pb2.DATA_TYPE_BOOL
-        return api_pb2.DATA_TYPE_FLOAT64 if isinstance(value, (int, float)) else api_pb2.DATA_TYPE_STRING
+    def info(name: str, value: Any) -> api_pb2.HParamInfo:
+        hparam = api_pb2.HParamInfo(name=name, differs=name in varied)
+        if isinstance(value, float):
+            hparam.type = api_pb2.DATA_TYPE_FLOAT64
+            return hparam
+        hparam.type = api_pb2.DATA_TYPE_BOOL if isinstance(value, bool) else api_pb2.DATA_TYPE_STRING
+        listed = varied.get(name, (value,))
+        if listed:  # an interval or a glob lists none
+            hparam.domain_discrete.extend(sorted({v if isinstance(value, bool) else str(v) for v in listed}))
+        return hparam
 
     experiment = api_pb2.Experiment(
-        hparam_infos=[api_pb2.HParamInfo(name=name, type=data_type(value), differs=name in swept)
-                      for name, value in values.items()],
+        hparam_infos=[info(name, value) for name, value in values.items()],
         metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=title)
                       for tag, title in HPARAM_METRICS.items()],
     )
