@@ -21,7 +21,8 @@ PARTS = {
     # The pre-flight checks, not the RunConfig it builds; of config/overrides.py the override keys' checks,
     # not swept_overrides (a job's record).
     "preflight.py": [
-        "check_and_plan", "_check_trainer", "_check_recipe", "_check_model", "_check_built", "_check_forward",
+        "check_and_plan", "_check_trainer", "_check_recipe", "_check_loggers_and_profiler", "_steps_at_most",
+        "check_logger_options", "_check_model", "_check_built", "_check_forward",
     ],
     "config/overrides.py": ["check_override_keys", "_check_free_form_keys", "_no_such_key"],
 }
