@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from preflight import check_and_plan as check
+from preflight import check_and_plan as check, check_logger_options
 from errors import ConfigError
 from models.mnist_net import MnistNet
 from tests.configs import typed_config
@@ -104,3 +104,28 @@ def test_a_warmup_may_start_at_the_full_lr(composed):
     cfg = copy.deepcopy(composed)
     cfg.scheduler["warmup_start_factor"] = 1.0
     check(cfg)
+
+
+def test_a_test_only_run_of_a_sharded_last_pt_names_the_best_pt_to_give(tmp_path):
+    last = tmp_path / "checkpoints" / "last.pt"
+    last.mkdir(parents=True)  # strategy=fsdp's sharded last.pt: a directory
+    fix = "give trainer.resume=<that run>/checkpoints/best.pt, the best epoch's weights in one file"
+    assert _refusal("trainer.test_only=true", f"trainer.resume={last}").endswith(fix)
+    (last.parent / "best.pt").touch()
+    fix = f"give trainer.resume={last.parent / 'best.pt'}, the best epoch's weights in one file"
+    assert _refusal("trainer.test_only=true", f"trainer.resume={last}").endswith(fix)
+
+
+def test_a_test_only_run_without_weights_names_both_ways_to_give_them():
+    assert _refusal("trainer.test_only=true").endswith("give trainer.resume=<checkpoint> or model.weights=<file>")
+
+
+def test_trainer_profile_passes_where_no_key_bounds_the_runs_steps(composed):
+    cfg = copy.deepcopy(composed)
+    cfg.trainer.profile = 2
+    check(cfg)
+
+
+def test_logger_options_pass_where_every_job_of_a_sweep_chooses_that_logger_or_none_is_set():
+    check_logger_options(["-m", "logger=wandb,[wandb,csv]", "logger.wandb.project=p"])
+    check_logger_options(["logger.wandb=null"])  # the node itself, not an option of it
