@@ -6,9 +6,10 @@ import copy
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from preflight import check_and_plan as check, check_logger_options
+from preflight import _check_forward, check_and_plan as check, check_logger_options
 from errors import ConfigError
 from models.mnist_net import MnistNet
 from tests.configs import typed_config
@@ -129,3 +130,48 @@ def test_trainer_profile_passes_where_no_key_bounds_the_runs_steps(composed):
 def test_logger_options_pass_where_every_job_of_a_sweep_chooses_that_logger_or_none_is_set():
     check_logger_options(["-m", "logger=wandb,[wandb,csv]", "logger.wandb.project=p"])
     check_logger_options(["logger.wandb=null"])  # the node itself, not an option of it
+
+
+def test_the_forward_check_builds_the_model_without_its_weights(tmp_path, recwarn):
+    from models.resnet import resnet
+
+    weights = tmp_path / "trained.pth"
+    torch.save(resnet("resnet18", 1, 10, "cifar").state_dict(), weights)
+    check(typed_config("model=resnet18", "model.stem=cifar", f"model.weights={weights}"))
+    assert not [w for w in recwarn if "meta parameter" in str(w.message)]  # one per tensor, loading on meta
+
+
+class FlattensInTraining(torch.nn.Module):
+    """A model whose modes differ: training flattens the image (sized for 8 px), evaluation pools it."""
+
+    def __init__(self):
+        super().__init__()
+        self.flat, self.pooled = torch.nn.Linear(64, 10), torch.nn.Linear(1, 10)
+
+    def forward(self, x):
+        return self.flat(x.flatten(1)) if self.training else self.pooled(x.mean((2, 3)))
+
+
+def reads_a_value():
+    """A builder that reads a tensor's value, as RegNet's does: the meta device cannot tell."""
+    return torch.nn.Linear(int(torch.ones(()).item()), 10)
+
+
+def _sized(composed, model, train_crop, val_crop):
+    cfg = copy.deepcopy(composed)
+    cfg.model, cfg.dataset.train_crop, cfg.dataset.val_crop = model, train_crop, val_crop
+    return cfg
+
+
+def test_the_forward_check_runs_the_train_size_in_training_mode_and_the_val_size_in_evaluation(composed):
+    model = {"_target_": f"{__name__}.FlattensInTraining"}
+    _check_forward(_sized(composed, model, 8, 16))
+    with pytest.raises(ConfigError, match=r"^the model cannot take dataset=digits's train images \(1x16x16\)"):
+        _check_forward(_sized(composed, model, 16, 8))
+    refusal = str(pytest.raises(ConfigError, _check_forward, _sized(composed, composed.model, None, 16)).value)
+    assert refusal.startswith("the model cannot take dataset=digits's val images (1x16x16)")
+    assert refusal.endswith("; set dataset.image_size (or train_crop / val_crop) to the size the model takes")
+
+
+def test_a_builder_that_reads_a_tensors_value_is_left_to_the_first_step(composed):
+    _check_forward(_sized(composed, {"_target_": f"{__name__}.reads_a_value"}, None, None))
