@@ -152,6 +152,18 @@ class FlattensInTraining(torch.nn.Module):
         return self.flat(x.flatten(1)) if self.training else self.pooled(x.mean((2, 3)))
 
 
+class ReturnsAuxInTraining(FlattensInTraining):
+    """GoogLeNet's way: training returns the logits and an auxiliary head's."""
+
+    def forward(self, x):
+        return (self.pooled(x.mean((2, 3))),) * 2 if self.training else self.pooled(x.mean((2, 3)))
+
+
+class ReadsAValueInForward(FlattensInTraining):
+    def forward(self, x):
+        return self.pooled(x.mean((2, 3))) * float(x.sum())
+
+
 def reads_a_value():
     """A builder that reads a tensor's value, as RegNet's does: the meta device cannot tell."""
     return torch.nn.Linear(int(torch.ones(()).item()), 10)
@@ -169,9 +181,33 @@ def test_the_forward_check_runs_the_train_size_in_training_mode_and_the_val_size
     with pytest.raises(ConfigError, match=r"^the model cannot take dataset=digits's train images \(1x16x16\)"):
         _check_forward(_sized(composed, model, 16, 8))
     refusal = str(pytest.raises(ConfigError, _check_forward, _sized(composed, composed.model, None, 16)).value)
-    assert refusal.startswith("the model cannot take dataset=digits's val images (1x16x16)")
+    assert refusal.startswith("the model cannot take dataset=digits's val images (1x16x16): ")
+    assert "[2, 2304] X [256, 128]" in refusal  # torch's own line: the features it got, and those it takes
     assert refusal.endswith("; set dataset.image_size (or train_crop / val_crop) to the size the model takes")
 
 
 def test_a_builder_that_reads_a_tensors_value_is_left_to_the_first_step(composed):
     _check_forward(_sized(composed, {"_target_": f"{__name__}.reads_a_value"}, None, None))
+
+
+def test_a_model_that_returns_more_than_logits_is_one_line_naming_what_it_returns(composed):
+    cfg = _sized(composed, {"_target_": f"{__name__}.ReturnsAuxInTraining"}, None, None)
+    refusal = str(pytest.raises(ConfigError, _check_forward, cfg).value)
+    assert refusal.startswith("the model returns tuple for a batch of 2, not logits (2, 10)")
+    assert refusal.endswith("; build it to return one row of class scores per image")
+
+
+def test_a_forward_that_reads_a_tensors_value_is_left_to_the_first_step(composed):
+    _check_forward(_sized(composed, {"_target_": f"{__name__}.ReadsAValueInForward"}, None, None))
+
+
+@pytest.mark.parametrize("key", ["loss", "callbacks.grad_norm"])
+def test_a_loss_or_callback_without_a_target_is_one_line_naming_the_group_to_copy(composed, key):
+    cfg = copy.deepcopy(composed)
+    if key == "loss":
+        cfg.loss = {"label_smoothing": 0.1}
+    else:
+        cfg.callbacks = {"grad_norm": {"every": 1}}
+    group = key.split(".")[0]
+    refusal = _refusal_of(cfg)
+    assert refusal.startswith(f"{key}: no _target_") and refusal.endswith(f"as the files in conf/{group}/ do")
