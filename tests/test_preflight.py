@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from preflight import _check_forward, check_and_plan as check, check_logger_options
+from preflight import _check_forward, _check_recipe, check_and_plan as check, check_logger_options
 from errors import ConfigError
 from models.mnist_net import MnistNet
 from tests.configs import typed_config
@@ -79,6 +79,7 @@ RANGES = [
     ("trainer", "ema_every_n_steps", 0, "1 or more"),
     ("scheduler", "warmup_epochs", -1, "0 (off) or more"),
     ("scheduler", "warmup_start_factor", 0.0, "a fraction of the lr in (0, 1]"),
+    ("scheduler", "warmup_start_factor", 1.5, "a fraction of the lr in (0, 1]"),
     ("optimizer", "reference_batch", 0, "the batch lr was tuned for"),
     ("optimizer", "norm_weight_decay", -0.1, "null (as weight_decay) or 0 and up"),
     ("data", "repeated_augmentations", 0, "1 (off) or more"),
@@ -101,10 +102,40 @@ def test_a_recipe_key_out_of_its_range_is_one_line_naming_what_it_takes(composed
     assert _refusal_of(cfg) == f"{section}.{key}={value}: use {allowed}"
 
 
-def test_a_warmup_may_start_at_the_full_lr(composed):
+@pytest.mark.parametrize("section, key, value", [  # each range's closed end, and a value inside it
+    ("scheduler", "warmup_start_factor", 1.0), ("dataset", "random_erase", 1.0), ("optimizer", "reference_batch", 1),
+    ("optimizer", "norm_weight_decay", 0.0), ("optimizer", "norm_weight_decay", 0.5),
+])
+def test_a_recipe_key_at_the_end_of_its_range_passes(composed, section, key, value):
     cfg = copy.deepcopy(composed)
-    cfg.scheduler["warmup_start_factor"] = 1.0
+    node = getattr(cfg, section)
+    if isinstance(node, dict):
+        node[key] = value
+    else:
+        setattr(node, key, value)
+    _check_recipe(cfg)  # the range alone (digits refuses random_erase: its images are ready tensors)
+
+
+def test_linear_lr_scaling_needs_optimizer_lr_and_only_it_does(composed):
+    cfg = copy.deepcopy(composed)
+    del cfg.optimizer["lr"]  # the optimizer's own default lr
     check(cfg)
+    cfg.optimizer["lr_scaling"] = "linear"
+    assert _refusal_of(cfg).startswith("optimizer.lr_scaling=linear scales optimizer.lr, which is not set")
+
+
+def test_the_model_modules_own_check_runs_before_launch():
+    assert _refusal("model=resnet18", "model.stem=nope").startswith("model.stem=nope: no such stem")
+
+
+@pytest.mark.parametrize("steps, profile, fix", [(6, 1, None), (5, 1, "train 6 or more steps")])
+def test_trainer_profile_fits_the_steps_after_the_profilers_warm_up(composed, steps, profile, fix):
+    cfg = copy.deepcopy(composed)
+    cfg.trainer.max_steps, cfg.trainer.profile = steps, profile
+    if fix is None:
+        check(cfg)
+    else:
+        assert _refusal_of(cfg).endswith(fix)
 
 
 def test_a_test_only_run_of_a_sharded_last_pt_names_the_best_pt_to_give(tmp_path):
