@@ -10,6 +10,7 @@ import torch
 import yaml
 
 from preflight import _check_forward, _check_recipe, check_and_plan as check, check_logger_options
+from config.schema import COMPILE_MODES
 from errors import ConfigError
 from models.mnist_net import MnistNet
 from tests.configs import typed_config
@@ -242,3 +243,16 @@ def test_a_loss_or_callback_without_a_target_is_one_line_naming_the_group_to_cop
     group = key.split(".")[0]
     refusal = _refusal_of(cfg)
     assert refusal.startswith(f"{key}: no _target_") and refusal.endswith(f"as the files in conf/{group}/ do")
+
+
+def test_one_epoch_and_a_sample_per_process_pass(composed):
+    cfg = copy.deepcopy(composed)
+    cfg.trainer.epochs, cfg.trainer.batch_size = 1, 1
+    check(cfg)
+
+
+def test_fp16_on_cpu_and_an_unknown_compile_mode_name_their_fixes():
+    refusal = _refusal("trainer.accelerator=cpu", "trainer.precision=16-mixed")
+    assert refusal.startswith("trainer.precision=16-mixed needs CUDA")
+    assert refusal.endswith("on CPU use trainer.precision=bf16-mixed or 32")
+    assert _refusal("trainer.compile_mode=fast") == f"trainer.compile_mode=fast: choose {', '.join(COMPILE_MODES)}"
