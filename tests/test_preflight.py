@@ -164,12 +164,12 @@ def test_logger_options_pass_where_every_job_of_a_sweep_chooses_that_logger_or_n
     check_logger_options(["logger.wandb=null"])  # the node itself, not an option of it
 
 
-def test_the_forward_check_builds_the_model_without_its_weights(tmp_path, recwarn):
+def test_a_test_only_run_of_model_weights_passes_and_the_forward_check_builds_without_them(tmp_path, recwarn):
     from models.resnet import resnet
 
     weights = tmp_path / "trained.pth"
     torch.save(resnet("resnet18", 1, 10, "cifar").state_dict(), weights)
-    check(typed_config("model=resnet18", "model.stem=cifar", f"model.weights={weights}"))
+    check(typed_config("model=resnet18", "model.stem=cifar", f"model.weights={weights}", "trainer.test_only=true"))
     assert not [w for w in recwarn if "meta parameter" in str(w.message)]  # one per tensor, loading on meta
 
 
@@ -245,10 +245,24 @@ def test_a_loss_or_callback_without_a_target_is_one_line_naming_the_group_to_cop
     assert refusal.startswith(f"{key}: no _target_") and refusal.endswith(f"as the files in conf/{group}/ do")
 
 
-def test_one_epoch_and_a_sample_per_process_pass(composed):
+def test_the_trainer_keys_least_values_pass(composed):
     cfg = copy.deepcopy(composed)
-    cfg.trainer.epochs, cfg.trainer.batch_size = 1, 1
+    trainer = cfg.trainer
+    trainer.epochs, trainer.batch_size, trainer.grad_clip = 1, 1, 0.5  # a sample per process, a norm below 1
+    trainer.limit_train_batches = trainer.limit_val_batches = trainer.checkpoint_every_n_steps = 1
+    trainer.overfit_batches = 1
     check(cfg)
+
+
+def test_a_bad_signal_names_its_key():
+    assert _refusal("trainer.preempt_signals=[SIGNOPE]").startswith("trainer.preempt_signals")
+    assert _refusal("trainer.requeue_signals=[SIGNOPE]").startswith("trainer.requeue_signals")
+
+
+def test_only_a_multirun_job_on_a_gpu_runs_in_a_process_of_its_own(monkeypatch):
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    cfg = typed_config("trainer.gpus=1")
+    assert not check(cfg).own_process and check(cfg, multirun=True).own_process
 
 
 def test_fp16_on_cpu_and_an_unknown_compile_mode_name_their_fixes():
