@@ -119,10 +119,12 @@ def test_a_recipe_key_at_the_end_of_its_range_passes(composed, section, key, val
 
 def test_linear_lr_scaling_needs_optimizer_lr_and_only_it_does(composed):
     cfg = copy.deepcopy(composed)
-    del cfg.optimizer["lr"]  # the optimizer's own default lr
-    check(cfg)
     cfg.optimizer["lr_scaling"] = "linear"
+    _check_recipe(cfg)
+    del cfg.optimizer["lr"]
     assert _refusal_of(cfg).startswith("optimizer.lr_scaling=linear scales optimizer.lr, which is not set")
+    cfg.optimizer["lr_scaling"] = "none"
+    check(cfg)  # the optimizer's own default lr
 
 
 def test_the_model_modules_own_check_runs_before_launch():
