@@ -103,8 +103,14 @@ def test_a_recipe_key_out_of_its_range_is_one_line_naming_what_it_takes(composed
     assert _refusal_of(cfg) == f"{section}.{key}={value}: use {allowed}"
 
 
+def test_a_warmup_may_start_at_the_full_lr(composed):
+    cfg = copy.deepcopy(composed)
+    cfg.scheduler["warmup_start_factor"] = 1.0
+    check(cfg)
+
+
 @pytest.mark.parametrize("section, key, value", [  # each range's closed end, and a value inside it
-    ("scheduler", "warmup_start_factor", 1.0), ("dataset", "random_erase", 1.0), ("optimizer", "reference_batch", 1),
+    ("dataset", "random_erase", 1.0), ("optimizer", "reference_batch", 1),
     ("optimizer", "norm_weight_decay", 0.0), ("optimizer", "norm_weight_decay", 0.5),
 ])
 def test_a_recipe_key_at_the_end_of_its_range_passes(composed, section, key, value):
