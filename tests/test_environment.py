@@ -127,7 +127,12 @@ def _flags(value: int):
 
 
 def _resolving_to(*addresses: str):
-    return lambda host, port, proto: [(socket.AF_INET, socket.SOCK_STREAM, proto, "", (a, 0)) for a in addresses]
+    """socket.getaddrinfo of a machine whose hostname, node07, resolves to these addresses."""
+    def getaddrinfo(host, port, proto):
+        if host != "node07":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, proto, "", (address, 0)) for address in addresses]
+    return getaddrinfo
 
 
 def _unresolvable(host, port, proto):
@@ -151,6 +156,8 @@ def test_a_loopback_or_missing_interface_is_refused_in_one_line_naming_the_varia
 def test_interfaces_the_nodes_reach_each_other_on_or_that_nccl_excludes_pass(monkeypatch):
     environment.check_interfaces(False, False, {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"})  # unused
     environment.check_interfaces(False, True, {"NCCL_SOCKET_IFNAME": "^docker,lo"})  # those it must not use
+    monkeypatch.setattr(environment.fcntl, "ioctl", _flags(0x8))  # every name loopback: none is asked about
+    environment.check_interfaces(False, True, {})  # NCCL_SOCKET_IFNAME unset: NCCL skips loopback by itself
     monkeypatch.setattr(environment.fcntl, "ioctl", _flags(0x1043))  # up, broadcast, running, multicast
     environment.check_interfaces(True, True, {"GLOO_SOCKET_IFNAME": "eth0,eth1", "NCCL_SOCKET_IFNAME": "=ib0"})
 
@@ -167,4 +174,3 @@ def test_gloo_without_an_interface_needs_the_hostname_to_resolve_off_loopback(mo
     assert "resolves to, none: then loopback, which" in _error(environment.check_interfaces, True, False, {})
     monkeypatch.setattr(socket, "getaddrinfo", _resolving_to("10.0.0.7", "127.0.1.1"))
     environment.check_interfaces(True, False, {})
-    environment.check_interfaces(False, True, {})  # NCCL skips loopback by itself
