@@ -1,5 +1,8 @@
-"""The pre-flight check, in whole lines: a resume against the run dir and the checkpoint, and the
-recipe keys' ranges, ends included (test_config.py and test_recipes.py hold the other checks)."""
+"""The pre-flight check, each refusal by the key it names and the fix: a resume against the run dir
+and the checkpoint, the recipe keys' ranges (both ends), the trainer keys' least values, the forward
+on the meta device (a model whose modes differ, one that reads a tensor's value, one that returns
+more than logits), the loss and callbacks built, the profiler and logger keys (test_config.py and
+test_recipes.py hold the other checks; docs/TESTING.md the mutants these were written against)."""
 from __future__ import annotations
 
 import copy
@@ -9,10 +12,10 @@ import pytest
 import torch
 import yaml
 
-from preflight import _check_forward, _check_recipe, check_and_plan as check, check_logger_options
 from config.schema import COMPILE_MODES
 from errors import ConfigError
 from models.mnist_net import MnistNet
+from preflight import _check_forward, _check_recipe, check_and_plan as check, check_logger_options
 from tests.configs import typed_config
 from training.checkpoint import save_checkpoint
 
