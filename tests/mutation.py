@@ -1,7 +1,8 @@
 """`make mutation`: mutmut 3 over the modules setup.cfg's [mutmut] only_mutate names, against the fast
 unit tests its pytest_add_cli_args_test_selection names; then each module's score, less the
 equivalent mutants docs/TESTING.md lists. `python -m tests.mutation preflight.py` runs one module
-(keeping the others' results); `--score` prints the score of the last runs again."""
+(keeping the others' results); `--max-children N` caps mutmut's parallel test runs (default: one a
+core); `--score` prints the score of the last runs again."""
 from __future__ import annotations
 
 import configparser
@@ -17,8 +18,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = {
     "training/checkpoint.py": ["save_checkpoint", "check_resume", "_check_schedule"],  # the atomic write; a resume's check
     "hydra_plugins/optuna_study_sweeper/_study.py": ["run", "search_space", "distribution", "_distribution", "override_of"],
-    # The pre-flight checks, not the RunConfig it builds; the override keys' checks are the whole of config/overrides.py.
-    "preflight.py": ["check_and_plan", "_check_trainer", "_check_recipe", "_check_model", "_check_forward"],
+    # The pre-flight checks, not the RunConfig it builds; of config/overrides.py the override keys' checks,
+    # not swept_overrides (a job's record).
+    "preflight.py": [
+        "check_and_plan", "_check_trainer", "_check_recipe", "_check_loggers_and_profiler", "_steps_at_most",
+        "check_logger_options", "_check_model", "_check_built", "_check_forward",
+    ],
+    "config/overrides.py": ["check_override_keys", "_check_free_form_keys", "_no_such_key"],
 }
 KILLED = {1, 3, 24, -24, 36, 152, 255}  # a failing test, or a test timed out (mutmut's exit codes)
 
@@ -66,7 +72,8 @@ def main(argv: list[str]) -> int:
         if chosen == modules():
             shutil.rmtree(ROOT / "mutants", ignore_errors=True)  # from scratch: no result cached from other code
         names = [p for module in chosen for p in patterns(module)]
-        subprocess.run([sys.executable, "-m", "mutmut", "run", *names], cwd=ROOT, check=True)
+        children = ["--max-children", argv[argv.index("--max-children") + 1]] if "--max-children" in argv else []
+        subprocess.run([sys.executable, "-m", "mutmut", "run", *children, *names], cwd=ROOT, check=True)
     return 0 if score() else 1
 
 

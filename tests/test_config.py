@@ -150,6 +150,30 @@ def test_keys_an_experiment_or_group_choice_brings_pass_the_key_check():
     check_override_keys(["model=simple_cnn,mnist_net", "model.nope=1"])  # a sweep of choices: Hydra's to judge
 
 
+def _key_refusal(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as refused:
+        check_override_keys(overrides)
+    return str(refused.value)
+
+
+def test_a_typed_key_is_refused_without_the_add_hint_and_without_a_guess_where_none_is_near():
+    # + adds nothing to a typed section (the typed config drops it): no hint to add it.
+    assert _key_refusal("trainer.epoch=3").endswith("(python train.py --cfg job lists them all)")
+    assert _key_refusal("trainer.zzzzzz=3") == "trainer.zzzzzz: no such key (python train.py --cfg job lists them all)"
+
+
+def test_every_override_is_checked_past_a_free_form_key_a_leaf_or_a_value_that_is_not_a_node():
+    assert _key_refusal("optimizer.lr=0.1", "trainer.epoch=3").startswith("trainer.epoch: no such key")
+    assert _key_refusal("logger.wandb.project=p", "trainer.epoch=3").startswith("trainer.epoch: no such key")
+    assert _key_refusal("optimizer.lr.x=1", "optimizer.lrr=0.1").startswith("optimizer.lrr: no such key")
+
+
+def test_hydras_own_keys_a_deletion_and_a_forced_add_in_a_free_form_node_are_left_to_hydra():
+    check_override_keys(["optimizer._partial_=true"])
+    check_override_keys(["callbacks=grad_norm", "callbacks.grad_norm._partial_=true"])
+    check_override_keys(["~trainer.nope=3", "++optimizer.fused=true"])
+
+
 def test_a_model_key_its_builder_does_not_take_is_one_line():
     with pytest.raises(ConfigError, match=r"^model: models.resnet.resnet refuses these options \(got an unexpected "
                                           r"keyword argument 'stemm'\); fix the model.\* keys"):

@@ -4,6 +4,8 @@ defaults when a variable is absent, which of two variables wins, and each error'
 from __future__ import annotations
 
 import os
+import socket
+import struct
 
 import pytest
 
@@ -117,3 +119,58 @@ def test_scontrol_expands_the_node_list_and_its_absence_is_one_line(tmp_path, mo
         "`scontrol show hostnames n[1-2]` failed (Command '['scontrol', 'show', 'hostnames', 'n[1-2]']' returned "
         "non-zero exit status 1.); set launcher.master_addr=<the job's first node>"
     )
+
+
+def _flags(value: int):
+    """fcntl.ioctl answering SIOCGIFFLAGS as the kernel does for an interface with these flags."""
+    return lambda fd, request, arg: arg[:16] + struct.pack("H", value)
+
+
+def _resolving_to(*addresses: str):
+    """socket.getaddrinfo of a machine whose hostname, node07, resolves to these addresses."""
+    def getaddrinfo(host, port, proto):
+        if host != "node07":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, proto, "", (address, 0)) for address in addresses]
+    return getaddrinfo
+
+
+def _unresolvable(host, port, proto):
+    raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+
+def test_a_loopback_or_missing_interface_is_refused_in_one_line_naming_the_variable(monkeypatch):
+    monkeypatch.setattr(socket, "gethostname", lambda: "node07")
+    check = environment.check_interfaces
+    assert _error(check, True, False, {"GLOO_SOCKET_IFNAME": "lo"}).startswith(
+        "GLOO_SOCKET_IFNAME=lo is loopback, which the other nodes cannot reach; set it to the interface")
+    assert _error(check, True, False, {"GLOO_SOCKET_IFNAME": "nope0"}).startswith(
+        "GLOO_SOCKET_IFNAME=nope0: node07 has no such interface; set it to the interface")
+    assert _error(check, False, True, {"NCCL_SOCKET_IFNAME": "=lo"}).startswith("NCCL_SOCKET_IFNAME=lo is loopback")
+    # NCCL takes prefixes (eth, ib): a name no interface has passes, and each of a list is checked.
+    assert _error(check, False, True, {"NCCL_SOCKET_IFNAME": "nope,lo"}).startswith("NCCL_SOCKET_IFNAME=lo is loopback")
+    assert _error(check, True, True, {"GLOO_SOCKET_IFNAME": "lo,", "NCCL_SOCKET_IFNAME": "nope"}).startswith(
+        "GLOO_SOCKET_IFNAME=lo is loopback")
+
+
+def test_interfaces_the_nodes_reach_each_other_on_or_that_nccl_excludes_pass(monkeypatch):
+    environment.check_interfaces(False, False, {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"})  # unused
+    environment.check_interfaces(False, True, {"NCCL_SOCKET_IFNAME": "^docker,lo"})  # those it must not use
+    monkeypatch.setattr(environment.fcntl, "ioctl", _flags(0x8))  # every name loopback: none is asked about
+    environment.check_interfaces(False, True, {})  # NCCL_SOCKET_IFNAME unset: NCCL skips loopback by itself
+    monkeypatch.setattr(environment.fcntl, "ioctl", _flags(0x1043))  # up, broadcast, running, multicast
+    environment.check_interfaces(True, True, {"GLOO_SOCKET_IFNAME": "eth0,eth1", "NCCL_SOCKET_IFNAME": "=ib0"})
+
+
+def test_gloo_without_an_interface_needs_the_hostname_to_resolve_off_loopback(monkeypatch):
+    monkeypatch.setattr(socket, "gethostname", lambda: "node07")
+    monkeypatch.setattr(socket, "getaddrinfo", _resolving_to("127.0.1.1", "10.0.0.7"))  # Debian's /etc/hosts
+    assert _error(environment.check_interfaces, True, False, {}).startswith(
+        "GLOO_SOCKET_IFNAME is not set, so gloo binds the address node07 resolves to, 127.0.1.1, which the other "
+        "nodes cannot reach; set GLOO_SOCKET_IFNAME to the interface")
+    monkeypatch.setattr(socket, "getaddrinfo", _resolving_to())
+    assert "resolves to, none: then loopback, which" in _error(environment.check_interfaces, True, False, {})
+    monkeypatch.setattr(socket, "getaddrinfo", _unresolvable)
+    assert "resolves to, none: then loopback, which" in _error(environment.check_interfaces, True, False, {})
+    monkeypatch.setattr(socket, "getaddrinfo", _resolving_to("10.0.0.7", "127.0.1.1"))
+    environment.check_interfaces(True, False, {})

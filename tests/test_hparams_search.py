@@ -9,6 +9,7 @@ import sqlite3
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -157,6 +158,19 @@ def test_a_live_trial_of_another_sweeper_is_waited_for_not_repeated(tmp_path, ca
     said = [r.getMessage() for r in caplog.records if "RUNNING elsewhere" in r.getMessage()]
     assert said == ["1 trial(s) RUNNING elsewhere: another sweeper's, or left by a killed one (rerun once it "
                     "misses its heartbeats)"]  # once, not at every poll
+
+
+def test_a_warning_of_ask_other_than_optunas_heartbeat_one_reaches_the_user(tmp_path, monkeypatch):
+    study, storage = _open(tmp_path)
+    ask = study.ask
+
+    def warning_ask(*args, **kwargs):
+        warnings.warn("the sampler's own warning")
+        return ask(*args, **kwargs)
+
+    monkeypatch.setattr(study, "ask", warning_ask)
+    with pytest.warns(UserWarning, match="the sampler's own warning"):
+        _study.run(study, SPACE, [], FakeLauncher(tmp_path), tmp_path, n_trials=1, n_jobs=1, heartbeat=storage)
 
 
 def test_a_resumed_study_does_not_propose_the_first_runs_parameters_again(tmp_path):

@@ -1,16 +1,21 @@
-"""The pre-flight check, in whole lines: a resume against the run dir and the checkpoint, and the
-recipe keys' ranges, ends included (test_config.py and test_recipes.py hold the other checks)."""
+"""The pre-flight check, each refusal by the key it names and the fix: a resume against the run dir
+and the checkpoint, the recipe keys' ranges (both ends), the trainer keys' least values, the forward
+on the meta device (a model whose modes differ, one that reads a tensor's value, one that returns
+more than logits), the loss and callbacks built, the profiler and logger keys (test_config.py and
+test_recipes.py hold the other checks; docs/TESTING.md the mutants these were written against)."""
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from preflight import check_and_plan as check
+from config.schema import COMPILE_MODES
 from errors import ConfigError
 from models.mnist_net import MnistNet
+from preflight import _check_forward, _check_recipe, check_and_plan as check, check_logger_options
 from tests.configs import typed_config
 from training.checkpoint import save_checkpoint
 
@@ -78,6 +83,7 @@ RANGES = [
     ("trainer", "ema_every_n_steps", 0, "1 or more"),
     ("scheduler", "warmup_epochs", -1, "0 (off) or more"),
     ("scheduler", "warmup_start_factor", 0.0, "a fraction of the lr in (0, 1]"),
+    ("scheduler", "warmup_start_factor", 1.5, "a fraction of the lr in (0, 1]"),
     ("optimizer", "reference_batch", 0, "the batch lr was tuned for"),
     ("optimizer", "norm_weight_decay", -0.1, "null (as weight_decay) or 0 and up"),
     ("data", "repeated_augmentations", 0, "1 (off) or more"),
@@ -104,3 +110,174 @@ def test_a_warmup_may_start_at_the_full_lr(composed):
     cfg = copy.deepcopy(composed)
     cfg.scheduler["warmup_start_factor"] = 1.0
     check(cfg)
+
+
+@pytest.mark.parametrize("section, key, value", [  # each range's closed end, and a value inside it
+    ("dataset", "random_erase", 1.0), ("optimizer", "reference_batch", 1),
+    ("optimizer", "norm_weight_decay", 0.0), ("optimizer", "norm_weight_decay", 0.5),
+])
+def test_a_recipe_key_at_the_end_of_its_range_passes(composed, section, key, value):
+    cfg = copy.deepcopy(composed)
+    node = getattr(cfg, section)
+    if isinstance(node, dict):
+        node[key] = value
+    else:
+        setattr(node, key, value)
+    _check_recipe(cfg)  # the range alone (digits refuses random_erase: its images are ready tensors)
+
+
+def test_linear_lr_scaling_needs_optimizer_lr_and_only_it_does(composed):
+    cfg = copy.deepcopy(composed)
+    cfg.optimizer["lr_scaling"] = "linear"
+    _check_recipe(cfg)
+    del cfg.optimizer["lr"]
+    assert _refusal_of(cfg).startswith("optimizer.lr_scaling=linear scales optimizer.lr, which is not set")
+    cfg.optimizer["lr_scaling"] = "none"
+    check(cfg)  # the optimizer's own default lr
+
+
+def test_the_model_modules_own_check_runs_before_launch():
+    assert _refusal("model=resnet18", "model.stem=nope").startswith("model.stem=nope: no such stem")
+
+
+@pytest.mark.parametrize("steps, profile, fix", [(6, 1, None), (5, 1, "train 6 or more steps")])
+def test_trainer_profile_fits_the_steps_after_the_profilers_warm_up(composed, steps, profile, fix):
+    cfg = copy.deepcopy(composed)
+    cfg.trainer.max_steps, cfg.trainer.profile = steps, profile
+    if fix is None:
+        check(cfg)
+    else:
+        assert _refusal_of(cfg).endswith(fix)
+
+
+def test_a_test_only_run_of_a_sharded_last_pt_names_the_best_pt_to_give(tmp_path):
+    last = tmp_path / "checkpoints" / "last.pt"
+    last.mkdir(parents=True)  # strategy=fsdp's sharded last.pt: a directory
+    fix = "give trainer.resume=<that run>/checkpoints/best.pt, the best epoch's weights in one file"
+    assert _refusal("trainer.test_only=true", f"trainer.resume={last}").endswith(fix)
+    (last.parent / "best.pt").touch()
+    fix = f"give trainer.resume={last.parent / 'best.pt'}, the best epoch's weights in one file"
+    assert _refusal("trainer.test_only=true", f"trainer.resume={last}").endswith(fix)
+
+
+def test_a_test_only_run_without_weights_names_both_ways_to_give_them():
+    assert _refusal("trainer.test_only=true").endswith("give trainer.resume=<checkpoint> or model.weights=<file>")
+
+
+def test_trainer_profile_passes_where_no_key_bounds_the_runs_steps(composed):
+    cfg = copy.deepcopy(composed)
+    cfg.trainer.profile = 2
+    check(cfg)
+
+
+def test_logger_options_pass_where_every_job_of_a_sweep_chooses_that_logger_or_none_is_set():
+    check_logger_options(["-m", "logger=wandb,[wandb,csv]", "logger.wandb.project=p"])
+    check_logger_options(["logger.wandb=null"])  # the node itself, not an option of it
+
+
+def test_a_test_only_run_of_model_weights_passes_and_the_forward_check_builds_without_them(tmp_path, recwarn):
+    from models.resnet import resnet
+
+    weights = tmp_path / "trained.pth"
+    torch.save(resnet("resnet18", 1, 10, "cifar").state_dict(), weights)
+    check(typed_config("model=resnet18", "model.stem=cifar", f"model.weights={weights}", "trainer.test_only=true"))
+    assert not [w for w in recwarn if "meta parameter" in str(w.message)]  # one per tensor, loading on meta
+
+
+class FlattensInTraining(torch.nn.Module):
+    """A model whose modes differ: training flattens the image (sized for 8 px), evaluation pools it."""
+
+    def __init__(self):
+        super().__init__()
+        self.flat, self.pooled = torch.nn.Linear(64, 10), torch.nn.Linear(1, 10)
+
+    def forward(self, x):
+        return self.flat(x.flatten(1)) if self.training else self.pooled(x.mean((2, 3)))
+
+
+class ReturnsAuxInTraining(FlattensInTraining):
+    """GoogLeNet's way: training returns the logits and an auxiliary head's."""
+
+    def forward(self, x):
+        return (self.pooled(x.mean((2, 3))),) * 2 if self.training else self.pooled(x.mean((2, 3)))
+
+
+class ReadsAValueInForward(FlattensInTraining):
+    def forward(self, x):
+        return self.pooled(x.mean((2, 3))) * float(x.sum())
+
+
+def reads_a_value():
+    """A builder that reads a tensor's value, as RegNet's does: the meta device cannot tell."""
+    return torch.nn.Linear(int(torch.ones(()).item()), 10)
+
+
+def _sized(composed, model, train_crop, val_crop):
+    cfg = copy.deepcopy(composed)
+    cfg.model, cfg.dataset.train_crop, cfg.dataset.val_crop = model, train_crop, val_crop
+    return cfg
+
+
+def test_the_forward_check_runs_the_train_size_in_training_mode_and_the_val_size_in_evaluation(composed):
+    model = {"_target_": f"{__name__}.FlattensInTraining"}
+    _check_forward(_sized(composed, model, 8, 16))
+    with pytest.raises(ConfigError, match=r"^the model cannot take dataset=digits's train images \(1x16x16\)"):
+        _check_forward(_sized(composed, model, 16, 8))
+    refusal = str(pytest.raises(ConfigError, _check_forward, _sized(composed, composed.model, None, 16)).value)
+    assert refusal.startswith("the model cannot take dataset=digits's val images (1x16x16): ")
+    assert "[2, 2304] X [256, 128]" in refusal  # torch's own line: the features it got, and those it takes
+    assert refusal.endswith("; set dataset.image_size (or train_crop / val_crop) to the size the model takes")
+
+
+def test_a_builder_that_reads_a_tensors_value_is_left_to_the_first_step(composed):
+    _check_forward(_sized(composed, {"_target_": f"{__name__}.reads_a_value"}, None, None))
+
+
+def test_a_model_that_returns_more_than_logits_is_one_line_naming_what_it_returns(composed):
+    cfg = _sized(composed, {"_target_": f"{__name__}.ReturnsAuxInTraining"}, None, None)
+    refusal = str(pytest.raises(ConfigError, _check_forward, cfg).value)
+    assert refusal.startswith("the model returns tuple for a batch of 2, not logits (2, 10)")
+    assert refusal.endswith("; build it to return one row of class scores per image")
+
+
+def test_a_forward_that_reads_a_tensors_value_is_left_to_the_first_step(composed):
+    _check_forward(_sized(composed, {"_target_": f"{__name__}.ReadsAValueInForward"}, None, None))
+
+
+@pytest.mark.parametrize("key", ["loss", "callbacks.grad_norm"])
+def test_a_loss_or_callback_without_a_target_is_one_line_naming_the_group_to_copy(composed, key):
+    cfg = copy.deepcopy(composed)
+    if key == "loss":
+        cfg.loss = {"label_smoothing": 0.1}
+    else:
+        cfg.callbacks = {"grad_norm": {"every": 1}}
+    group = key.split(".")[0]
+    refusal = _refusal_of(cfg)
+    assert refusal.startswith(f"{key}: no _target_") and refusal.endswith(f"as the files in conf/{group}/ do")
+
+
+def test_the_trainer_keys_least_values_pass(composed):
+    cfg = copy.deepcopy(composed)
+    trainer = cfg.trainer
+    trainer.epochs, trainer.batch_size, trainer.grad_clip = 1, 1, 0.5  # a sample per process, a norm below 1
+    trainer.limit_train_batches = trainer.limit_val_batches = trainer.checkpoint_every_n_steps = 1
+    trainer.overfit_batches = 1
+    check(cfg)
+
+
+def test_a_bad_signal_names_its_key():
+    assert _refusal("trainer.preempt_signals=[SIGNOPE]").startswith("trainer.preempt_signals")
+    assert _refusal("trainer.requeue_signals=[SIGNOPE]").startswith("trainer.requeue_signals")
+
+
+def test_only_a_multirun_job_on_a_gpu_runs_in_a_process_of_its_own(monkeypatch):
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    cfg = typed_config("trainer.gpus=1")
+    assert not check(cfg).own_process and check(cfg, multirun=True).own_process
+
+
+def test_fp16_on_cpu_and_an_unknown_compile_mode_name_their_fixes():
+    refusal = _refusal("trainer.accelerator=cpu", "trainer.precision=16-mixed")
+    assert refusal.startswith("trainer.precision=16-mixed needs CUDA")
+    assert refusal.endswith("on CPU use trainer.precision=bf16-mixed or 32")
+    assert _refusal("trainer.compile_mode=fast") == f"trainer.compile_mode=fast: choose {', '.join(COMPILE_MODES)}"
