@@ -32,8 +32,8 @@ def check_override_keys(overrides: Sequence[str]) -> None:
     for override in parsed:
         key = override.key_or_group
         path = key.split(".")
-        if override.is_delete() or "/" in key or "@" in key or len(path) < 2 or path[0] not in sections:
-            continue  # group choices, ~ and hydra.* are Hydra's to judge
+        if override.is_delete() or len(path) < 2 or path[0] not in sections:
+            continue  # group choices (a group's path, a/b, has no dot), ~ and hydra.* are Hydra's to judge
         if not is_dataclass(sections[path[0]]):
             if not (override.is_add() or override.is_force_add() or path[-1].startswith("_")):
                 free_form.append(path)  # _target_, _partial_: Hydra's keys, in every such node
