@@ -17,6 +17,7 @@ What each treatment checks:
 - `slurm/rig.sh <sub> ...`: a subcommand the script has; `on DIR NODE <command>` checks the command.
 - `python download.py ...`: composes, and names a dataset download.py fetches.
 - `python -m pytest paths`: the paths exist. `python -m <module> ...`: `<module> --help` runs.
+- `.venv/bin/python -m tests.mutation ...`: the modules named are the ones it mutates.
 - `make <target>`: a target of the Makefile. `tensorboard --logdir DIR`: TensorBoard is installed.
 - `source .venv/bin/activate`, `export NAME=value ...`: the shell's; nothing to run.
 """
@@ -191,6 +192,19 @@ def check_make(words: list[str], tmp_path: Path) -> None:
         check_train_py(shlex.split(word[5:]), tmp_path, alone=False)
 
 
+def check_mutation(words: list[str], tmp_path: Path) -> None:
+    """`.venv/bin/python -m tests.mutation [module ...] [--max-children N] [--score]`: each module
+    is one it mutates (a run takes minutes, so it does not run here)."""
+    from tests.mutation import modules
+
+    assert words[1:3] == ["-m", "tests.mutation"], f"{words[0]} runs only tests.mutation in the docs"
+    args = words[3:]
+    if "--max-children" in args:
+        assert args[args.index("--max-children") + 1].isdigit(), args
+        del args[args.index("--max-children"):args.index("--max-children") + 2]
+    assert all(arg == "--score" or arg in modules() for arg in args), f"{args}: not among {modules()}"
+
+
 def check_tensorboard(words: list[str], tmp_path: Path) -> None:
     assert importlib.util.find_spec("tensorboard") and words[1] == "--logdir" and len(words) == 3, words
 
@@ -205,7 +219,8 @@ def check_export(words: list[str], tmp_path: Path) -> None:
 
 TREATMENTS = {
     "python": check_python, "torchrun": check_torchrun, "sbatch": check_sbatch, "slurm/rig.sh": check_rig,
-    "make": check_make, "tensorboard": check_tensorboard, "source": check_source, "export": check_export,
+    "make": check_make, ".venv/bin/python": check_mutation, "tensorboard": check_tensorboard,
+    "source": check_source, "export": check_export,
 }
 
 
