@@ -12,7 +12,8 @@
 # - an /etc/hosts that names the other node by its address but maps its own name to 127.0.1.1, as
 #   Debian's does: whatever binds "the hostname's address" (gloo without GLOO_SOCKET_IFNAME) gets
 #   loopback, as on many real nodes;
-# - a private /tmp and /dev/shm. DIR stays visible at its own path on both nodes (also under /tmp).
+# - a private /tmp and /dev/shm. DIR and this repo stay visible at their own paths on both nodes
+#   (also under /tmp).
 # DIR/runs is where runs go: shared, both nodes see DIR/shared there (a shared filesystem);
 # node-local (--node-local, or `runs DIR node-local`), node a sees DIR/a/runs and node b DIR/b/runs.
 # --slurm: munged and slurmctld on node a, a slurmd on each node (own NodeName, NodeAddr, spool, log),
@@ -25,6 +26,7 @@ usage="usage: rig.sh up DIR [--node-local] [--slurm] | on DIR a|b CMD... | runs 
 cmd=${1:?$usage}
 dir=$(realpath -m "${2:?$usage}")
 self=$(realpath "$0")
+repo=$(dirname "$(dirname "$self")")
 # One rig per DIR: its namespaces are named after it, so that rigs of parallel tests never meet.
 ns=rig$(printf %s "$dir" | md5sum | cut -c1-8)
 declare -A address=([a]=10.250.0.1 [b]=10.250.0.2)
@@ -48,11 +50,15 @@ hold() {  # run inside `unshare` in the node's netns: set the node up, then hold
   printf '127.0.0.1 localhost\n127.0.1.1 rig-%s\n%s rig-%s\n' "$node" "${address[$other]}" "$other" > "$dir/$node/hosts"
   mount --bind "$dir/$node/hosts" /etc/hosts
   mount -t tmpfs -o size=256m,mode=1777 "$ns-$node-shm" /dev/shm
-  # The node's /tmp is DIR/<node>/tmp; DIR itself, if under /tmp, is bound back in at its own path.
-  if [[ $dir == /tmp/* ]]; then
-    mkdir -p "$dir/$node/tmp/${dir#/tmp/}"
-    mount --bind "$dir" "$dir/$node/tmp/${dir#/tmp/}"
-  fi
+  # The node's /tmp is DIR/<node>/tmp. DIR, and the repo whose code the nodes run (on a cluster, a
+  # shared filesystem holds it), if under /tmp, are bound back in at their own paths.
+  local kept
+  for kept in "$dir" "$repo"; do
+    if [[ $kept == /tmp/* ]]; then
+      mkdir -p "$dir/$node/tmp/${kept#/tmp/}"
+      mount --bind "$kept" "$dir/$node/tmp/${kept#/tmp/}"
+    fi
+  done
   mount --rbind "$dir/$node/tmp" /tmp
   mount_runs "$node" "$(cat "$dir/runs.mode")"
   echo $$ > "$dir/$node/holder.pid.tmp"
