@@ -234,12 +234,13 @@ def test_kill_9_mid_epoch_with_mixing_and_ema_then_resume_ends_bitwise_equal(tmp
     whole, run_dir = tmp_path / "whole", tmp_path / "run"
     assert run_train(whole, *TINY, *RECIPE).returncode == 0
     args = (*TINY, *RECIPE, "trainer.checkpoint_every_n_steps=1", "trainer.resume=auto")
-    # Epoch 1 takes 8 training forwards and 2 validation ones (the debug presets draw no sample
-    # grid; the EMA's copy counts its own): forward 14 is epoch 2's fourth batch, killed (SIGKILL)
+    # The model summary's forward (on the meta device) comes first, then epoch 1's 8 training
+    # forwards and 2 validation ones (the debug presets draw no sample grid; the EMA's copy counts
+    # its own): forward 15 is epoch 2's fourth batch, killed (SIGKILL)
     # just after its third step's save went to the background writer, so last.pt holds that step
     # or, when the kill beat the writes, one of the two before (a save waits only for the write
     # before the one in flight): each is whole.
-    killer = ["model._target_=tests.faults.FailingNet", "+model.fail_rank=0", "+model.at_step=14", "+model.kill=true"]
+    killer = ["model._target_=tests.faults.FailingNet", "+model.fail_rank=0", "+model.at_step=15", "+model.kill=true"]
     run = Run(run_dir, *args, *killer)
     assert run.finish() == -9, run.output()
     stopped = _checkpoint(run_dir)
