@@ -29,6 +29,7 @@ import re
 import runpy
 import shlex
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -151,7 +152,10 @@ def check_python(words: list[str], tmp_path: Path) -> None:
     saved = sys.argv
     sys.argv = [module, "--help"]
     try:
-        with pytest.raises(SystemExit) as exit_:
+        # A module another test imported runs again as __main__, a fresh copy, as `python -m` runs it;
+        # runpy warns that the imported one exists.
+        with pytest.raises(SystemExit) as exit_, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
             runpy.run_module(module, run_name="__main__")
     finally:
         sys.argv = saved

@@ -11,6 +11,10 @@ from config.schema import ScheduleConfig, TrainerConfig
 from training.schedule import Warmup, with_warmup
 
 
+# These drive the schedule alone, with no optimizer step between, which torch's scheduler warns of.
+NO_STEPS = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before:UserWarning")
+
+
 def _sgd(lr: float = 1.0) -> torch.optim.SGD:
     return torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=lr)
 
@@ -34,6 +38,7 @@ def test_the_warmup_ends_at_the_lr_exactly():
     assert _lr(optimizer) == 0.3
 
 
+@NO_STEPS
 def test_the_epoch_scheduler_starts_from_the_lr_not_from_a_warmup_cut_short():
     # A warmup of more steps than its epochs held (a resume with fewer batches an epoch): the epoch
     # scheduler (chainable: it multiplies the lr it finds) must take the lr warmup leads to.
@@ -69,6 +74,7 @@ def test_with_warmup_counts_the_steps_the_trainer_takes(settings, batches, steps
     assert _lr(optimizer) == pytest.approx(0.5 + 0.5 / steps)
 
 
+@NO_STEPS
 def test_with_warmup_hands_over_to_the_scheduler_it_was_given():
     optimizer = _sgd()
     step_lr = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
