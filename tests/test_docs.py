@@ -75,8 +75,11 @@ def doc_commands(text: str) -> list[tuple[int, list[str]]]:
     return commands
 
 
-COMMANDS = [(f"{doc.relative_to(ROOT)}:{number}", words)
-            for doc in DOCS for number, words in doc_commands(doc.read_text())]
+_FIRST: dict[tuple[str, ...], tuple[str, list[str]]] = {}
+for _doc in DOCS:
+    for _number, _words in doc_commands(_doc.read_text()):
+        _FIRST.setdefault(tuple(_words), (f"{_doc.relative_to(ROOT)}:{_number}", _words))
+COMMANDS = list(_FIRST.values())  # each command once, named by where it first appears (the README first)
 # The README's, what a newcomer types first, also train (tiny) through the train server; the others
 # that could train here stop after the pre-flight, which keeps this file within the suite's minutes.
 # So do the README's W&B and MLflow runs: tests/test_loggers.py runs every backend and reads it back.
