@@ -28,7 +28,7 @@ from training import run as run_job
 
 def _models() -> list:
     """Every conf/model option. Those that torchvision builds (they name a model.arch) take seconds
-    each on 2 cores (resnet50 45 s in a loaded suite run): slow."""
+    each on 2 cores: slow."""
     options = []
     for path in sorted((CONF_DIR / "model").glob("*.yaml")):
         slow = "arch" in yaml.safe_load(path.read_text())
