@@ -266,14 +266,6 @@ def test_every_train_step_option_runs_under_fsdp(run_dir):
 
 
 @pytest.mark.slow
-def test_compiled_fsdp_trains_a_step(run_dir):
-    result = run_train(run_dir, *FSDP, "model=simple_cnn", "trainer.compile=true", "trainer.max_steps=1", timeout=280)
-    assert result.returncode == 0, result.stderr
-    assert _metrics(run_dir)["steps"] == 1
-    assert last_weights(run_dir).keys() == SimpleCNN(1, 10, 8).state_dict().keys()  # no _orig_mod. prefix
-
-
-@pytest.mark.slow
 def test_a_checkpoint_saved_at_2_ranks_resumes_at_1_and_at_4(tmp_path, saved_at_2):
     # 3 more steps from the step-3 checkpoint at 1, 2 and 4 ranks end where 6 unbroken steps at 2
     # ranks do: bitwise at 2, to rounding at 1 and 4 (the global batch is summed in another order).
