@@ -160,6 +160,25 @@ def test_a_live_trial_of_another_sweeper_is_waited_for_not_repeated(tmp_path, ca
                     "misses its heartbeats)"]  # once, not at every poll
 
 
+def test_a_trial_elsewhere_after_a_batch_is_said_again(tmp_path, caplog, monkeypatch):
+    """Our batch ends, another sweeper's trial is running: the wait is said, as before any batch."""
+    study, storage = _open(tmp_path, heartbeat_interval=1)
+    elsewhere = []
+
+    def other_sweeper_asks():  # after our first batch
+        if not elsewhere:
+            elsewhere.append(study.ask(SPACE))
+            storage.record_heartbeat(elsewhere[0]._trial_id)
+
+    monkeypatch.setattr(_study.time, "sleep", lambda _: study.tell(elsewhere[0], 0.5))  # it ends while we wait
+    with caplog.at_level(logging.INFO):
+        _study.run(study, SPACE, [], FakeLauncher(tmp_path), tmp_path, n_trials=2, n_jobs=1, heartbeat=storage,
+                   after_batch=other_sweeper_asks)
+    assert _states(study) == ["COMPLETE", "COMPLETE"]
+    assert [r.getMessage()[:35] for r in caplog.records if "RUNNING elsewhere" in r.getMessage()] == [
+        "1 trial(s) RUNNING elsewhere: anoth"]
+
+
 def test_a_warning_of_ask_other_than_optunas_heartbeat_one_reaches_the_user(tmp_path, monkeypatch):
     study, storage = _open(tmp_path)
     ask = study.ask
