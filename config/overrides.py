@@ -92,7 +92,6 @@ def swept_overrides(task_overrides: Sequence[str], exclude_keys: Sequence[str] =
     return swept
 
 
-
 def sweep_grid(record: str) -> tuple[list[str], dict[str, list[str]]]:
     """A sweep's own overrides, from the record both sweepers (Hydra's and hparams_search's) write in
     its dir before the first job (multirun.yaml, given as its text): hydra.sweeper.params, then the
