@@ -5,6 +5,7 @@
 #   slurm/rig.sh on DIR a|b CMD [ARG...]          # run CMD on node a or b, in the current directory
 #   slurm/rig.sh runs DIR shared|node-local       # switch DIR/runs while the rig is up
 #   slurm/rig.sh down DIR                          # stop what `up` started, by its pids and namespaces
+#   slurm/rig.sh install                           # as root: slurm and munge from Debian, where missing
 #
 # Each node is a network namespace (ip netns) with a UTS and a mount namespace of its own:
 # - hostname rig-a / rig-b; address 10.250.0.1 / 10.250.0.2 on interface rig0, a veth pair that joins
@@ -22,9 +23,10 @@
 # cluster would bind it. Clients run on a node: `rig.sh on DIR a sbatch ...`.
 set -euo pipefail
 
-usage="usage: rig.sh up DIR [--node-local] [--slurm] | on DIR a|b CMD... | runs DIR shared|node-local | down DIR"
+usage="usage: rig.sh up DIR [--node-local] [--slurm] | on DIR a|b CMD... | runs DIR shared|node-local | down DIR | install"
 cmd=${1:?$usage}
-dir=$(realpath -m "${2:?$usage}")
+dir=""
+[ "$cmd" = install ] || dir=$(realpath -m "${2:?$usage}")
 self=$(realpath "$0")
 repo=$(dirname "$(dirname "$self")")
 # One rig per DIR: its namespaces are named after it, so that rigs of parallel tests never meet.
@@ -109,16 +111,34 @@ up() {
   return 0
 }
 
-install() {  # SLURM and munge from Debian's packages, where missing
+installed() {
   command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v srun >/dev/null \
-    && command -v munged >/dev/null && return
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends \
-    slurmctld slurmd slurm-client munge >&2 || { echo "apt-get could not install slurm" >&2; down; exit 3; }
+    && command -v munged >/dev/null
+}
+
+# Rigs brought up at once (the test modules that each start one) would each run apt-get, and all but
+# one would fail on dpkg's lock: they take this lock in turn, and each asks again once it holds it.
+install_lock=${RIG_INSTALL_LOCK:-/run/lock/slurm-rig-install.lock}
+
+install() {  # SLURM and munge from Debian's packages, where missing; `fail` runs if that fails
+  local fail=${1:-true}
+  installed && return
+  mkdir -p "$(dirname "$install_lock")"
+  exec {lock}>"$install_lock"
+  flock "$lock"
+  if ! installed; then
+    export DEBIAN_FRONTEND=noninteractive
+    # The lock timeout: an apt-get of something else (unattended upgrades) is waited for too.
+    apt-get -o DPkg::Lock::Timeout=300 update -qq >&2 \
+      && apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
+        slurmctld slurmd slurm-client munge >&2 \
+      || { echo "apt-get could not install slurm" >&2; exec {lock}>&-; "$fail"; exit 3; }
+  fi
+  exec {lock}>&-
 }
 
 slurm_up() {
-  install
+  install down
   local s=$dir/slurm cpus
   mkdir -p "$s"/{state,munge,rig-a,rig-b}
   chmod 700 "$s/munge"
@@ -223,5 +243,6 @@ case $cmd in
   _runs) mount_runs "$3" "$4" ;;
   _hold) hold "$3" ;;
   down) down ;;
+  install) install ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
