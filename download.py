@@ -4,6 +4,7 @@ In a run, rank 0 downloads what is missing while the other ranks wait; on cluste
 nodes have no internet, run this on a login node first. It composes the config as train.py does,
 so it takes the same overrides.
 """
+
 from __future__ import annotations
 
 import sys
@@ -19,7 +20,7 @@ from errors import ConfigError
 
 
 def usage() -> str:
-    return f"""usage: {COMMAND} dataset={'|'.join(serving(OnDisk))} [dataset.root=DIR | paths.data_dir=DIR] [...]
+    return f"""usage: {COMMAND} dataset={"|".join(serving(OnDisk))} [dataset.root=DIR | paths.data_dir=DIR] [...]
 
 Fetches the dataset's files into torchvision's layout under dataset.root (paths.data_dir unless
 set) and reads them back whole, so that a run where there is no internet finds them. Takes the

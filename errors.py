@@ -1,4 +1,5 @@
 """The exception types meant for people: train.py prints each as one line and exits non-zero."""
+
 from __future__ import annotations
 
 import re

@@ -2,6 +2,7 @@
 checked against this machine, each layer asked about its own part (distributed: the world; data:
 the dataset's files; training.checkpoint: a resume), every problem one line; then the launch plan
 and the typed RunConfig every worker receives."""
+
 from __future__ import annotations
 
 import functools
@@ -9,10 +10,11 @@ import importlib
 import inspect
 import itertools
 import signal
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -23,7 +25,15 @@ from omegaconf.errors import ValidationError
 import data
 from config.overrides import sweep_grid, swept_overrides
 from config.schema import (
-    COMPILE_MODES, PRECISIONS, Accelerator, Config, LrScaling, OptimConfig, RunConfig, ScheduleConfig, TrainerConfig,
+    COMPILE_MODES,
+    PRECISIONS,
+    Accelerator,
+    Config,
+    LrScaling,
+    OptimConfig,
+    RunConfig,
+    ScheduleConfig,
+    TrainerConfig,
 )
 from config.setup import compose
 from distributed import strategies
@@ -62,8 +72,12 @@ def check_and_plan(cfg: Config, run_dir: Path | None = None, multirun: bool = Fa
     _check_built(cfg)
     _check_forward(cfg)  # after the data's own keys, which name the fix more closely
     check_resume(
-        cfg.trainer, run_dir, model=factory(cfg.model), scheduler=cfg.scheduler,
-        warmup_epochs=schedule_config(cfg.scheduler).warmup_epochs, weights=cfg.model.get("weights"),
+        cfg.trainer,
+        run_dir,
+        model=factory(cfg.model),
+        scheduler=cfg.scheduler,
+        warmup_epochs=schedule_config(cfg.scheduler).warmup_epochs,
+        weights=cfg.model.get("weights"),
     )
     return replace(plan, forward_signals=tuple(preempt), requeue_signals=tuple(requeue))
 
@@ -97,7 +111,9 @@ def _check_trainer(trainer: TrainerConfig, plan: LaunchPlan) -> None:
     if trainer.compile_mode not in COMPILE_MODES:
         raise ConfigError(f"trainer.compile_mode={trainer.compile_mode}: choose {', '.join(COMPILE_MODES)}")
     if trainer.compile_mode != "default" and not trainer.compile:
-        raise ConfigError(f"trainer.compile_mode={trainer.compile_mode} compiles nothing alone; add trainer.compile=true")
+        raise ConfigError(
+            f"trainer.compile_mode={trainer.compile_mode} compiles nothing alone; add trainer.compile=true"
+        )
     if trainer.accumulate_grad_batches < 1:
         raise ConfigError(
             f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}: use 1 (no accumulation) or more"
@@ -119,16 +135,28 @@ def _check_recipe(cfg: Config) -> None:
         ("dataset.random_erase", erase, 0 <= erase <= 1, "a probability, 0 (off) to 1"),
         ("trainer.mixup_alpha", trainer.mixup_alpha, trainer.mixup_alpha >= 0, "0 (off) or a Beta(alpha, alpha)"),
         ("trainer.cutmix_alpha", trainer.cutmix_alpha, trainer.cutmix_alpha >= 0, "0 (off) or a Beta(alpha, alpha)"),
-        ("trainer.ema_decay", trainer.ema_decay, trainer.ema_decay is None or 0 < trainer.ema_decay < 1,
-         "a decay in (0, 1), e.g. 0.99998, or null"),
+        (
+            "trainer.ema_decay",
+            trainer.ema_decay,
+            trainer.ema_decay is None or 0 < trainer.ema_decay < 1,
+            "a decay in (0, 1), e.g. 0.99998, or null",
+        ),
         ("trainer.ema_every_n_steps", trainer.ema_every_n_steps, trainer.ema_every_n_steps >= 1, "1 or more"),
         ("scheduler.warmup_epochs", schedule.warmup_epochs, schedule.warmup_epochs >= 0, "0 (off) or more"),
-        ("scheduler.warmup_start_factor", schedule.warmup_start_factor, 0 < schedule.warmup_start_factor <= 1,
-         "a fraction of the lr in (0, 1]"),
+        (
+            "scheduler.warmup_start_factor",
+            schedule.warmup_start_factor,
+            0 < schedule.warmup_start_factor <= 1,
+            "a fraction of the lr in (0, 1]",
+        ),
         ("optimizer.reference_batch", optim.reference_batch, optim.reference_batch >= 1, "the batch lr was tuned for"),
         ("optimizer.norm_weight_decay", decay, decay is None or decay >= 0, "null (as weight_decay) or 0 and up"),
-        ("data.repeated_augmentations", cfg.data.repeated_augmentations, cfg.data.repeated_augmentations >= 1,
-         "1 (off) or more"),
+        (
+            "data.repeated_augmentations",
+            cfg.data.repeated_augmentations,
+            cfg.data.repeated_augmentations >= 1,
+            "1 (off) or more",
+        ),
     ]
     for key, value, allowed, what in ranges:
         if not allowed:
@@ -147,8 +175,11 @@ def _check_loggers_and_profiler(cfg: Config) -> None:
         raise ConfigError(f"trainer.profile={profile}: profile 1 or more optimizer steps, or null for none")
     warmup, (steps, why) = WAIT + WARMUP, _steps_at_most(cfg.trainer)
     if steps is not None and profile + warmup > steps:
-        fix = f"use trainer.profile={steps - warmup} or fewer" if steps > warmup else \
-            f"train {profile + warmup} or more steps"
+        fix = (
+            f"use trainer.profile={steps - warmup} or fewer"
+            if steps > warmup
+            else f"train {profile + warmup} or more steps"
+        )
         raise ConfigError(
             f"trainer.profile={profile} needs {profile + warmup} optimizer steps ({warmup} to warm the profiler "
             f"up, then {profile} recorded), and this run takes {steps} ({why}); {fix}"
@@ -165,8 +196,12 @@ def _steps_at_most(trainer: TrainerConfig) -> tuple[int | None, str]:
     batches, accumulate = getattr(trainer, key), trainer.accumulate_grad_batches
     if batches:
         per_batch = f" / trainer.accumulate_grad_batches={accumulate}" if accumulate > 1 else ""
-        bounds.append((trainer.epochs * -(-batches // accumulate),
-                       f"trainer.epochs={trainer.epochs} x trainer.{key}={batches}{per_batch}"))
+        bounds.append(
+            (
+                trainer.epochs * -(-batches // accumulate),
+                f"trainer.epochs={trainer.epochs} x trainer.{key}={batches}{per_batch}",
+            )
+        )
     return min(bounds) if bounds else (None, "")
 
 
@@ -195,8 +230,9 @@ def check_logger_options(overrides: Sequence[str]) -> None:
 
     theirs = tuple(f"logger.{backend}." for backend in setting)
     try:
-        cfg = compose(*[o.input_line for o in parsed
-                        if not o.is_sweep_override() and not o.key_or_group.startswith(theirs)])
+        cfg = compose(
+            *[o.input_line for o in parsed if not o.is_sweep_override() and not o.key_or_group.startswith(theirs)]
+        )
     except Exception:  # Hydra's to report
         return
     for backend, line in setting.items():
@@ -319,9 +355,15 @@ def target_arguments(node: Any, cls: type) -> dict[str, Any]:
 
 
 def run_config(
-    cfg: DictConfig, settings: Config, run_dir: Path, choices: dict[str, str], swept: dict[str, Any],
-    preempt_signals: tuple[signal.Signals, ...], requeue_signals: tuple[signal.Signals, ...] = (),
-    sweep_dir: Path | None = None, varied: dict[str, tuple[Any, ...]] | None = None,
+    cfg: DictConfig,
+    settings: Config,
+    run_dir: Path,
+    choices: dict[str, str],
+    swept: dict[str, Any],
+    preempt_signals: tuple[signal.Signals, ...],
+    requeue_signals: tuple[signal.Signals, ...] = (),
+    sweep_dir: Path | None = None,
+    varied: dict[str, tuple[Any, ...]] | None = None,
 ) -> RunConfig:
     """The typed config every worker receives. `settings`: `cfg` typed; `choices`: the group
     options Hydra picked; `swept`: the job's overrides (`swept_overrides`); `preempt_signals`,
@@ -365,8 +407,15 @@ def run_config(
 
 # The HParams tab's options besides a job's overrides: the group options, then these keys.
 HPARAM_GROUPS = ("model", "dataset", "strategy", "optimizer", "scheduler", "loss")
-HPARAM_KEYS = ("optimizer.lr", "trainer.batch_size", "trainer.epochs", "trainer.seed", "trainer.precision",
-               "trainer.accelerator", "trainer.devices")
+HPARAM_KEYS = (
+    "optimizer.lr",
+    "trainer.batch_size",
+    "trainer.epochs",
+    "trainer.seed",
+    "trainer.precision",
+    "trainer.accelerator",
+    "trainer.devices",
+)
 
 
 def _hparams(cfg: DictConfig, choices: dict[str, str], swept: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ Hydra composes the config; the pre-flight (preflight.py) checks it against this 
 any process starts and plans the launch; the launcher runs training.run's worker once per device
 with the typed RunConfig.
 """
+
 from __future__ import annotations
 
 import gc
@@ -49,10 +50,21 @@ def main(cfg: DictConfig) -> float | None:
     varied = varied_hparams(Path(hydra_cfg.sweep.dir) / "multirun.yaml") if multirun else {}
     try:
         plan = check_and_plan(settings, run_dir, multirun=multirun)
-        launch(plan, run, run_config(
-            cfg, settings, run_dir, hydra_cfg.runtime.choices, swept, plan.forward_signals, plan.requeue_signals,
-            sweep_dir=Path(hydra_cfg.sweep.dir) if multirun else None, varied=varied,
-        ))
+        launch(
+            plan,
+            run,
+            run_config(
+                cfg,
+                settings,
+                run_dir,
+                hydra_cfg.runtime.choices,
+                swept,
+                plan.forward_signals,
+                plan.requeue_signals,
+                sweep_dir=Path(hydra_cfg.sweep.dir) if multirun else None,
+                varied=varied,
+            ),
+        )
     except ConfigError as e:
         restore_run_record()
         print(f"error: {e}", file=sys.stderr)

@@ -1,4 +1,5 @@
 """What every benchmark shares: run `train.py` as a user would, time commands, print tables."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 # For benchmarks whose figures are taken after start-up (throughput, memory): their ranks fork from

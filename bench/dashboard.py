@@ -8,6 +8,7 @@ the parameters' importance and slices. The same as `optuna-dashboard sqlite:///<
 with the path checked first: Optuna would make an empty database of a mistyped one, and show no
 study. Needs optuna-dashboard (requirements-extras.txt).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,10 @@ def storage_url(target: str) -> str:
     path = Path(target)
     database = path / "optuna.db" if path.is_dir() else path
     if not database.is_file():
-        raise SystemExit(f"bench.dashboard: {database}: no such study database; give a search's dir "
-                         "(multirun/search/<name>), its optuna.db, or a storage URL")
+        raise SystemExit(
+            f"bench.dashboard: {database}: no such study database; give a search's dir "
+            "(multirun/search/<name>), its optuna.db, or a storage URL"
+        )
     return f"sqlite:///{database.resolve()}"
 
 

@@ -11,6 +11,7 @@ samples/s of one pass over the training loader alone, and with simple_cnn traini
 each the best of the timed epochs after a warm-up epoch (workers start, allocator fills).
 Target: each batch-at-a-time loader ≥ 5x the per-sample one, for the loader alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,8 @@ def epoch_rate(loaders, epoch: int, device: torch.device, step=None) -> float:
 
 
 def measure(composed, ctx, epochs: int) -> dict[str, float]:
-    from preflight import factory, typed
     from data import build_loaders
+    from preflight import factory, typed
 
     cfg = typed(composed)
     loaders = build_loaders(cfg.dataset, cfg.data, ctx, cfg.trainer.batch_size, cfg.trainer.seed)
@@ -113,8 +114,12 @@ def main() -> None:
         ratios = [results[name][what] / per_sample[what] for name in list(LOADERS)[1:]]
         verdicts = [verdict(r, TARGET) if what == "loader" else "-" for r in ratios]
         rows.append([what, *(results[name][what] for name in LOADERS), *ratios, " / ".join(verdicts)])
-    print(table(["samples/s", *LOADERS, "host batches / per-sample", "device batches / per-sample",
-                 f"target ≥ {TARGET:g}"], rows))
+    print(
+        table(
+            ["samples/s", *LOADERS, "host batches / per-sample", "device batches / per-sample", f"target ≥ {TARGET:g}"],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ not what DDP gains by adding devices: no device is added. Figure: steady-state t
 (first epoch excluded); the order alternates per round and the ratio is the median of per-round
 ratios. Target: ddp / single ≥ 0.95 (DDP costs no more than 5 % on the same cores).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,9 +34,16 @@ def main() -> None:
     train_size, epochs, repeats = (512, 2, 1) if args.quick else (16384, 4, args.repeats)
 
     common = [
-        f"model={args.model}", "dataset=synthetic", "dataset.channels=1", "dataset.image_size=28",
-        f"dataset.train_size={train_size}", "dataset.val_size=256", f"trainer.batch_size={args.batch_size}",
-        f"trainer.epochs={epochs}", "trainer.accelerator=cpu", "scheduler=none",
+        f"model={args.model}",
+        "dataset=synthetic",
+        "dataset.channels=1",
+        "dataset.image_size=28",
+        f"dataset.train_size={train_size}",
+        "dataset.val_size=256",
+        f"trainer.batch_size={args.batch_size}",
+        f"trainer.epochs={epochs}",
+        "trainer.accelerator=cpu",
+        "scheduler=none",
     ]
     ddp = ["strategy=ddp", "trainer.devices=2", FORKSERVER_RANKS]
     runs = {"single": [*common, "strategy=single"], "ddp": [*common, *ddp]}
@@ -48,11 +56,29 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     omp = os.environ.get("OMP_NUM_THREADS")  # train.py's thread policy gives way to it
     single_threads, rank_threads = (int(omp), int(omp)) if omp else (cores, max(cores // 2, 1))
-    rows = [[f"{args.model} 1x28x28", args.batch_size, median(speeds["single"]), median(speeds["ddp"]), ratio,
-             verdict(ratio, TARGET)]]
-    print(table(["case", "global batch", f"1 process x {single_threads} thread(s) samples/s",
-                 f"ddp: 2 processes x {rank_threads} thread(s) samples/s", "ratio (median of per-round ratios)",
-                 f"target ≥ {TARGET}"], rows))
+    rows = [
+        [
+            f"{args.model} 1x28x28",
+            args.batch_size,
+            median(speeds["single"]),
+            median(speeds["ddp"]),
+            ratio,
+            verdict(ratio, TARGET),
+        ]
+    ]
+    print(
+        table(
+            [
+                "case",
+                "global batch",
+                f"1 process x {single_threads} thread(s) samples/s",
+                f"ddp: 2 processes x {rank_threads} thread(s) samples/s",
+                "ratio (median of per-round ratios)",
+                f"target ≥ {TARGET}",
+            ],
+            rows,
+        )
+    )
     print(f"\nThe same {cores} cores either way: this compares two ways to use them, not DDP's scaling over devices.")
 
 

@@ -8,6 +8,7 @@ steady-state training samples/s (first epoch excluded); each repeat gives a rati
 run, and the table shows the median of those ratios and their range. No target: FSDP trades
 speed for memory, and what it costs here is the number to know.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,9 @@ SYSTEMS = {  # name: overrides
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a tiny smoke run of ddp(2) and fsdp(2); its figures mean nothing")
+    parser.add_argument(
+        "--quick", action="store_true", help="a tiny smoke run of ddp(2) and fsdp(2); its figures mean nothing"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--batch-size", type=int, default=64, help="global batch")
@@ -31,9 +34,16 @@ def main() -> None:
     model, train_size, epochs, repeats = ("mnist_net", 256, 2, 1) if args.quick else (args.model, 1024, 3, args.repeats)
 
     common = [
-        f"model={model}", "dataset=synthetic", f"dataset.train_size={train_size}", "dataset.val_size=128",
-        f"trainer.batch_size={args.batch_size}", f"trainer.epochs={epochs}", "trainer.accelerator=cpu",
-        "trainer.devices=2", "scheduler=none", "logger=none",
+        f"model={model}",
+        "dataset=synthetic",
+        f"dataset.train_size={train_size}",
+        "dataset.val_size=128",
+        f"trainer.batch_size={args.batch_size}",
+        f"trainer.epochs={epochs}",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "scheduler=none",
+        "logger=none",
         FORKSERVER_RANKS,
         *(["dataset.channels=1", "dataset.image_size=28"] if model == "mnist_net" else []),
     ]

@@ -14,6 +14,7 @@ them. Then the CPU operators whose time DDP adds to the eager step, and the CPU 
 kernels whose time it adds to the graphed step without the buffer broadcast. --trace-dir writes
 each setup's trace, for Perfetto (ui.perfetto.dev) or chrome://tracing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,10 +58,20 @@ SETUPS = [
     Setup("DDP compiled + CUDA graphs, bucket views zeroed", GRAPHED, ddp=True, zeroed=True),
     Setup("DDP compiled + CUDA graphs", GRAPHED, ddp=True),
     Setup("DDP compiled + CUDA graphs, forward_sync_buffers=False", GRAPHED, ddp=True, forward_sync_buffers=False),
-    Setup("DDP compiled + CUDA graphs, forward_sync_buffers=False, fused SGD", GRAPHED, ddp=True,
-          forward_sync_buffers=False, fused=True),
-    Setup("DDP compiled + CUDA graphs, forward_sync_buffers=False, compiled autograd", GRAPHED, ddp=True,
-          forward_sync_buffers=False, compiled_autograd=True),
+    Setup(
+        "DDP compiled + CUDA graphs, forward_sync_buffers=False, fused SGD",
+        GRAPHED,
+        ddp=True,
+        forward_sync_buffers=False,
+        fused=True,
+    ),
+    Setup(
+        "DDP compiled + CUDA graphs, forward_sync_buffers=False, compiled autograd",
+        GRAPHED,
+        ddp=True,
+        forward_sync_buffers=False,
+        compiled_autograd=True,
+    ),
 ]
 
 
@@ -83,8 +94,19 @@ def main() -> None:
         rows.append(row)
     dist.destroy_process_group()
     print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; {args.steps} steps each\n")
-    print(table(["ResNet-50, batch 128, bf16, channels_last", "wall ms/step", "GPU kernel ms/step", "GPU busy",
-                 "kernels/step", "samples/s"], rows))
+    print(
+        table(
+            [
+                "ResNet-50, batch 128, bf16, channels_last",
+                "wall ms/step",
+                "GPU kernel ms/step",
+                "GPU busy",
+                "kernels/step",
+                "samples/s",
+            ],
+            rows,
+        )
+    )
     print_added("CPU operators DDP adds to the eager step (self time)", cpu_ms, "eager", "DDP eager")
     graphed_pair = ("compiled + CUDA graphs", "DDP compiled + CUDA graphs, forward_sync_buffers=False")
     print_added("CPU operators DDP adds to the graphed step (self time)", cpu_ms, *graphed_pair)
@@ -137,8 +159,9 @@ def training_step(setup: Setup):
     net = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
     model = net if setup.mode is None else torch.compile(net, mode=setup.mode)
     if setup.ddp:
-        model = DistributedDataParallel(model, device_ids=[0], gradient_as_bucket_view=True,
-                                        **{SYNC_BUFFERS_ARG: setup.forward_sync_buffers})
+        model = DistributedDataParallel(
+            model, device_ids=[0], gradient_as_bucket_view=True, **{SYNC_BUFFERS_ARG: setup.forward_sync_buffers}
+        )
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, fused=setup.fused or None)
     x = torch.randn(128, 3, 32, 32, device="cuda").contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (128,), device="cuda")

@@ -26,6 +26,7 @@ gradients and hard-edged shapes: ~100-150 KB at quality 90; some portrait, some 
    data.decode=cpu against dataset=synthetic (data.loader=device) in the same config.
    Target: imagefolder / synthetic >= 0.9.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,9 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -49,8 +50,16 @@ CLASSES, QUALITY = 10, 90
 # ImageNet's photos are mostly Flickr's 500-px "medium" size: 500x375 and 500x333, a quarter portrait.
 SIZES = [(500, 375), (500, 333), (500, 400), (400, 300), (640, 480), (350, 500)]
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-GPU_RUN = ["model=resnet50", "trainer.batch_size=256", "trainer.precision=bf16-mixed", "trainer.channels_last=true",
-           "trainer.accelerator=gpu", "logger=none", "optimizer=sgd", "scheduler=none"]
+GPU_RUN = [
+    "model=resnet50",
+    "trainer.batch_size=256",
+    "trainer.precision=bf16-mixed",
+    "trainer.channels_last=true",
+    "trainer.accelerator=gpu",
+    "logger=none",
+    "optimizer=sgd",
+    "scheduler=none",
+]
 
 
 def photo(rng: np.random.Generator, height: int, width: int, grey: bool) -> np.ndarray:
@@ -68,7 +77,9 @@ def photo(rng: np.random.Generator, height: int, width: int, grey: bool) -> np.n
     for _ in range(rng.integers(3, 9)):
         y, x, r = rng.integers(0, height), rng.integers(0, width), rng.integers(10, min(height, width) // 3)
         disc = rng.random() < 0.5
-        shape = (rows - y) ** 2 + (columns - x) ** 2 < r * r if disc else (abs(rows - y) < r) & (abs(columns - x) < 1.5 * r)
+        shape = (
+            (rows - y) ** 2 + (columns - x) ** 2 < r * r if disc else (abs(rows - y) < r) & (abs(columns - x) < 1.5 * r)
+        )
         image[:, shape] += rng.uniform(-70, 70, (channels, 1))
     image += 128 + rng.normal(0, 8, image.shape)
     pixels = np.clip(image, 0, 255).astype(np.uint8)
@@ -89,8 +100,11 @@ def _write_one(path: Path, seed: int, shrink: int = 1) -> int:
 
 def write_folder(root: Path, train: int, val: int, shrink: int = 1) -> float:
     """root/{train,val}/class<k>/<i>.jpg, each side divided by `shrink` (--quick); returns the mean size in KB."""
-    paths = [root / split / f"class{i % CLASSES}" / f"{i}.jpg"
-             for split, n in (("train", train), ("val", val)) for i in range(n)]
+    paths = [
+        root / split / f"class{i % CLASSES}" / f"{i}.jpg"
+        for split, n in (("train", train), ("val", val))
+        for i in range(n)
+    ]
     jobs = (paths, range(len(paths)), [shrink] * len(paths))
     if shrink > 1:  # --quick: a few small files, not worth the processes
         return statistics.mean(map(_write_one, *jobs)) / 1e3
@@ -100,13 +114,17 @@ def write_folder(root: Path, train: int, val: int, shrink: int = 1) -> float:
 
 # --- the loaders --------------------------------------------------------------------------------
 
+
 def today(root: Path, split: str, batch: int, workers: int, crop: int = 224):
     """The path before data.decode: torchvision's ImageFolder, PIL, float32 out of the workers."""
     from torchvision import transforms as T
     from torchvision.datasets import ImageFolder
 
-    steps = ([T.RandomResizedCrop(crop), T.RandomHorizontalFlip()] if split == "train" else
-             [T.Resize(256), T.CenterCrop(224)])
+    steps = (
+        [T.RandomResizedCrop(crop), T.RandomHorizontalFlip()]
+        if split == "train"
+        else [T.Resize(256), T.CenterCrop(224)]
+    )
     transform = T.Compose([*steps, T.ToTensor(), T.Normalize(MEAN, STD)])
     return _loader(ImageFolder(str(root / split), transform=transform), batch, workers), _moved
 
@@ -126,8 +144,14 @@ def ours(root: Path, split: str, batch: int, workers: int, decode: str, crop: in
     from data import Loaders, build_loaders
     from distributed.context import make_context
 
-    cfg = load("dataset=imagefolder", f"dataset.root={root}", f"dataset.num_classes={CLASSES}",
-               f"data.num_workers={workers}", f"data.decode={decode}", f"dataset.train_crop={crop}")
+    cfg = load(
+        "dataset=imagefolder",
+        f"dataset.root={root}",
+        f"dataset.num_classes={CLASSES}",
+        f"data.num_workers={workers}",
+        f"data.decode={decode}",
+        f"dataset.train_crop={crop}",
+    )
     ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
     loaders = build_loaders(cfg.dataset, cfg.data, ctx, batch, seed=0)
     loader = loaders.train if split == "train" else loaders.val
@@ -143,8 +167,14 @@ def bytes_only(root: Path, split: str, batch: int, workers: int, crop: int = 224
 def _loader(dataset, batch: int, workers: int):
     from torch.utils.data import DataLoader
 
-    return DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=workers > 0,
-                      multiprocessing_context="fork" if workers else None)
+    return DataLoader(
+        dataset,
+        batch_size=batch,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        multiprocessing_context="fork" if workers else None,
+    )
 
 
 def _moved(x: torch.Tensor, y: torch.Tensor):
@@ -182,7 +212,8 @@ def cpu_rounds(root: Path, rounds: int, batch: int, crop: int) -> list[list[obje
         systems[f"uint8, {where}"] = lambda w=workers: rate(uint8(root, "train", batch, w, crop))
         systems[f"data.decode=cpu, {where}"] = lambda w=workers: rate(ours(root, "train", batch, w, "cpu", crop))
         systems[f"data.decode=gpu workers (bytes), {where}"] = lambda w=workers: rate(
-            bytes_only(root, "train", batch, w, crop))
+            bytes_only(root, "train", batch, w, crop)
+        )
     systems["data.decode=gpu decoded by the CPU, per core"] = lambda: rate(ours(root, "train", batch, 0, "gpu", crop))
     systems["validation today, per core"] = lambda: rate(today(root, "val", batch, 0))
     systems["validation data.decode=cpu, per core"] = lambda: rate(ours(root, "val", batch, 0, "cpu"))
@@ -214,6 +245,7 @@ def interleaved(systems: dict[str, Callable[[], float]], rounds: int) -> dict[st
 
 # --- data.prepare -------------------------------------------------------------------------------
 
+
 def prepare_rows(root: Path, rounds: int, workers: int) -> list[list[object]]:
     from data import prepare
 
@@ -221,7 +253,9 @@ def prepare_rows(root: Path, rounds: int, workers: int) -> list[list[object]]:
     for side in (500, 400):  # FFCV's ResNet-50 and ResNet-18 copies
         name = f"data.prepare --max-side {side} --quality 90"
         copies[name] = root.parent / f"shrunk{side}"
-        prepare.main([str(root), str(copies[name]), "--max-side", str(side), "--quality", "90", "--workers", str(workers)])
+        prepare.main(
+            [str(root), str(copies[name]), "--max-side", str(side), "--quality", "90", "--workers", str(workers)]
+        )
     files = {name: sorted((path / "train").rglob("*.jpg")) for name, path in copies.items()}
     figures = interleaved({name: lambda f=f: decode_rate(f) for name, f in files.items()}, rounds)
     rows = []
@@ -245,6 +279,7 @@ def decode_rate(files: list[Path]) -> float:
 
 # --- the device's cut ---------------------------------------------------------------------------
 
+
 def cut_rows(root: Path, device: torch.device, rounds: int) -> list[list[object]]:
     from torchvision.io import ImageReadMode, decode_jpeg
     from torchvision.ops import roi_align
@@ -257,26 +292,41 @@ def cut_rows(root: Path, device: torch.device, rounds: int) -> list[list[object]
     boxes = random_resized_boxes(torch.tensor([list(i.shape[1:]) for i in images]), torch.Generator().manual_seed(0))
 
     def each_roi_align():
-        rois = [torch.tensor([[l, t, l + w, t + h]], dtype=torch.float, device=device) for t, l, h, w in boxes.tolist()]
-        return torch.cat([roi_align(image[None].float(), [roi], 224, 1.0, -1, True) for image, roi in zip(images, rois)])
+        rois = [
+            torch.tensor([[left, t, left + w, t + h]], dtype=torch.float, device=device)
+            for t, left, h, w in boxes.tolist()
+        ]
+        return torch.cat(
+            [roi_align(image[None].float(), [roi], 224, 1.0, -1, True) for image, roi in zip(images, rois)]
+        )
 
     def padded_roi_align():
         height, width = max(i.shape[1] for i in images), max(i.shape[2] for i in images)
         padded = torch.zeros(len(images), 3, height, width, device=device)
         for k, image in enumerate(images):
-            padded[k, :, :image.shape[1], :image.shape[2]] = image
-        rois = torch.tensor([[k, l, t, l + w, t + h] for k, (t, l, h, w) in enumerate(boxes.tolist())],
-                            dtype=torch.float, device=device)
+            padded[k, :, : image.shape[1], : image.shape[2]] = image
+        rois = torch.tensor(
+            [[k, left, t, left + w, t + h] for k, (t, left, h, w) in enumerate(boxes.tolist())],
+            dtype=torch.float,
+            device=device,
+        )
         return roi_align(padded, rois, 224, 1.0, -1, True)
 
-    ways = {"one float interpolate per image (data.decode=gpu's)": lambda: resized_crops(images, boxes, 224),
-            "one roi_align per image": each_roi_align, "one roi_align, batch padded": padded_roi_align}
+    ways = {
+        "one float interpolate per image (data.decode=gpu's)": lambda: resized_crops(images, boxes, 224),
+        "one roi_align per image": each_roi_align,
+        "one roi_align, batch padded": padded_roi_align,
+    }
     if device.type == "cpu":
         ways["one uint8 interpolate per image (data.decode=cpu's)"] = lambda: [
-            cut(image, box, 224) for image, box in zip(images, boxes.tolist())]
+            cut(image, box, 224) for image, box in zip(images, boxes.tolist())
+        ]
     figures = interleaved({name: lambda way=way: timed(way, len(images), device) for name, way in ways.items()}, rounds)
     first = next(iter(figures))
-    return [[name, device.type, median(v), median([a / b for a, b in zip(v, figures[first])])] for name, v in figures.items()]
+    return [
+        [name, device.type, median(v), median([a / b for a, b in zip(v, figures[first])])]
+        for name, v in figures.items()
+    ]
 
 
 def timed(work: Callable[[], object], images: int, device: torch.device) -> float:
@@ -296,6 +346,7 @@ def _sync(device: torch.device) -> None:
 
 
 # --- with CUDA ----------------------------------------------------------------------------------
+
 
 def gpu_decode_rate(root: Path, rounds: int) -> float:
     """data.decode=gpu's to_device alone: decode, cut, flip, normalise batches of 256 on the GPU."""
@@ -318,18 +369,36 @@ def gpu_decode_rate(root: Path, rounds: int) -> float:
 
 
 def gpu_training_rows(root: Path, images: int, epochs: int, rounds: int) -> list[list[object]]:
-    folder = ["dataset=imagefolder", f"dataset.root={root}", f"dataset.num_classes={CLASSES}", f"trainer.epochs={epochs}"]
-    synthetic = ["dataset=synthetic", "dataset.image_size=224", f"dataset.num_classes={CLASSES}",
-                 f"dataset.train_size={images}", "dataset.val_size=256", "data.loader=device", f"trainer.epochs={epochs}"]
-    runs = {"dataset=synthetic, data.loader=device": synthetic,
-            "dataset=imagefolder, data.decode=gpu": [*folder, "data.decode=gpu"],
-            "dataset=imagefolder, data.decode=cpu": [*folder, "data.decode=cpu"]}
-    figures = interleaved({name: lambda o=o: train(*GPU_RUN, *o)["train_samples_per_s"] for name, o in runs.items()}, rounds)
+    folder = [
+        "dataset=imagefolder",
+        f"dataset.root={root}",
+        f"dataset.num_classes={CLASSES}",
+        f"trainer.epochs={epochs}",
+    ]
+    synthetic = [
+        "dataset=synthetic",
+        "dataset.image_size=224",
+        f"dataset.num_classes={CLASSES}",
+        f"dataset.train_size={images}",
+        "dataset.val_size=256",
+        "data.loader=device",
+        f"trainer.epochs={epochs}",
+    ]
+    runs = {
+        "dataset=synthetic, data.loader=device": synthetic,
+        "dataset=imagefolder, data.decode=gpu": [*folder, "data.decode=gpu"],
+        "dataset=imagefolder, data.decode=cpu": [*folder, "data.decode=cpu"],
+    }
+    figures = interleaved(
+        {name: lambda o=o: train(*GPU_RUN, *o)["train_samples_per_s"] for name, o in runs.items()}, rounds
+    )
     base = figures["dataset=synthetic, data.loader=device"]
     rows = []
     for name, values in figures.items():
         ratios = [a / b for a, b in zip(values, base)]
-        target = "" if name.startswith("dataset=synthetic") else f"≥ {GPU_TARGET}: {verdict(median(ratios), GPU_TARGET)}"
+        target = (
+            "" if name.startswith("dataset=synthetic") else f"≥ {GPU_TARGET}: {verdict(median(ratios), GPU_TARGET)}"
+        )
         rows.append([name, median(values), median(ratios), spread(ratios), target])
     return rows
 
@@ -339,9 +408,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run; its figures mean nothing")
     parser.add_argument("--images", type=int, default=384, help="training images for the CPU loaders")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--train-crop", type=int, default=224,
-                        help="the CPU loaders' training crop (dataset.train_crop)")
-    parser.add_argument("--gpu-images", type=int, default=7_680, help="training images for the GPU runs (30 batches of 256)")
+    parser.add_argument(
+        "--train-crop", type=int, default=224, help="the CPU loaders' training crop (dataset.train_crop)"
+    )
+    parser.add_argument(
+        "--gpu-images", type=int, default=7_680, help="training images for the GPU runs (30 batches of 256)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     images, rounds, batch, shrink = (16, 1, 8, 4) if args.quick else (args.images, args.rounds, 32, 1)
@@ -349,16 +421,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "images"
         kb = write_folder(root, images, max(images // 4, CLASSES), shrink)
-        print(f"{images} training JPEGs, mean {kb:.0f} KB; {len(os.sched_getaffinity(0))} cores; "
-              f"batch {batch}; {rounds} rounds; medians of rounds\n")
+        print(
+            f"{images} training JPEGs, mean {kb:.0f} KB; {len(os.sched_getaffinity(0))} cores; "
+            f"batch {batch}; {rounds} rounds; medians of rounds\n"
+        )
         heading = f"loader alone, to the training loop (crop {args.train_crop})"
-        print(table([heading, "images/s", "× today", "range", "target"],
-                    cpu_rounds(root, rounds, batch, args.train_crop)))
+        print(
+            table([heading, "images/s", "× today", "range", "target"], cpu_rounds(root, rounds, batch, args.train_crop))
+        )
         print()
-        print(table(["decode alone (PIL), per core", "mean KB", "images/s", "× original", "range"],
-                    prepare_rows(root, rounds, 1 if args.quick else len(os.sched_getaffinity(0)))))
+        print(
+            table(
+                ["decode alone (PIL), per core", "mean KB", "images/s", "× original", "range"],
+                prepare_rows(root, rounds, 1 if args.quick else len(os.sched_getaffinity(0))),
+            )
+        )
         print()
-        cuts = cut_rows(root, torch.device("cpu"), rounds) + (cut_rows(root, torch.device("cuda"), rounds) if cuda else [])
+        cuts = cut_rows(root, torch.device("cpu"), rounds) + (
+            cut_rows(root, torch.device("cuda"), rounds) if cuda else []
+        )
         print(table(["the device's cut to 224 (128 images)", "device", "images/s", "× interpolate"], cuts))
         if not cuda:
             print("\nno CUDA device: the GPU part (decode alone, ResNet-50 training) is skipped")
@@ -366,10 +447,22 @@ def main() -> None:
         gpu_root = Path(tmp) / "gpu"
         gpu_images, epochs = (512, 2) if args.quick else (args.gpu_images, 3)
         write_folder(gpu_root, gpu_images, 1024)
-        print(f"\n{torch.cuda.get_device_name(0)}: data.decode=gpu's decode + cut + normalise alone, batches of 256: "
-              f"{gpu_decode_rate(gpu_root, rounds):,.0f} images/s\n")
-        print(table([f"ResNet-50 training, {gpu_images} images, {epochs} epochs", "images/s", "× synthetic", "range",
-                     "target"], gpu_training_rows(gpu_root, gpu_images, epochs, 1 if args.quick else 2)))
+        print(
+            f"\n{torch.cuda.get_device_name(0)}: data.decode=gpu's decode + cut + normalise alone, batches of 256: "
+            f"{gpu_decode_rate(gpu_root, rounds):,.0f} images/s\n"
+        )
+        print(
+            table(
+                [
+                    f"ResNet-50 training, {gpu_images} images, {epochs} epochs",
+                    "images/s",
+                    "× synthetic",
+                    "range",
+                    "target",
+                ],
+                gpu_training_rows(gpu_root, gpu_images, epochs, 1 if args.quick else 2),
+            )
+        )
 
 
 if __name__ == "__main__":

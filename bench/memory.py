@@ -10,6 +10,7 @@ param/grad/optimizer_bytes_per_rank, counted from each rank's local shards, of i
 Target: FSDP over N ranks holds at most 1.05 / N of what a DDP rank holds (sharding pads a
 tensor's first dimension to a multiple of N, and takes no more).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,10 +31,20 @@ def main() -> None:
     rows, baseline = [], None
     for strategy, ranks in RUNS[:2] if args.quick else RUNS:
         metrics = train(
-            f"model={model}", "dataset=synthetic", "dataset.image_size=32", "dataset.train_size=64",
-            "dataset.val_size=16", "trainer.batch_size=16", "trainer.epochs=1", "trainer.max_steps=2",
-            "trainer.accelerator=cpu", f"trainer.devices={ranks}", f"strategy={strategy}", "optimizer=sgd",
-            "scheduler=none", "logger=none",
+            f"model={model}",
+            "dataset=synthetic",
+            "dataset.image_size=32",
+            "dataset.train_size=64",
+            "dataset.val_size=16",
+            "trainer.batch_size=16",
+            "trainer.epochs=1",
+            "trainer.max_steps=2",
+            "trainer.accelerator=cpu",
+            f"trainer.devices={ranks}",
+            f"strategy={strategy}",
+            "optimizer=sgd",
+            "scheduler=none",
+            "logger=none",
             FORKSERVER_RANKS,
             *(["dataset.channels=1", "dataset.image_size=28"] if model == "mnist_net" else []),
         )
@@ -42,10 +53,26 @@ def main() -> None:
         baseline = baseline or total  # the first row: DDP
         share = total / baseline
         ideal = 1 / ranks if strategy == "fsdp" else 1.0
-        rows.append([f"{strategy}({ranks})", *sizes, total, share, ideal,
-                     verdict(share / ideal, TARGET, higher_is_better=False)])
-    headers = ["strategy", "params MB/rank", "grads MB/rank", "optimizer MB/rank", "total MB/rank", "× ddp",
-               "ideal × ddp", f"target ≤ {TARGET} × ideal"]
+        rows.append(
+            [
+                f"{strategy}({ranks})",
+                *sizes,
+                total,
+                share,
+                ideal,
+                verdict(share / ideal, TARGET, higher_is_better=False),
+            ]
+        )
+    headers = [
+        "strategy",
+        "params MB/rank",
+        "grads MB/rank",
+        "optimizer MB/rank",
+        "total MB/rank",
+        "× ddp",
+        "ideal × ddp",
+        f"target ≤ {TARGET} × ideal",
+    ]
     print(f"{model}, SGD with momentum, largest rank:")
     print(table(headers, rows))
 

@@ -9,6 +9,7 @@ alternating per round, so that neither always inherits the other's warm caches o
 load; the ratio is the median of the per-round ratios, not the ratio of the medians.
 Target: ours / plain ≥ 0.98.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,16 +24,36 @@ CASES = [("simple_cnn", 3, 32), ("mnist_net", 1, 28)]
 
 def ours(model: str, channels: int, size: int, train_size: int, batch: int, epochs: int) -> float:
     return train(
-        f"model={model}", "dataset=synthetic", f"dataset.channels={channels}", f"dataset.image_size={size}",
-        f"dataset.train_size={train_size}", "dataset.val_size=256", f"trainer.batch_size={batch}",
-        f"trainer.epochs={epochs}", "trainer.accelerator=cpu", "optimizer=sgd", "scheduler=none",
+        f"model={model}",
+        "dataset=synthetic",
+        f"dataset.channels={channels}",
+        f"dataset.image_size={size}",
+        f"dataset.train_size={train_size}",
+        "dataset.val_size=256",
+        f"trainer.batch_size={batch}",
+        f"trainer.epochs={epochs}",
+        "trainer.accelerator=cpu",
+        "optimizer=sgd",
+        "scheduler=none",
     )["train_samples_per_s"]
 
 
 def plain(model: str, channels: int, size: int, train_size: int, batch: int, epochs: int) -> float:
     return python_json(
-        "-m", "bench.plain_loop", "--model", model, "--channels", str(channels), "--image-size", str(size),
-        "--train-size", str(train_size), "--batch-size", str(batch), "--epochs", str(epochs),
+        "-m",
+        "bench.plain_loop",
+        "--model",
+        model,
+        "--channels",
+        str(channels),
+        "--image-size",
+        str(size),
+        "--train-size",
+        str(train_size),
+        "--batch-size",
+        str(batch),
+        "--epochs",
+        str(epochs),
     )["samples_per_s"]
 
 
@@ -51,10 +72,29 @@ def main() -> None:
                 gc.collect()
                 speeds[run].append(run(model, channels, size, train_size, batch, epochs))
         ratio = median(per_round(speeds[ours], speeds[plain]))
-        rows.append([f"{model} {channels}x{size}x{size}", batch, median(speeds[ours]), median(speeds[plain]), ratio,
-                     verdict(ratio, TARGET)])
-    print(table(["case", "batch", "train.py samples/s (median)", "plain loop samples/s (median)",
-                 "ratio (median of per-round ratios)", f"target ≥ {TARGET}"], rows))
+        rows.append(
+            [
+                f"{model} {channels}x{size}x{size}",
+                batch,
+                median(speeds[ours]),
+                median(speeds[plain]),
+                ratio,
+                verdict(ratio, TARGET),
+            ]
+        )
+    print(
+        table(
+            [
+                "case",
+                "batch",
+                "train.py samples/s (median)",
+                "plain loop samples/s (median)",
+                "ratio (median of per-round ratios)",
+                f"target ≥ {TARGET}",
+            ],
+            rows,
+        )
+    )
 
 
 if __name__ == "__main__":

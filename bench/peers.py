@@ -18,6 +18,7 @@ start-up and shutdown cancel and every per-step and per-epoch cost counts. The 4
 is the "start-up + 40 steps" column. Each round runs every program once per size, in an order
 rotated per round; ratios are medians of per-round ratios, printed with their range.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,27 +59,69 @@ SHORT_STEPS = 40
 
 def train_py(case: Case, steps: int, out: Path) -> list[str]:
     return [
-        sys.executable, "train.py", f"hydra.run.dir={out}", f"model={case.model}", "dataset=synthetic",
-        f"dataset.channels={case.channels}", f"dataset.image_size={case.size}", f"dataset.train_size={TRAIN_SIZE}",
-        f"dataset.val_size={VAL_SIZE}", f"trainer.batch_size={case.batch}", "trainer.accelerator=cpu",
-        "optimizer=sgd", "scheduler=none", "trainer.limit_val_batches=1", f"trainer.max_steps={steps}",
+        sys.executable,
+        "train.py",
+        f"hydra.run.dir={out}",
+        f"model={case.model}",
+        "dataset=synthetic",
+        f"dataset.channels={case.channels}",
+        f"dataset.image_size={case.size}",
+        f"dataset.train_size={TRAIN_SIZE}",
+        f"dataset.val_size={VAL_SIZE}",
+        f"trainer.batch_size={case.batch}",
+        "trainer.accelerator=cpu",
+        "optimizer=sgd",
+        "scheduler=none",
+        "trainer.limit_val_batches=1",
+        f"trainer.max_steps={steps}",
         f"trainer.epochs={case.epochs(steps)}",
     ]
 
 
 def lightning(case: Case, steps: int, out: Path) -> list[str]:
     return [
-        sys.executable, "-m", "bench.peers_lightning", "--model", case.model, "--channels", str(case.channels),
-        "--image-size", str(case.size), "--train-size", str(TRAIN_SIZE), "--val-size", str(VAL_SIZE),
-        "--batch-size", str(case.batch), "--max-steps", str(steps), "--root", str(out),
+        sys.executable,
+        "-m",
+        "bench.peers_lightning",
+        "--model",
+        case.model,
+        "--channels",
+        str(case.channels),
+        "--image-size",
+        str(case.size),
+        "--train-size",
+        str(TRAIN_SIZE),
+        "--val-size",
+        str(VAL_SIZE),
+        "--batch-size",
+        str(case.batch),
+        "--max-steps",
+        str(steps),
+        "--root",
+        str(out),
     ]
 
 
 def plain(case: Case, steps: int, out: Path) -> list[str]:
     return [
-        sys.executable, "-m", "bench.plain_loop", "--sliced", "--model", case.model, "--channels", str(case.channels),
-        "--image-size", str(case.size), "--train-size", str(TRAIN_SIZE), "--val-size", str(VAL_SIZE),
-        "--batch-size", str(case.batch), "--max-steps", str(steps),
+        sys.executable,
+        "-m",
+        "bench.plain_loop",
+        "--sliced",
+        "--model",
+        case.model,
+        "--channels",
+        str(case.channels),
+        "--image-size",
+        str(case.size),
+        "--train-size",
+        str(TRAIN_SIZE),
+        "--val-size",
+        str(VAL_SIZE),
+        "--batch-size",
+        str(case.batch),
+        "--max-steps",
+        str(steps),
     ]
 
 
@@ -116,7 +159,7 @@ def main() -> None:
     walls = {case: {name: [] for name in programs} for case in cases}
     names = list(programs)
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for case in cases:
             for name in order:
                 pair = []
@@ -134,17 +177,38 @@ def main() -> None:
         startup = {name: [brief for brief, _ in pairs] for name, pairs in walls[case].items()}
         for name in programs:
             vs_plain = per_round(speed[name], speed[PLAIN])
-            rows.append([case.name, name, median(speed[name]), median(vs_plain), spread(vs_plain), median(startup[name])])
+            rows.append(
+                [case.name, name, median(speed[name]), median(vs_plain), spread(vs_plain), median(startup[name])]
+            )
         if "Lightning" in programs:
             vs_lightning = per_round(speed["train.py"], speed["Lightning"])
-            rows.append([case.name, "train.py / Lightning", median(vs_lightning), "", spread(vs_lightning),
-                         median(per_round(startup["train.py"], startup["Lightning"]))])
-    print(table(
-        ["case", "program", "samples/s (median)", f"/ {PLAIN} (median of rounds)", "range of the rounds' throughput ratios",
-         f"start-up + {short} steps (s)"], rows
-    ))
-    print(f"\n{rounds} round(s); samples/s from {short} vs {', '.join(str(c.long_steps) for c in cases)} steps; "
-          "ratio rows are medians of per-round ratios")
+            rows.append(
+                [
+                    case.name,
+                    "train.py / Lightning",
+                    median(vs_lightning),
+                    "",
+                    spread(vs_lightning),
+                    median(per_round(startup["train.py"], startup["Lightning"])),
+                ]
+            )
+    print(
+        table(
+            [
+                "case",
+                "program",
+                "samples/s (median)",
+                f"/ {PLAIN} (median of rounds)",
+                "range of the rounds' throughput ratios",
+                f"start-up + {short} steps (s)",
+            ],
+            rows,
+        )
+    )
+    print(
+        f"\n{rounds} round(s); samples/s from {short} vs {', '.join(str(c.long_steps) for c in cases)} steps; "
+        "ratio rows are medians of per-round ratios"
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ progress bar, model summary, a ModelCheckpoint each epoch and a validation pass 
 train.py's `dataset=synthetic`, through a plain DataLoader. Prints bench.startup's marker to stdout
 right after the first optimizer step, so both benchmarks clock it as they clock train.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,16 +66,24 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     shape = (args.channels, args.image_size, args.image_size)
     data = [
-        TensorDataset(torch.randn(n, *shape, generator=generator), torch.randint(0, args.classes, (n,), generator=generator))
+        TensorDataset(
+            torch.randn(n, *shape, generator=generator), torch.randint(0, args.classes, (n,), generator=generator)
+        )
         for n in (args.train_size, args.val_size)
     ]
     model = Classifier(NETS[args.model](args.channels, args.classes, args.image_size))
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=args.max_steps, limit_val_batches=1,
-        default_root_dir=args.root, callbacks=[FirstStep()],
+        accelerator="cpu",
+        devices=1,
+        max_steps=args.max_steps,
+        limit_val_batches=1,
+        default_root_dir=args.root,
+        callbacks=[FirstStep()],
     )
     trainer.fit(
-        model, DataLoader(data[0], batch_size=args.batch_size, shuffle=True), DataLoader(data[1], batch_size=args.batch_size)
+        model,
+        DataLoader(data[0], batch_size=args.batch_size, shuffle=True),
+        DataLoader(data[1], batch_size=args.batch_size),
     )
 
 

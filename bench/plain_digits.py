@@ -3,6 +3,7 @@
 scikit-learn's digits with the same split (data.digits) and normalisation, seed 002's Net, SGD + cosine over
 `--epochs` (15, as config/schema.py) at batch 64, evaluated each epoch. Prints one JSON line: final validation accuracy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from data.digits import images_and_labels, stratified_split
 from models.mnist_net import MnistNet
+
 
 def tensors(images, labels) -> TensorDataset:
     x = (torch.as_tensor(images, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0 - 0.3053) / 0.3760

@@ -7,6 +7,7 @@ permutation, the cheapest way to feed a model (bench.peers' floor). --max-steps 
 many optimizer steps; --val-size adds one validation batch per epoch, as the peers job does.
 Threads: torch's default, which train.py also leaves a single process (OMP_NUM_THREADS sets both).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,7 @@ import itertools
 import json
 import statistics
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F

@@ -6,6 +6,7 @@ workers with pinned memory, batch 128, fp32, SGD 0.1 / 0.9 / 5e-4. Prints one JS
 
 python -m bench.plain_seed000 --root <dir holding cifar-10-batches-py/> --epochs 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,12 +51,14 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
 
-    transform = transforms.Compose([
-        transforms.RandomCrop(32, padding=4),
-        transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(),
-        transforms.Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
-    ])
+    transform = transforms.Compose(
+        [
+            transforms.RandomCrop(32, padding=4),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
+        ]
+    )
     trainset = Cifar10(args.root, transform)
     trainloader = DataLoader(trainset, batch_size=128, shuffle=True, num_workers=8, pin_memory=True)
     net = torchvision.models.resnet50().cuda()

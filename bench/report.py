@@ -11,6 +11,7 @@ over a search's trials. Runs are labelled by their own overrides, shortened from
 long, with a legend under the plots that gives each shortened label's overrides and each trial's
 parameters.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -223,14 +224,17 @@ def middle(text: str, longest: int) -> str:
     if len(first) + len(last) + 3 <= longest:
         return f"{first} … {last}"
     head = (longest - 1) // 2
-    return f"{text[:head]}…{text[len(text) - (longest - 1 - head):]}"
+    return f"{text[:head]}…{text[len(text) - (longest - 1 - head) :]}"
 
 
 def legend(runs: list[Run], labels: Mapping[str, str], keys: list[str], search: dict[str, Any] | None) -> list[str]:
     """The lines under the plots: each shortened label with every override of its run, and each of
     a search's trials with its parameters."""
-    lines = [f"{labels[run.name]}: {' '.join(f'{k}={v}' for k, v in run.overrides)}"
-             for run in runs if len(label(run, keys)) > LONGEST]
+    lines = [
+        f"{labels[run.name]}: {' '.join(f'{k}={v}' for k, v in run.overrides)}"
+        for run in runs
+        if len(label(run, keys)) > LONGEST
+    ]
     for trial in (search or {}).get("trials") or []:
         params = " ".join(f"{k}={short(str(v))}" for k, v in (trial.get("params") or {}).items())
         state = "" if trial.get("state") == "COMPLETE" else f" ({trial.get('state', '?').lower()})"
@@ -277,18 +281,43 @@ def markdown(table: list[Row]) -> str:
     runs = [row.run for row in table]
     extra = [k for k in swept_keys(runs) if k not in SHOWN]
     objectives = sorted({r.objective for r in runs} - {"val_acc", "best_val_acc"})
-    header = [*extra, "strategy", "devices", "model", "dataset", "batch", SAMPLES_PER_S, "speed-up", "efficiency",
-              "val acc", "best acc", *objectives, "state MB/rank", "peak MB/device", "run"]
+    header = [
+        *extra,
+        "strategy",
+        "devices",
+        "model",
+        "dataset",
+        "batch",
+        SAMPLES_PER_S,
+        "speed-up",
+        "efficiency",
+        "val acc",
+        "best acc",
+        *objectives,
+        "state MB/rank",
+        "peak MB/device",
+        "run",
+    ]
     align = [*("---" for _ in extra), "---", "---:", "---", "---", *("---:" for _ in range(8 + len(objectives))), "---"]
     lines = [f"| {' | '.join(header)} |", f"| {' | '.join(align)} |"]
     for row in table:
         r = row.run
         cells = [
-            *(short(used(r, k)) for k in extra), r.strategy, str(r.devices), r.model, r.dataset,
-            _or_dash(r.batch_size, "{}"), f"{r.samples_per_s:,.0f}", _or_dash(row.speedup, "{:.2f}×"),
-            _or_dash(row.efficiency, "{:.0%}"), f"{r.val_acc:.2%}", f"{r.best_val_acc:.2%}",
+            *(short(used(r, k)) for k in extra),
+            r.strategy,
+            str(r.devices),
+            r.model,
+            r.dataset,
+            _or_dash(r.batch_size, "{}"),
+            f"{r.samples_per_s:,.0f}",
+            _or_dash(row.speedup, "{:.2f}×"),
+            _or_dash(row.efficiency, "{:.0%}"),
+            f"{r.val_acc:.2%}",
+            f"{r.best_val_acc:.2%}",
             *(_or_dash(r.objective_value if r.objective == o else None, "{:.4g}") for o in objectives),
-            _or_dash(r.state_mb_per_rank, "{:,.1f}"), _or_dash(r.peak_memory_mb, "{:,.0f}"), r.name,
+            _or_dash(r.state_mb_per_rank, "{:,.1f}"),
+            _or_dash(r.peak_memory_mb, "{:,.0f}"),
+            r.name,
         ]
         lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines)
@@ -349,8 +378,11 @@ def figure(table: list[Row], search: dict[str, Any] | None = None) -> Any:
         labelled = runs
     labels = plot_labels(labelled, keys)
     width = 5.5 * panels
-    notes = [wrapped for line in legend(labelled, labels, keys, search)  # ~14 monospace characters an inch
-             for wrapped in textwrap.wrap(line, int(width * 14) - 4, subsequent_indent="    ")]
+    notes = [
+        wrapped
+        for line in legend(labelled, labels, keys, search)  # ~14 monospace characters an inch
+        for wrapped in textwrap.wrap(line, int(width * 14) - 4, subsequent_indent="    ")
+    ]
     notes_inches = 0.15 * len(notes) + 0.2 if notes else 0.0
     fig, axes = plt.subplots(1, panels, figsize=(width, 4.8 + notes_inches), squeeze=False)
     axes = list(axes[0])
@@ -366,8 +398,9 @@ def figure(table: list[Row], search: dict[str, Any] | None = None) -> Any:
     below = notes_inches / (4.8 + notes_inches)  # the figure's share under the plots, for the legend
     fig.tight_layout(rect=(0, below, 1, 1))
     if notes:
-        fig.text(0.01, below - 0.1 / (4.8 + notes_inches), "\n".join(notes), va="top", family="monospace",
-                 fontsize="small")
+        fig.text(
+            0.01, below - 0.1 / (4.8 + notes_inches), "\n".join(notes), va="top", family="monospace", fontsize="small"
+        )
     return fig
 
 
@@ -412,8 +445,14 @@ def _accuracy_vs_wall_time(ax: Any, runs: list[Run], labels: Mapping[str, str], 
         middle_s = (min(times) + max(times)) / 2
         for r in runs:
             left = r.wall_s > middle_s  # a label runs towards the middle, not off the right edge
-            ax.annotate(labels[r.name], (r.wall_s, r.best_val_acc), fontsize="x-small", ha="right" if left else "left",
-                        xytext=(-4 if left else 4, 4), textcoords="offset points")
+            ax.annotate(
+                labels[r.name],
+                (r.wall_s, r.best_val_acc),
+                fontsize="x-small",
+                ha="right" if left else "left",
+                xytext=(-4 if left else 4, 4),
+                textcoords="offset points",
+            )
         ax.margins(x=0.1, y=0.1)
     ax.set(title="Accuracy vs wall time", xlabel="wall time (s)", ylabel="best val accuracy")
 
@@ -431,8 +470,15 @@ def _search_trials(ax: Any, search: dict[str, Any]) -> None:
         ax.plot(numbers, values, "o", label="trial")
         ax.step(numbers, best_so_far, where="post", label="best so far")
         if search.get("best_trial") is not None:
-            ax.plot([search["best_trial"]], [search["best_value"]], "o", markersize=12, fillstyle="none",
-                    color="tab:red", label=f"best: trial {search['best_trial']}")
+            ax.plot(
+                [search["best_trial"]],
+                [search["best_value"]],
+                "o",
+                markersize=12,
+                fillstyle="none",
+                color="tab:red",
+                label=f"best: trial {search['best_trial']}",
+            )
         ax.legend(fontsize="small")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are whole numbers: no tick at 0.5
     ax.set(title=f"{metric} over the trials (parameters: below)", xlabel="trial (its job's number)", ylabel=metric)

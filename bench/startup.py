@@ -13,6 +13,7 @@ synthetic 3x32x32, batch 128) is clocked the same way under train.py and under L
 Each round runs every command once, in an order rotated per round; the ratio is the median of
 per-round ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,29 @@ TARGET_S = 2.0
 FIRST_STEP = "first optimizer step done"
 BARE = "import torch"
 WITH_OPTIMIZER = "import torch; torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)"
-PEERS_JOB = ["model=simple_cnn", "dataset=synthetic", "trainer.batch_size=128", "trainer.accelerator=cpu",
-             "optimizer=sgd", "scheduler=none", "trainer.limit_val_batches=1"]
-LIGHTNING_JOB = ["-m", "bench.peers_lightning", "--model", "simple_cnn", "--channels", "3", "--image-size", "32",
-                 "--batch-size", "128", "--max-steps", "1"]
+PEERS_JOB = [
+    "model=simple_cnn",
+    "dataset=synthetic",
+    "trainer.batch_size=128",
+    "trainer.accelerator=cpu",
+    "optimizer=sgd",
+    "scheduler=none",
+    "trainer.limit_val_batches=1",
+]
+LIGHTNING_JOB = [
+    "-m",
+    "bench.peers_lightning",
+    "--model",
+    "simple_cnn",
+    "--channels",
+    "3",
+    "--image-size",
+    "32",
+    "--batch-size",
+    "128",
+    "--max-steps",
+    "1",
+]
 
 
 def to_exit(code: str) -> float:
@@ -70,15 +90,17 @@ def main() -> None:
         f"python -c '{WITH_OPTIMIZER}'": lambda: to_exit(WITH_OPTIMIZER),
         "python train.py (default job), to its first optimizer step": lambda: to_first_step(ours, "hydra.run.dir="),
         "python train.py (peers job), to its first optimizer step": (
-            lambda: to_first_step([*ours, *PEERS_JOB], "hydra.run.dir=")),
+            lambda: to_first_step([*ours, *PEERS_JOB], "hydra.run.dir=")
+        ),
     }
     if importlib.util.find_spec("lightning") is not None:
-        commands["Lightning Trainer (peers job), to its first optimizer step"] = (
-            lambda: to_first_step(LIGHTNING_JOB, "--root="))
+        commands["Lightning Trainer (peers job), to its first optimizer step"] = lambda: to_first_step(
+            LIGHTNING_JOB, "--root="
+        )
     seconds = {name: [] for name in commands}
     names = list(commands)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             seconds[name].append(commands[name]())
 
     bare = median(seconds[names[0]])
@@ -90,7 +112,9 @@ def main() -> None:
     print(table(["command", "seconds (median)", "above bare import (s)", f"target ≤ {TARGET_S} s above"], rows))
     if len(names) == 5:
         ratio = median(per_round(seconds[names[3]], seconds[names[4]]))
-        print(f"\ntrain.py / Lightning to the first optimizer step, peers job: {ratio:.3f} (median of per-round ratios)")
+        print(
+            f"\ntrain.py / Lightning to the first optimizer step, peers job: {ratio:.3f} (median of per-round ratios)"
+        )
     else:
         print("\nLightning is not installed (make bench-deps): its row is left out")
 

@@ -9,11 +9,12 @@ the wall ratio is the median of the per-round ratios (this machine's neighbours 
 Target: median final validation accuracy ≥ 98 % in ≤ 10 s on 2 cores, start-up included; ratio ≤ 1.00.
 Overrides change our side only (e.g. logger=none: what TensorBoard costs the default job).
 """
+
 from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from bench.common import median, python_json, spread, table, train, verdict
 
@@ -31,8 +32,16 @@ def main() -> None:
     ours, plain, ratios = Timings(), Timings(), []
     for seed in range(rounds):
         jobs = [
-            (ours, lambda: train(f"trainer.epochs={epochs}", f"trainer.seed={seed}", *args.overrides)["val_acc"]),
-            (plain, lambda: python_json("-m", "bench.plain_digits", "--epochs", str(epochs), "--seed", str(seed))["val_acc"]),
+            (
+                ours,
+                lambda seed=seed: train(f"trainer.epochs={epochs}", f"trainer.seed={seed}", *args.overrides)["val_acc"],
+            ),
+            (
+                plain,
+                lambda seed=seed: python_json("-m", "bench.plain_digits", "--epochs", str(epochs), "--seed", str(seed))[
+                    "val_acc"
+                ],
+            ),
         ]
         for timings, job in jobs if seed % 2 == 0 else jobs[::-1]:
             timings.time(job)
@@ -41,8 +50,13 @@ def main() -> None:
     rows = [
         ours.row(" ".join(["python train.py", *args.overrides]), met=ours.acc >= TARGET_ACC and ours.wall <= TARGET_S),
         plain.row("bench/plain_digits.py (baseline)", met=None),
-        ["ratio ours / baseline (wall, median of rounds)", ratio, "", spread(ratios),
-         verdict(ratio, TARGET_RATIO, higher_is_better=False)],
+        [
+            "ratio ours / baseline (wall, median of rounds)",
+            ratio,
+            "",
+            spread(ratios),
+            verdict(ratio, TARGET_RATIO, higher_is_better=False),
+        ],
     ]
     target = f"target ≥ {TARGET_ACC:.0%} in ≤ {TARGET_S:.0f} s; ratio ≤ {TARGET_RATIO:.2f}"
     print(table(["job", "wall (s)", "final val acc (median of seeds)", "range", target], rows))

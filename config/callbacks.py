@@ -2,6 +2,7 @@
 to fail in one line and to leave an earlier run's record as it was; and a sweep (`-m`, or an
 hparams_search) saying where it writes, as it starts and as it ends, with the command that compares
 its jobs."""
+
 from __future__ import annotations
 
 import logging

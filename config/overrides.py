@@ -1,12 +1,14 @@
 """The command line's overrides, read as Hydra reads them: a key the schema lacks in one line
 before Hydra composes, a job's overrides as {key: value} for its record, and the keys its sweep
 varies."""
+
 from __future__ import annotations
 
 import difflib
 import typing
+from collections.abc import Sequence
 from dataclasses import is_dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -49,7 +51,9 @@ def check_override_keys(overrides: Sequence[str]) -> None:
     if free_form and not any(o.is_sweep_override() and "." not in o.key_or_group for o in parsed):
         # Composed with the command's fixed overrides: a sweep of values leaves the nodes as they are;
         # one of group choices (model=a,b) changes them from job to job, and is left to Hydra.
-        kept = [o.input_line for o in parsed if not o.is_sweep_override() and o.key_or_group.split(".") not in free_form]
+        kept = [
+            o.input_line for o in parsed if not o.is_sweep_override() and o.key_or_group.split(".") not in free_form
+        ]
         _check_free_form_keys(free_form, kept)
 
 

@@ -6,6 +6,7 @@ types and never a DictConfig. Closed choices are Enums matched by name (OmegaCon
 Literal and matches Enums by member name); trainer.precision stays a string, because its
 names ("32", "bf16-mixed") are not identifiers, and the pre-flight (preflight.py) validates it.
 """
+
 from __future__ import annotations
 
 import signal

@@ -1,5 +1,6 @@
 """Hydra's side of the config: the schema in its ConfigStore, the resolvers conf/ uses, and
 `compose()` for tests and tools that need the config `python train.py` would get."""
+
 from __future__ import annotations
 
 import hashlib
@@ -62,8 +63,9 @@ def _job_dir(*, _root_: DictConfig) -> str:
     return job_dir(num, list(_root_.hydra.overrides.task), naming.exclude_keys, naming.kv_sep, naming.item_sep)
 
 
-def job_dir(num: int | None, overrides: Sequence[str], exclude_keys: Sequence[str] = (), kv_sep: str = "=",
-            item_sep: str = ",") -> str:
+def job_dir(
+    num: int | None, overrides: Sequence[str], exclude_keys: Sequence[str] = (), kv_sep: str = "=", item_sep: str = ","
+) -> str:
     """Its number, then the overrides that tell it from the others, if any, as Hydra's
     override_dirname joins them, but with floats to 4 significant digits: a search's sampled
     0.03028525153605885 names its dir 0.03029 (the exact value stays in its .hydra/; the number
@@ -76,7 +78,7 @@ def job_dir(num: int | None, overrides: Sequence[str], exclude_keys: Sequence[st
     name = f"{prefix}_{dirname}" if dirname else prefix
     if len(name.encode()) <= _NAME_BYTES:
         return name
-    return f"{name.encode()[:_NAME_BYTES - 13].decode(errors='ignore')}~{hashlib.sha1(name.encode()).hexdigest()[:12]}"
+    return f"{name.encode()[: _NAME_BYTES - 13].decode(errors='ignore')}~{hashlib.sha1(name.encode()).hexdigest()[:12]}"
 
 
 def _four_digits(override: Override) -> str:

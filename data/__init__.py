@@ -1,12 +1,14 @@
 """Datasets and per-rank loaders. Knows DistContext, nothing else of the distributed world."""
+
 from __future__ import annotations
 
 import importlib
 import multiprocessing
 import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Protocol, Sequence, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from torch.utils.data import Dataset, DistributedSampler, Sampler, Subset, get_worker_info
@@ -69,7 +71,7 @@ class OnDisk(Protocol):
     def read(self, root: Path) -> tuple[ImageArrays, ImageArrays]: ...  # malformed: a one-line ConfigError
 
 
-DatasetModule = Union[InMemory, PerSample, ImageFiles]
+DatasetModule = InMemory | PerSample | ImageFiles
 """What serves one dataset: a module of data/, or an object, named in DATASETS.
 
 Required: `arrays(cfg)` (InMemory), `load(cfg)` (PerSample), or both; or `image_files(cfg)`
@@ -87,7 +89,7 @@ def dataset_module(name: str) -> DatasetModule:
     if name not in DATASETS:
         raise ConfigError(
             f"dataset.name={name}: no module serves it; register one in data/__init__.py's DATASETS "
-            f"(\"{name}\": \"data.{name}\"), beside {', '.join(sorted(DATASETS))}"
+            f'("{name}": "data.{name}"), beside {", ".join(sorted(DATASETS))}'
         )
     where, _, attribute = DATASETS[name].partition(":")
     module = importlib.import_module(where)
@@ -194,8 +196,14 @@ def batched(module: DatasetModule, dataset: DatasetConfig) -> bool:
 
 
 def build_loaders(
-    dataset: DatasetConfig, data: DataConfig, ctx: DistContext, global_batch: int, seed: int,
-    shuffle: bool = True, drop_last: bool = False, global_val_batch: int | None = None,
+    dataset: DatasetConfig,
+    data: DataConfig,
+    ctx: DistContext,
+    global_batch: int,
+    seed: int,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    global_val_batch: int | None = None,
 ) -> Loaders:
     """Each rank gets `global_batch / world_size` per step; validation covers every sample once,
     `global_val_batch` (default `global_batch`) at a time. `shuffle=False` (trainer.overfit_batches):
@@ -235,8 +243,15 @@ def build_loaders(
 
 
 def _tensor_loaders(
-    module: InMemory, dataset: DatasetConfig, data: DataConfig, ctx: DistContext, batches: tuple[int, int],
-    seed: int, shuffle: bool, drop_last: bool, held_on: torch.device,
+    module: InMemory,
+    dataset: DatasetConfig,
+    data: DataConfig,
+    ctx: DistContext,
+    batches: tuple[int, int],
+    seed: int,
+    shuffle: bool,
+    drop_last: bool,
+    held_on: torch.device,
 ) -> Loaders:
     from data.tensor_loader import TensorLoader
     from data.transforms import BatchTransform, ToDevice

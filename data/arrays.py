@@ -1,13 +1,16 @@
 """A whole split as one tensor of images, as stored on disk, plus labels: both loaders start here."""
+
 from __future__ import annotations
 
-from config.schema import DatasetConfig
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
+
+from config.schema import DatasetConfig
 
 
 @dataclass(frozen=True)

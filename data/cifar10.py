@@ -4,6 +4,7 @@ torchvision's CIFAR10 refuses any file whose md5 differs from the official relea
 every well-formed batch (a subset, a re-pickled copy, with str or bytes keys) and reject malformed
 ones by name.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -83,7 +84,9 @@ def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         images, labels = _field(entry, "data"), np.asarray(_field(entry, "labels"), dtype=np.int64)
     except (OSError, EOFError, pickle.UnpicklingError, TypeError, KeyError, ValueError, IndexError) as e:
         raise ConfigError(f"{path}: not a CIFAR-10 batch ({type(e).__name__}: {e}); {fix}") from None
-    if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.ndim == 2 and images.shape[1] == 3072):
+    if not (
+        isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.ndim == 2 and images.shape[1] == 3072
+    ):
         raise ConfigError(f"{path}: 'data' must be uint8 rows of 3072 pixels (3 x 32 x 32); {fix}")
     if labels.shape != (len(images),) or (labels.size and not 0 <= labels.min() <= labels.max() <= 9):
         raise ConfigError(f"{path}: needs one label in 0..9 per image ({len(images)} images); {fix}")

@@ -6,10 +6,11 @@ training device; the CPU in tests).
 A box is (top, left, height, width) in the full image's pixels, as RandomResizedCrop.get_params
 returns it.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -26,7 +27,10 @@ def batch_seed(seed: int, epoch: int, rank: int, position: int) -> int:
 
 
 def random_resized_boxes(
-    sizes: torch.Tensor, generator: torch.Generator, scale: Sequence[float] = SCALE, ratio: Sequence[float] = RATIO,
+    sizes: torch.Tensor,
+    generator: torch.Generator,
+    scale: Sequence[float] = SCALE,
+    ratio: Sequence[float] = RATIO,
 ) -> torch.Tensor:
     """RandomResizedCrop.get_params for each (height, width) row of `sizes`: n x 4 int64 boxes.
 
@@ -36,8 +40,9 @@ def random_resized_boxes(
     n = len(sizes)
     height, width = sizes[:, :1].double(), sizes[:, 1:].double()
     area = height * width * torch.empty(n, TRIES, dtype=torch.float64).uniform_(scale[0], scale[1], generator=generator)
-    log_aspect = torch.empty(n, TRIES, dtype=torch.float64).uniform_(math.log(ratio[0]), math.log(ratio[1]),
-                                                                      generator=generator)
+    log_aspect = torch.empty(n, TRIES, dtype=torch.float64).uniform_(
+        math.log(ratio[0]), math.log(ratio[1]), generator=generator
+    )
     aspect = log_aspect.exp()
     w, h = (area * aspect).sqrt().round(), (area / aspect).sqrt().round()
     fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
@@ -52,7 +57,9 @@ def random_resized_boxes(
     return torch.cat([top, left, h, w], dim=1).long()
 
 
-def _central_fallback(height: torch.Tensor, width: torch.Tensor, ratio: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
+def _central_fallback(
+    height: torch.Tensor, width: torch.Tensor, ratio: Sequence[float]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole image, cut to the nearest aspect in `ratio` (RandomResizedCrop's last resort)."""
     low, high = min(ratio), max(ratio)
     in_ratio = width / height
@@ -81,7 +88,7 @@ def cut(image: torch.Tensor, box: Sequence[int], size: int) -> torch.Tensor:
     """The box of a C x H x W uint8 CPU image resized to C x size x size uint8, bilinear and
     antialiased as torchvision's resized_crop on tensors (torch's uint8 kernel: no float copy)."""
     top, left, h, w = box
-    crop = image[None, :, top:top + h, left:left + w]
+    crop = image[None, :, top : top + h, left : left + w]
     return F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
 
 
@@ -94,8 +101,13 @@ def resized_crops(images: Sequence[torch.Tensor], boxes: torch.Tensor, size: int
     torchvision.ops.roi_align per image, and a batched roi_align needs the images padded to the
     largest (see BENCHMARKS.md: image folders)."""
     crops = [
-        F.interpolate(image[None, :, top:top + h, left:left + w].float(), size=(size, size), mode="bilinear",
-                      antialias=True, align_corners=False)
+        F.interpolate(
+            image[None, :, top : top + h, left : left + w].float(),
+            size=(size, size),
+            mode="bilinear",
+            antialias=True,
+            align_corners=False,
+        )
         for image, (top, left, h, w) in zip(images, boxes.tolist())
     ]
     return torch.cat(crops)

@@ -8,6 +8,7 @@ process on the CPU, which is how the path is tested without a GPU. `auto` is `gp
 training device is CUDA and the dataset reads image files, unless an augmentation only the CPU
 path has is on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,7 +16,7 @@ from collections import Counter
 
 import torch
 
-from config.schema import DatasetConfig, DataConfig, Decode
+from config.schema import DataConfig, DatasetConfig, Decode
 from data import DatasetModule, ImageFiles
 from data.crops import flip, resized_crops
 from data.file_batches import Boxes, DecodeHere, EncodedBatch, EncodedFiles, ForDevice, Positioned
@@ -54,7 +55,12 @@ def on_device(module: DatasetModule, dataset: DatasetConfig, data: DataConfig, d
 
 
 def splits(
-    module: ImageFiles, dataset: DatasetConfig, data: DataConfig, device: torch.device, seed: int, rank: int,
+    module: ImageFiles,
+    dataset: DatasetConfig,
+    data: DataConfig,
+    device: torch.device,
+    seed: int,
+    rank: int,
 ) -> tuple[Split, Split]:
     """The training and validation splits of an image-file dataset: files read in workers, then
     decoded and cut there (data.decode=cpu) or on the training device (gpu), to train_crop
@@ -63,8 +69,10 @@ def splits(
     boxes = Boxes(dataset, True, seed, rank), Boxes(dataset, False, seed, rank)
     finish = ToDevice(dataset, 255, device)
     if on_device(module, dataset, data, device):
-        return (Split(Positioned(train), DecodeOnDevice(boxes[0].size, finish, "training"), ForDevice(boxes[0])),
-                Split(val, DecodeOnDevice(boxes[1].size, finish, "validation"), ForDevice(boxes[1])))
+        return (
+            Split(Positioned(train), DecodeOnDevice(boxes[0].size, finish, "training"), ForDevice(boxes[0])),
+            Split(val, DecodeOnDevice(boxes[1].size, finish, "validation"), ForDevice(boxes[1])),
+        )
     augment = [*policy(dataset, train=True), *erase(dataset, train=True)]
     return Split(Positioned(train), finish, DecodeHere(boxes[0], augment)), Split(val, finish, DecodeHere(boxes[1]))
 
@@ -100,8 +108,13 @@ class DecodeOnDevice:
         self.cpu_decoded.update(why for why in batch.on_cpu if why)
         if first:
             path, why = next((p, w) for p, w in zip(batch.paths, batch.on_cpu) if w)
-            log.info("data.decode=gpu: %s is a %s, decoded on the CPU instead; so is every %s file that is not a "
-                     "baseline colour JPEG (logged once)", path, why, self.split)
+            log.info(
+                "data.decode=gpu: %s is a %s, decoded on the CPU instead; so is every %s file that is not a "
+                "baseline colour JPEG (logged once)",
+                path,
+                why,
+                self.split,
+            )
 
 
 def decode_jpegs(data: list[torch.Tensor], paths: list[str], device: torch.device) -> list[torch.Tensor]:

@@ -3,6 +3,7 @@
 scikit-learn's copy of UCI's optdigits test set, as its `load_digits` reads it; its provenance and
 licence are in data/files/NOTICE.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,6 +1,7 @@
 """Dataset files in torchvision's layout under `dataset.root`, fetched once: in a run, rank 0
 downloads what is missing while the others wait; ahead of one, `python download.py` (the CLI at
 the top of the repo, for compute nodes without internet)."""
+
 from __future__ import annotations
 
 import sys

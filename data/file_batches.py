@@ -10,12 +10,14 @@ data.decode:
 
 Both paths draw the same boxes and flips for the same (seed, epoch, rank, position).
 """
+
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,8 +59,13 @@ def read(path: str) -> Encoded:
     try:
         data = Path(path).read_bytes()
         with Image.open(io.BytesIO(data)) as image:  # parses the header only
-            return Encoded(torch.frombuffer(bytearray(data), dtype=torch.uint8), image.height, image.width,
-                           cpu_only(image, data), path)
+            return Encoded(
+                torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                image.height,
+                image.width,
+                cpu_only(image, data),
+                path,
+            )
     except OSError as e:  # PIL's UnidentifiedImageError is an OSError too
         raise ConfigError(f"{path}: unreadable image ({e}); delete or replace it") from None
 
@@ -199,7 +206,9 @@ class ForDevice:
 
     def __call__(self, samples: list[tuple[Any, ...]]) -> tuple[EncodedBatch, torch.Tensor]:
         drawn = self.boxes.draw(samples)
-        images = [e.data if e.why is None else decode_here(e, box, self.boxes.size)
-                  for e, box in zip(drawn.encoded, drawn.boxes.tolist())]
+        images = [
+            e.data if e.why is None else decode_here(e, box, self.boxes.size)
+            for e, box in zip(drawn.encoded, drawn.boxes.tolist())
+        ]
         whys, paths = [e.why for e in drawn.encoded], [e.path for e in drawn.encoded]
         return EncodedBatch(images, whys, paths, drawn.boxes, drawn.flips), drawn.labels

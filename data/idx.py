@@ -1,5 +1,6 @@
 """Datasets in MNIST's IDX format (MNIST, Fashion-MNIST, KMNIST, ...), read here from torchvision's
 layout (root/<torchvision's class>/raw/, files gzipped or not) and downloaded by torchvision."""
+
 from __future__ import annotations
 
 import gzip
@@ -92,4 +93,6 @@ def read_idx(path: Path, ndim: int, fix: str) -> np.ndarray:
 
 def idx_bytes(array: np.ndarray) -> bytes:
     """`array` (uint8) as an idx file: the inverse of read_idx, for subsets, tests and benchmarks."""
-    return bytes([0, 0, _UBYTE, array.ndim]) + np.asarray(array.shape, ">u4").tobytes() + array.astype(np.uint8).tobytes()
+    return (
+        bytes([0, 0, _UBYTE, array.ndim]) + np.asarray(array.shape, ">u4").tobytes() + array.astype(np.uint8).tobytes()
+    )

@@ -1,4 +1,5 @@
 """ImageNet-style folders: root/train/<class>/<image> and root/val/<class>/<image>, read from disk."""
+
 from __future__ import annotations
 
 import os
@@ -36,7 +37,9 @@ def check(cfg: DatasetConfig) -> None:
     # An empty class folder in val/ is allowed (load passes allow_empty): validation subsets often
     # lack a class, and its folder must stay, since the sorted folders give the labels.
     if not any(_holds_an_image(_root(cfg) / "val" / name, IMG_EXTENSIONS) for name in classes["val"]):
-        raise ConfigError(f"dataset.root={cfg.root}: val/ holds {images} in any class folder; add the validation images")
+        raise ConfigError(
+            f"dataset.root={cfg.root}: val/ holds {images} in any class folder; add the validation images"
+        )
     if len(classes["train"]) != cfg.num_classes:
         raise ConfigError(
             f"dataset.num_classes={cfg.num_classes} but {cfg.root}/train holds {len(classes['train'])} class "
@@ -62,7 +65,9 @@ def _root(cfg: DatasetConfig) -> Path:
 
 def _classes(folder: Path) -> list[str]:
     if not folder.is_dir():
-        raise ConfigError(f"dataset.root={folder.parent}: no {folder.name}/ folder; it must hold train/<class>/ and val/<class>/")
+        raise ConfigError(
+            f"dataset.root={folder.parent}: no {folder.name}/ folder; it must hold train/<class>/ and val/<class>/"
+        )
     classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
     if not classes:
         raise ConfigError(f"dataset.root={folder.parent}: {folder} holds no class folders")

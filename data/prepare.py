@@ -9,6 +9,7 @@ data.decode path, and a copy of baseline colour JPEGs alone is one the GPU path 
 file falls back to the CPU). Validate on a copy made the same way as the training one. What it
 gains and what it costs in accuracy: BENCHMARKS.md (image folders).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,12 +30,19 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m data.prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("source", type=Path, help="the image folder to copy")
-    parser.add_argument("destination", type=Path, help="where the copy goes (created; files already there are replaced)")
-    parser.add_argument("--max-side", type=int, default=500,
-                        help="longest side in pixels (default 500, FFCV's ResNet-50 copy)")
+    parser.add_argument(
+        "destination", type=Path, help="where the copy goes (created; files already there are replaced)"
+    )
+    parser.add_argument(
+        "--max-side", type=int, default=500, help="longest side in pixels (default 500, FFCV's ResNet-50 copy)"
+    )
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality, 1-95 (default 90, FFCV's)")
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
-                        help="processes (default: this machine's CPUs; 1: this one)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="processes (default: this machine's CPUs; 1: this one)",
+    )
     args = parser.parse_args(argv)
     try:
         sources = _images(args.source, args.destination, args.max_side, args.quality)
@@ -70,7 +78,9 @@ def _images(source: Path, destination: Path, max_side: int, quality: int) -> lis
 
 def _target(source: Path, destination: Path, path: Path) -> Path:
     relative = path.relative_to(source)
-    return destination / (relative if path.suffix.lower() in JPEG_SUFFIXES else relative.with_name(relative.name + ".jpg"))
+    return destination / (
+        relative if path.suffix.lower() in JPEG_SUFFIXES else relative.with_name(relative.name + ".jpg")
+    )
 
 
 def shrink(source: Path, target: Path, max_side: int, quality: int) -> tuple[int, int]:

@@ -1,9 +1,11 @@
 """The DataLoader path: per-sample work (reading, decoding, resizing, per-image augmentation) in
 worker processes, whose batches the training device finishes (`to_device`)."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from torch.utils.data import Dataset
 

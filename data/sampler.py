@@ -1,8 +1,9 @@
 """data.repeated_augmentations: torchvision's RASampler (from DeiT) on DistributedSampler's terms."""
+
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Dataset, DistributedSampler
@@ -33,7 +34,7 @@ class RepeatedAugmentationSampler(DistributedSampler):
         repeated = order.repeat_interleave(self.repetitions).tolist()
         # Every rank the same count: the order again from its start, as often as a set smaller than the world needs.
         repeated = (repeated * math.ceil(self.repeated_size / len(repeated)))[: self.repeated_size]
-        return iter(repeated[self.rank:self.repeated_size:self.num_replicas][: self.num_samples])
+        return iter(repeated[self.rank : self.repeated_size : self.num_replicas][: self.num_samples])
 
 
 def train_sampler(

@@ -1,4 +1,5 @@
 """Random images and labels of a configurable shape: for throughput work, not for accuracy."""
+
 from __future__ import annotations
 
 import torch

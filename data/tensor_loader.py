@@ -6,10 +6,11 @@ tensor ops on the stored dtype (the fastest CIFAR-10 trainers' recipe), and norm
 training device (to_device). Sharding reuses DistributedSampler, so each rank sees exactly the
 indices, in the order, that a DataLoader over it would give.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DistributedSampler

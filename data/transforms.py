@@ -1,9 +1,11 @@
 """The seeds' augmentations for in-memory sets, built from the dataset config: per sample with
 torchvision (PIL, in DataLoader workers, ending in uint8), or per batch where the set is held; and
 ToDevice, which every loader's batch ends in on the training device. (Image files: data/file_batches.py.)"""
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -5,9 +5,11 @@ worker's whole traceback (torch._utils.ExceptionWrapper.reraise): `ConfigError("
 in DataLoader worker process 0.\\nOriginal Traceback ...\\nerrors.ConfigError: <the line>")`. The
 original object stays in the worker; its message is the traceback's last entry.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from torch.utils.data import DataLoader
 

@@ -1,9 +1,11 @@
 """Every collective the rest of the code needs, as no-ops without a process group, so callers
 never branch on it and nothing outside distributed/ imports torch.distributed."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -48,7 +50,10 @@ def all_gather_object(obj: T, ctx: DistContext) -> list[T]:
 
 
 def on_main_first(
-    fn: Callable[[], T], ctx: DistContext, timeout: timedelta, needed: Callable[[], bool] = lambda: True,
+    fn: Callable[[], T],
+    ctx: DistContext,
+    timeout: timedelta,
+    needed: Callable[[], bool] = lambda: True,
 ) -> T | None:
     """Rank 0 runs `fn` while the others wait up to `timeout` (not launcher.timeout_s: a download
     may take minutes), then every rank returns what it returned or raises what it raised.

@@ -1,13 +1,14 @@
 """DistContext: who this process is. Built once by the launcher, passed down, never re-read."""
+
 from __future__ import annotations
 
 import gc
 import importlib
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Mapping
 
 import numpy as np
 import torch
@@ -46,8 +47,15 @@ class DistContext:
 
 
 def make_context(
-    rank: int, local_rank: int, world_size: int, local_world_size: int, accelerator: str, use_process_group: bool,
-    devices_per_process: int = 1, host_collectives: bool = False, backend: str | None = None,
+    rank: int,
+    local_rank: int,
+    world_size: int,
+    local_world_size: int,
+    accelerator: str,
+    use_process_group: bool,
+    devices_per_process: int = 1,
+    host_collectives: bool = False,
+    backend: str | None = None,
 ) -> DistContext:
     """One process per device: CUDA rank r drives GPU `local_rank`; CPU ranks share the host.
 
@@ -56,13 +64,17 @@ def make_context(
     """
     if accelerator != "gpu":
         device = torch.device("cpu")
-        return DistContext(rank, local_rank, world_size, local_world_size, device, "gloo" if use_process_group else None)
+        return DistContext(
+            rank, local_rank, world_size, local_world_size, device, "gloo" if use_process_group else None
+        )
     device = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
     devices = tuple(torch.device("cuda", i) for i in range(devices_per_process)) if devices_per_process > 1 else ()
     if backend != "gloo":  # gloo takes CUDA and host tensors alike
         # NCCL takes CUDA tensors only; torch's "device:backend" list adds gloo for host tensors.
         backend = "cuda:nccl,cpu:gloo" if host_collectives else "nccl"
-    return DistContext(rank, local_rank, world_size, local_world_size, device, backend if use_process_group else None, devices)
+    return DistContext(
+        rank, local_rank, world_size, local_world_size, device, backend if use_process_group else None, devices
+    )
 
 
 def cpus_per_rank(local_world_size: int, env: Mapping[str, str] = os.environ) -> int:
@@ -83,7 +95,9 @@ def cpus_per_rank(local_world_size: int, env: Mapping[str, str] = os.environ) ->
 
 def placement(workers: int) -> str:
     """This rank's CPUs, threads and loader workers, for the log's line of where each rank runs."""
-    return f"CPUs {_ranges(sorted(os.sched_getaffinity(0)))}, {torch.get_num_threads()} threads, {workers} loader workers"
+    return (
+        f"CPUs {_ranges(sorted(os.sched_getaffinity(0)))}, {torch.get_num_threads()} threads, {workers} loader workers"
+    )
 
 
 def _ranges(cpus: list[int]) -> str:

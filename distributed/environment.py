@@ -2,6 +2,7 @@
 
 Pure functions of an env mapping, so each launcher's parsing is testable without processes.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -10,8 +11,8 @@ import re
 import socket
 import struct
 import subprocess
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from errors import ConfigError
 

@@ -9,13 +9,14 @@ repeated block keeps that small while the collectives stay large enough to be ef
 torch.distributed.fsdp and torch.distributed.tensor are slow to import, which every process of
 every strategy would pay: they are imported when a model is sharded, and until then nothing is.
 """
+
 from __future__ import annotations
 
 import contextlib
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -37,8 +38,10 @@ def block_classes(model: nn.Module) -> set[type[nn.Module]]:
     repeated = {cls for cls, n in counts.items() if n > 1}
     nested = {
         type(inner)
-        for outer in model.modules() if type(outer) in repeated
-        for inner in outer.modules() if inner is not outer and type(inner) in repeated and type(inner) is not type(outer)
+        for outer in model.modules()
+        if type(outer) in repeated
+        for inner in outer.modules()
+        if inner is not outer and type(inner) in repeated and type(inner) is not type(outer)
     }
     return repeated - nested
 
@@ -88,14 +91,20 @@ def shard(model: nn.Module, ctx: DistContext, config: StrategyConfig, param_dtyp
         # stays fp32, innermost, as FSDP's authors advise (torchtitan#674).
         norms = [m for m in model.modules() if isinstance(m, _BATCH_NORMS)]
         for norm in norms[::-1]:
-            fully_shard(norm, mesh=mesh, reshard_after_forward=config.reshard_after_forward,
-                        mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32), offload_policy=offload)
+            fully_shard(
+                norm,
+                mesh=mesh,
+                reshard_after_forward=config.reshard_after_forward,
+                mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32),
+                offload_policy=offload,
+            )
         units = [unit for unit in units if not isinstance(unit, _BATCH_NORMS)]
     else:
         mixed = MixedPrecisionPolicy()
     for unit in units:
-        fully_shard(unit, mesh=mesh, reshard_after_forward=config.reshard_after_forward, mp_policy=mixed,
-                    offload_policy=offload)
+        fully_shard(
+            unit, mesh=mesh, reshard_after_forward=config.reshard_after_forward, mp_policy=mixed, offload_policy=offload
+        )
     # The root's parameters are the first backward needs: keeping them saves an all-gather (FSDP's
     # own choice for a root). Its output, the logits, is cast back to fp32 for the loss, as autocast
     # would compute cross-entropy (and evaluation runs without autocast).

@@ -1,5 +1,6 @@
 """Start one worker per device: in this process, with torch.multiprocessing.spawn, or as one
 rank of a world that torchrun or SLURM's srun started."""
+
 from __future__ import annotations
 
 import contextlib
@@ -11,8 +12,9 @@ import pickle
 import signal
 import socket
 import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -65,13 +67,23 @@ class LaunchPlan:
 
     def context(self, rank: int, local_rank: int) -> DistContext:
         return make_context(
-            rank, local_rank, self.world_size, self.processes_per_node, self.accelerator, self.process_group,
-            self.devices_per_process, self.host_collectives, self.backend,
+            rank,
+            local_rank,
+            self.world_size,
+            self.processes_per_node,
+            self.accelerator,
+            self.process_group,
+            self.devices_per_process,
+            self.host_collectives,
+            self.backend,
         )
 
 
 def plan_launch(
-    trainer: TrainerConfig, strategy: Strategy, launcher: LauncherConfig, env: Mapping[str, str] = os.environ,
+    trainer: TrainerConfig,
+    strategy: Strategy,
+    launcher: LauncherConfig,
+    env: Mapping[str, str] = os.environ,
     multirun: bool = False,
 ) -> LaunchPlan:
     """Resolve launcher/accelerator/devices against this machine and its environment. `multirun`:
@@ -166,7 +178,11 @@ _PER_NODE_FLAG = {"torchrun": "--nproc-per-node", "slurm": "--ntasks-per-node"}
 
 
 def _check_world(
-    env_rank: EnvRank, strategy: Strategy, devices: int, num_nodes: int, accelerator: Accelerator,
+    env_rank: EnvRank,
+    strategy: Strategy,
+    devices: int,
+    num_nodes: int,
+    accelerator: Accelerator,
     env: Mapping[str, str],
 ) -> None:
     """Under torchrun/SLURM the environment decides the world; the config must say the same."""
@@ -260,7 +276,10 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
     if plan.start_method == "forkserver":
         mp.set_forkserver_preload(forkserver_preload(worker))
     ranks = mp.start_processes(
-        _spawned_rank, args=(plan, worker, args, dict(os.environ)), nprocs=plan.processes_per_node, join=False,
+        _spawned_rank,
+        args=(plan, worker, args, dict(os.environ)),
+        nprocs=plan.processes_per_node,
+        join=False,
         start_method=plan.start_method,
     )
 
@@ -314,8 +333,11 @@ def _hung_rank(ranks: mp.ProcessContext, first_error: str) -> int | None:
     if "timed out" not in first_error.lower():
         return None
     return next(
-        (rank for rank, (process, error_file) in enumerate(zip(ranks.processes, ranks.error_files))
-         if process.exitcode is not None and process.exitcode < 0 and not os.path.exists(error_file)),
+        (
+            rank
+            for rank, (process, error_file) in enumerate(zip(ranks.processes, ranks.error_files))
+            if process.exitcode is not None and process.exitcode < 0 and not os.path.exists(error_file)
+        ),
         None,
     )
 

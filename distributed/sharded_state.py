@@ -9,6 +9,7 @@ DCP unpickles two things: its `.metadata` (plain pickle) and every non-tensor va
 with weights_only=False). Both are read here with allowlists instead, so a sharded checkpoint,
 like a file one, can carry tensors and primitives but never code.
 """
+
 from __future__ import annotations
 
 import io
@@ -41,8 +42,9 @@ _TRAIN_STATE = "train_state"  # epoch, step, RNG states, scheduler...: one torch
 _FIX = "point trainer.resume at a last.pt or best.pt written by train.py"
 
 
-def save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, train_state: dict[str, Any],
-         ctx: DistContext) -> None:
+def save(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, train_state: dict[str, Any], ctx: DistContext
+) -> None:
     """Every rank writes its shards into the directory `path` (which must exist); returns on rank 0
     only once every rank's files are written and fsynced and the metadata is in place."""
     model_state, optimizer_state = get_state_dict(model, optimizer)
@@ -52,8 +54,12 @@ def save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, train_s
     with warnings.catch_warnings():  # no process group: DCP warns that it writes alone
         warnings.simplefilter("ignore", UserWarning)
         # Replicated values (BatchNorm statistics, the train state) come from rank 0, as DDP's do.
-        dcp.save(state, storage_writer=FileSystemWriter(path), no_dist=not ctx.distributed,
-                 planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True))
+        dcp.save(
+            state,
+            storage_writer=FileSystemWriter(path),
+            no_dist=not ctx.distributed,
+            planner=DefaultSavePlanner(dedup_save_to_lowest_rank=True),
+        )
 
 
 def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext) -> dict[str, Any]:
@@ -126,7 +132,9 @@ def read_metadata(path: Path | str) -> Metadata:
     except Exception as e:
         raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({first_line(e)}); {_FIX}") from None
     if not isinstance(metadata, Metadata):
-        raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({METADATA} holds no DCP metadata); {_FIX}")
+        raise ConfigError(
+            f"trainer.resume={path}: not a loadable checkpoint ({METADATA} holds no DCP metadata); {_FIX}"
+        )
     return metadata
 
 
@@ -143,19 +151,24 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict
     index = {name: i for i, name in enumerate(order)}
     return model_state, {
         "state": {index[name]: value for name, value in optimizer_state["state"].items()},
-        "param_groups": [{**group, "params": [index[n] for n in group["params"]]} for group in optimizer_state["param_groups"]],
+        "param_groups": [
+            {**group, "params": [index[n] for n in group["params"]]} for group in optimizer_state["param_groups"]
+        ],
     }
 
 
-def load_full(model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict[str, Any],
-              optimizer_state: dict[str, Any]) -> None:
+def load_full(
+    model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict[str, Any], optimizer_state: dict[str, Any]
+) -> None:
     """Load a whole (file) checkpoint, which every rank holds, into a sharded model and optimizer:
     each rank keeps its own shards."""
     names = {param: name for name, param in model.named_parameters()}
     order = [names[p] for group in optimizer.param_groups for p in group["params"]]
     by_name = {
         "state": {order[i]: value for i, value in optimizer_state["state"].items()},
-        "param_groups": [{**group, "params": [order[i] for i in group["params"]]} for group in optimizer_state["param_groups"]],
+        "param_groups": [
+            {**group, "params": [order[i] for i in group["params"]]} for group in optimizer_state["param_groups"]
+        ],
     }
     _load_full_model(model, model_state)
     set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
@@ -223,8 +236,13 @@ class _Reader(FileSystemReader):
 # written to. Nothing else, not even another name those modules import.
 _METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
 _METADATA_GLOBALS = {
-    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "PureWindowsPath"),
 }
 
 

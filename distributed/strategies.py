@@ -5,13 +5,15 @@ whether its checkpoints are sharded.
 Chosen once, by `get`; past it only launch._check_gpus's CPU-rehearsal hint (dp rehearses as ddp)
 reads a strategy's name.
 """
+
 from __future__ import annotations
 
 import contextlib
 import inspect
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -28,7 +30,8 @@ log = logging.getLogger("train")
 
 # torch 2.14 renamed DistributedDataParallel's broadcast_buffers; older releases know only that name.
 SYNC_BUFFERS_ARG = (
-    "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    "forward_sync_buffers"
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
     else "broadcast_buffers"
 )
 
@@ -57,7 +60,9 @@ class Strategy:
     def check_model(self, build: Callable[[], nn.Module]) -> None:
         """Raise a one-line ConfigError if this strategy's options do not fit the model `build` makes."""
 
-    def wrap(self, model: nn.Module, ctx: DistContext, compile_mode: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
+    def wrap(
+        self, model: nn.Module, ctx: DistContext, compile_mode: str | None, precision_dtype: torch.dtype | None
+    ) -> nn.Module:
         """`model` is on ctx.device; `compile_mode`: torch.compile's, None to leave it eager. Compiling
         comes after module swaps and before DDP wraps, as nanoGPT and timm do: DDP runs the compiled
         module inside its forward, where dynamo's DDPOptimizer splits the graph at DDP's bucket
@@ -121,7 +126,9 @@ class DataParallel(Strategy):
                 "or trainer.compile=false"
             )
 
-    def wrap(self, model: nn.Module, ctx: DistContext, compile_mode: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
+    def wrap(
+        self, model: nn.Module, ctx: DistContext, compile_mode: str | None, precision_dtype: torch.dtype | None
+    ) -> nn.Module:
         model = super().wrap(model, ctx, compile_mode, precision_dtype)
         if ctx.device.type != "cuda" or len(ctx.devices) == 1:
             return model  # one device: DataParallel would call the module as it is
@@ -168,7 +175,9 @@ class DDP(Strategy):
             )
         _warn_if_sync_batchnorm_compiled(self.config, trainer)
 
-    def wrap(self, model: nn.Module, ctx: DistContext, compile_mode: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
+    def wrap(
+        self, model: nn.Module, ctx: DistContext, compile_mode: str | None, precision_dtype: torch.dtype | None
+    ) -> nn.Module:
         if self.config.sync_batchnorm:
             model = convert_sync_batchnorm(model, ctx.device)
         model = super().wrap(model, ctx, compile_mode, precision_dtype)
@@ -230,7 +239,9 @@ class FSDP(Strategy):
                 f"model; choose from {', '.join(present)}, or null for its repeated blocks"
             )
 
-    def wrap(self, model: nn.Module, ctx: DistContext, compile_mode: str | None, precision_dtype: torch.dtype | None) -> nn.Module:
+    def wrap(
+        self, model: nn.Module, ctx: DistContext, compile_mode: str | None, precision_dtype: torch.dtype | None
+    ) -> nn.Module:
         if self.config.sync_batchnorm:
             model = convert_sync_batchnorm(model, ctx.device)
         # fully_shard takes contiguous parameters only; channels-last inputs alone still make the

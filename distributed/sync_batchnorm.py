@@ -1,6 +1,7 @@
 """BatchNorm with statistics over the global batch. CUDA uses torch's SyncBatchNorm; torch's
 refuses CPU tensors, so CPU ranks (gloo) use GlooSyncBatchNorm: the same math from two
 differentiable all-reduces, so a sync_batchnorm job rehearses on CPU as it runs on GPUs."""
+
 from __future__ import annotations
 
 import torch
@@ -16,7 +17,11 @@ def convert_sync_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
     if isinstance(model, _BatchNorm) and not isinstance(model, GlooSyncBatchNorm):
         sync = GlooSyncBatchNorm(
-            model.num_features, model.eps, model.momentum, model.affine, model.track_running_stats,
+            model.num_features,
+            model.eps,
+            model.momentum,
+            model.affine,
+            model.track_running_stats,
             device=device,
         )
         sync.load_state_dict(model.state_dict())

@@ -1,4 +1,5 @@
 """model.arch: the one-line answer to a name torchvision lacks, with the closest names it has."""
+
 from __future__ import annotations
 
 import difflib

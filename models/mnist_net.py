@@ -1,4 +1,5 @@
 """Seed 002's MNIST Net (pytorch/examples mnist): two 3x3 convs, dropout, two linear layers."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """torchvision ResNets adapted to the dataset's channels and classes."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -39,9 +40,7 @@ def resnet(
     return model
 
 
-def check(
-    arch: str, in_channels: int, num_classes: int, stem: str = "imagenet", weights: str | None = None
-) -> None:
+def check(arch: str, in_channels: int, num_classes: int, stem: str = "imagenet", weights: str | None = None) -> None:
     """Before launch: a ResNet torchvision has, a stem this module builds, weights that fit."""
     import torchvision
 

@@ -1,4 +1,5 @@
 """Shape arithmetic shared by the small CNNs, so each works at any dataset's image size."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """LeNet-style CNN from seed 001 (two 5x5 convs, three linear layers)."""
+
 from __future__ import annotations
 
 import torch

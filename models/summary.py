@@ -1,6 +1,7 @@
 """How big a model is: its parameters, the memory they and its buffers take, and the FLOPs of one
 forward pass per sample, counted on the meta device (shapes only: no memory, no arithmetic; its
 cost at start-up: BENCHMARKS.md, "Model summary")."""
+
 from __future__ import annotations
 
 import itertools
@@ -21,14 +22,20 @@ class ModelSummary:
 
     def metrics(self) -> dict[str, int | float | None]:
         """For metrics.json and the HParams table."""
-        return {"parameters": self.parameters, "trainable_parameters": self.trainable,
-                "model_mb": round(self.size_mb, 3), "flops_per_sample": self.flops_per_sample}
+        return {
+            "parameters": self.parameters,
+            "trainable_parameters": self.trainable,
+            "model_mb": round(self.size_mb, 3),
+            "flops_per_sample": self.flops_per_sample,
+        }
 
     def __str__(self) -> str:
-        flops = "FLOPs not counted" if self.flops_per_sample is None \
+        flops = (
+            "FLOPs not counted"
+            if self.flops_per_sample is None
             else f"{self.flops_per_sample / 1e6:,.2f} MFLOPs per sample"
-        return (f"{self.parameters:,} parameters ({self.trainable:,} trainable), "
-                f"{self.size_mb:,.2f} MB, {flops}")
+        )
+        return f"{self.parameters:,} parameters ({self.trainable:,} trainable), {self.size_mb:,.2f} MB, {flops}"
 
 
 def summarize(model: nn.Module, sample_shape: tuple[int, ...]) -> ModelSummary:
@@ -47,8 +54,10 @@ def forward_flops(model: nn.Module, sample_shape: tuple[int, ...]) -> int | None
     (matrix products and convolutions), run with meta stand-ins for the model's own tensors: the
     model is neither copied nor run on its device. None where a forward needs real values (.item(),
     a data-dependent shape), which the meta device cannot give."""
-    meta = {name: torch.empty_like(t, device="meta")
-            for name, t in itertools.chain(model.named_parameters(), model.named_buffers())}
+    meta = {
+        name: torch.empty_like(t, device="meta")
+        for name, t in itertools.chain(model.named_parameters(), model.named_buffers())
+    }
     training = model.training
     model.eval()
     try:

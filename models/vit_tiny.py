@@ -1,6 +1,7 @@
 """A Vision Transformer (Dosovitskiy et al., 2021) small enough for 8-32 px images: square patches
 embedded by a strided convolution, a class token, learned positions, pre-norm encoder blocks
 (nn.TransformerEncoder), and a linear head on the class token."""
+
 from __future__ import annotations
 
 import torch
@@ -11,8 +12,15 @@ from errors import ConfigError
 
 class TinyViT(nn.Module):
     def __init__(
-        self, in_channels: int, num_classes: int, image_size: int, patch_size: int = 4, dim: int = 64,
-        depth: int = 2, heads: int = 4, mlp_ratio: int = 2,
+        self,
+        in_channels: int,
+        num_classes: int,
+        image_size: int,
+        patch_size: int = 4,
+        dim: int = 64,
+        depth: int = 2,
+        heads: int = 4,
+        mlp_ratio: int = 2,
     ) -> None:
         super().__init__()
         self.patches = nn.Conv2d(in_channels, dim, patch_size, stride=patch_size)
@@ -32,8 +40,14 @@ class TinyViT(nn.Module):
 
 
 def check(
-    in_channels: int, num_classes: int, image_size: int, patch_size: int = 4, dim: int = 64, depth: int = 2,
-    heads: int = 4, mlp_ratio: int = 2,
+    in_channels: int,
+    num_classes: int,
+    image_size: int,
+    patch_size: int = 4,
+    dim: int = 64,
+    depth: int = 2,
+    heads: int = 4,
+    mlp_ratio: int = 2,
 ) -> None:
     """Before launch: patches that tile the image, heads that split the width."""
     if patch_size < 1 or image_size % patch_size:

@@ -1,5 +1,6 @@
 """model.weights: a local state_dict file (compute nodes have no internet) loaded into a model
 that is already built for the dataset, so a file from any number of classes fits."""
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,9 @@ def load_matching(model: nn.Module, path: str, unused: tuple[str, ...] = ()) -> 
         )
     fresh = [key for key, tensor in saved.items() if tensor.shape != own[key].shape]
     if fresh:
-        log.warning("model.weights: %s kept fresh (shaped for another number of classes, channels or stem)",
-                    ", ".join(fresh))
+        log.warning(
+            "model.weights: %s kept fresh (shaped for another number of classes, channels or stem)", ", ".join(fresh)
+        )
     model.load_state_dict({key: tensor for key, tensor in saved.items() if key not in fresh}, strict=False)
 
 

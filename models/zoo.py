@@ -1,5 +1,6 @@
 """Any torchvision classifier by name (torchvision.models.get_model), with the dataset's classes
 and, optionally, weights from a local state_dict file (compute nodes have no internet)."""
+
 from __future__ import annotations
 
 from torch import nn

@@ -1,4 +1,5 @@
 """The config `python train.py ...` composes, as Hydra gives it to main() and as a worker gets it."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,6 +1,7 @@
 """Fixtures and hooks only. pytest-xdist's controller imports this file before it starts any worker,
 and runs no test: what the tests share that imports torch, Hydra or the project is in tests/configs.py
 and tests/runs.py, imported where a test (or a fixture, as it runs) needs it."""
+
 from __future__ import annotations
 
 import os
@@ -44,6 +45,7 @@ def ddp_reference(tmp_path_factory) -> Path:
     """The tiny 2-rank DDP job (tests/runs.py's reference), which test_launchers.py holds spawned,
     forkserver and torchrun's ranks to; test_slurm.py resumes a copy of its last.pt."""
     from tests.runs import reference
+
     return reference(tmp_path_factory.mktemp("reference_ddp") / "run", "ddp")
 
 
@@ -51,6 +53,7 @@ def ddp_reference(tmp_path_factory) -> Path:
 def fsdp_reference(tmp_path_factory) -> Path:
     """The same job under FSDP."""
     from tests.runs import reference
+
     return reference(tmp_path_factory.mktemp("reference_fsdp") / "run", "fsdp")
 
 
@@ -58,8 +61,16 @@ def fsdp_reference(tmp_path_factory) -> Path:
 # longest first, so that none of them starts last and runs alone while the other workers are done.
 # The two-node rig's (test_slurm*.py) and the hung-rank files mostly wait, and overlap with the
 # others' CPU work. Seconds per file: BENCHMARKS.md (the test suite).
-LONGEST_FIRST = ["test_slurm_requeue.py", "test_slurm.py", "test_bench.py", "test_launchers.py", "test_fsdp.py",
-                 "test_resume_preempt.py", "test_strategies.py", "test_hung_rank.py"]
+LONGEST_FIRST = [
+    "test_slurm_requeue.py",
+    "test_slurm.py",
+    "test_bench.py",
+    "test_launchers.py",
+    "test_fsdp.py",
+    "test_resume_preempt.py",
+    "test_strategies.py",
+    "test_hung_rank.py",
+]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -3,6 +3,7 @@
 Each class gets its own colour (plus noise), a signal that survives crops and flips, so a tiny
 network learns it in an epoch or two and both loaders can be compared on accuracy.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -75,8 +76,12 @@ def write_odd_images(folder: Path, size: tuple[int, int] = (48, 40)) -> dict[str
     progressive JPEG, a PNG; each named by what it is."""
     rgb = Image.fromarray(class_images(np.array([3]), 3, max(size), seed=7)[0].transpose(1, 2, 0)).resize(size)
     folder.mkdir(parents=True, exist_ok=True)
-    odd = {"grey": folder / "grey.jpg", "cmyk": folder / "cmyk.jpg", "progressive": folder / "progressive.jpg",
-           "png": folder / "png.png"}
+    odd = {
+        "grey": folder / "grey.jpg",
+        "cmyk": folder / "cmyk.jpg",
+        "progressive": folder / "progressive.jpg",
+        "png": folder / "png.png",
+    }
     rgb.convert("L").save(odd["grey"])
     rgb.convert("CMYK").save(odd["cmyk"])
     rgb.save(odd["progressive"], progressive=True)

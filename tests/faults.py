@@ -1,4 +1,5 @@
 """Faults injected through the model config, for tests: `model._target_=tests.faults.FailingNet`."""
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@ unit tests its pytest_add_cli_args_test_selection names; then each module's scor
 equivalent mutants docs/TESTING.md lists. `python -m tests.mutation preflight.py` runs one module
 (keeping the others' results); `--max-children N` caps mutmut's parallel test runs (default: one a
 core); `--score` prints the score of the last runs again."""
+
 from __future__ import annotations
 
 import configparser
@@ -16,13 +17,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Modules of which only a part is scored (the rest: every function of the module).
 PARTS = {
-    "training/checkpoint.py": ["save_checkpoint", "check_resume", "_check_schedule"],  # the atomic write; a resume's check
-    "hydra_plugins/optuna_study_sweeper/_study.py": ["run", "search_space", "distribution", "_distribution", "override_of"],
+    "training/checkpoint.py": [
+        "save_checkpoint",
+        "check_resume",
+        "_check_schedule",
+    ],  # the atomic write; a resume's check
+    "hydra_plugins/optuna_study_sweeper/_study.py": [
+        "run",
+        "search_space",
+        "distribution",
+        "_distribution",
+        "override_of",
+    ],
     # The pre-flight checks, not the RunConfig it builds; of config/overrides.py the override keys' checks,
     # not swept_overrides (a job's record).
     "preflight.py": [
-        "check_and_plan", "_check_trainer", "_check_recipe", "_check_loggers_and_profiler", "_steps_at_most",
-        "check_logger_options", "_check_model", "_check_built", "_check_forward",
+        "check_and_plan",
+        "_check_trainer",
+        "_check_recipe",
+        "_check_loggers_and_profiler",
+        "_steps_at_most",
+        "check_logger_options",
+        "_check_model",
+        "_check_built",
+        "_check_forward",
     ],
     "config/overrides.py": ["check_override_keys", "_check_free_form_keys", "_no_such_key"],
 }
@@ -52,8 +70,11 @@ def score() -> bool:
     for module in modules():
         meta = ROOT / "mutants" / f"{module}.meta"
         codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
-        scope = {k: v for k, v in codes.items() if any(re.fullmatch(p.replace(".", r"\.").replace("*", ".*"), k)
-                                                        for p in patterns(module))}
+        scope = {
+            k: v
+            for k, v in codes.items()
+            if any(re.fullmatch(p.replace(".", r"\.").replace("*", ".*"), k) for p in patterns(module))
+        }
         equivalent = [k for k in scope if k in listed]
         counted = {k: v for k, v in scope.items() if k not in listed}
         killed = sum(v in KILLED for v in counted.values())

@@ -1,4 +1,5 @@
 """Run train.py as a user would, and compare what runs leave behind."""
+
 from __future__ import annotations
 
 import socket
@@ -80,7 +81,7 @@ def wandb_records(run_file: Path):
             position += left
             continue
         length, kind = struct.unpack_from("<HB", data, position + 4)
-        chunks += data[position + 7:position + 7 + length]
+        chunks += data[position + 7 : position + 7 + length]
         position += 7 + length
         if kind in (1, 4):  # FULL, or LAST of FIRST/MIDDLE/LAST
             yield Record.FromString(chunks)

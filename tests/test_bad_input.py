@@ -1,5 +1,6 @@
 """Every bad input to `python train.py`: a short message naming the key, a non-zero exit, no traceback,
 and a run directory's existing checkpoints and record (.hydra/) left byte for byte as they were."""
+
 from __future__ import annotations
 
 import os
@@ -11,14 +12,14 @@ import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from preflight import check_and_plan
 from distributed import sharded_state
 from distributed.context import make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
+from preflight import check_and_plan
 from tests.configs import typed_config
-from tests.runs import run_train
 from tests.dataset_files import write_image_folder
+from tests.runs import run_train
 from training.checkpoint import save_checkpoint
 
 DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
@@ -26,8 +27,18 @@ DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
 
 def _checkpoint(model, **extra) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": None,
-            "epoch": 1, "step": 23, "best": 0.5, "batch": 0, "rng": None, "config": "a: 1\n", **extra}
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": None,
+        "epoch": 1,
+        "step": 23,
+        "best": 0.5,
+        "batch": 0,
+        "rng": None,
+        "config": "a: 1\n",
+        **extra,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +100,21 @@ OURS = 2  # train.py's checks: exactly one line
 EXIT_PATHS = {
     "unknown model": (["model=nope"], HYDRA, ["model/nope", "mnist_net"]),
     "batch not divisible": ([*DDP[:2], "trainer.devices=3"], OURS, ["trainer.batch_size=64", "multiple of 3"]),
-    "truncated checkpoint": (["trainer.resume={root}/truncated.pt"], OURS, ["truncated.pt", "not a loadable checkpoint"]),
+    "truncated checkpoint": (
+        ["trainer.resume={root}/truncated.pt"],
+        OURS,
+        ["truncated.pt", "not a loadable checkpoint"],
+    ),
     "a spawned rank's own check": (  # the optimizer's, in each rank; resuming the run, which stays as it was
-        [*DDP, "trainer.resume=auto", "optimizer.momentum=0"], OURS, ["optimizer: torch.optim.sgd.SGD", "Nesterov"]),
+        [*DDP, "trainer.resume=auto", "optimizer.momentum=0"],
+        OURS,
+        ["optimizer: torch.optim.sgd.SGD", "Nesterov"],
+    ),
     "output dir not writable": (
-        ["hydra.run.dir={root}/a_file/run"], OURS, ["hydra.run.dir=", "a_file/run", "cannot write"]),
+        ["hydra.run.dir={root}/a_file/run"],
+        OURS,
+        ["hydra.run.dir=", "a_file/run", "cannot write"],
+    ),
 }
 COMPOSITION = {  # Hydra's errors: the same words train.py prints (exit 1)
     "unknown dataset": (["dataset=nope"], ["dataset/nope", "digits"]),
@@ -103,54 +124,95 @@ COMPOSITION = {  # Hydra's errors: the same words train.py prints (exit 1)
     "unknown key": (["trainer.epoch=3"], ["trainer.epoch"]),
 }
 CHECKS = {  # preflight.check_and_plan's ConfigErrors: the one line train.py prints after "error: " (exit 2)
-    "more GPUs than visible": (["trainer.devices=2", "trainer.accelerator=gpu", "strategy=ddp"],
-                               ["trainer.devices=2 asks for 2 GPU(s)", "trainer.accelerator=cpu trainer.devices=2"]),
+    "more GPUs than visible": (
+        ["trainer.devices=2", "trainer.accelerator=gpu", "strategy=ddp"],
+        ["trainer.devices=2 asks for 2 GPU(s)", "trainer.accelerator=cpu trainer.devices=2"],
+    ),
     "more GPUs than visible, as trainer.gpus": (  # gpus=N also picks the GPU: the rehearsal replaces it
-        ["trainer.gpus=2", "strategy=ddp"], ["trainer.gpus=2 asks for 2 GPU(s)", "trainer.devices=2 in place of trainer.gpus"]),
+        ["trainer.gpus=2", "strategy=ddp"],
+        ["trainer.gpus=2 asks for 2 GPU(s)", "trainer.devices=2 in place of trainer.gpus"],
+    ),
     "zero epochs": (["trainer.epochs=0"], ["trainer.epochs=0"]),
     "resume path missing": (["trainer.resume={root}/nope.pt"], ["trainer.resume=", "nope.pt", "no such file"]),
     "corrupt checkpoint": (["trainer.resume={root}/corrupt.pt"], ["corrupt.pt", "not a loadable checkpoint"]),
     "checkpoint of another model": (
-        ["trainer.resume={root}/other_model.pt"], ["other_model.pt", "fc2.weight", "[5, 128]", "[10, 128]"]),
+        ["trainer.resume={root}/other_model.pt"],
+        ["other_model.pt", "fc2.weight", "[5, 128]", "[10, 128]"],
+    ),
     "pickled object in checkpoint": (
-        ["trainer.resume={root}/pickled.pt"], ["pickled.pt", "pickled Python object", "weights_only"]),
+        ["trainer.resume={root}/pickled.pt"],
+        ["pickled.pt", "pickled Python object", "weights_only"],
+    ),
     "starting over an existing run": ([], ["already holds checkpoints/last.pt", "trainer.resume=auto"]),
     "port taken": ([*DDP, "launcher.master_port={port}"], ["launcher.master_port={port}", "already in use"]),
     "sharded checkpoint half written": (
-        ["trainer.resume={root}/sharded_half_written"], ["sharded_half_written", "no .metadata"]),
+        ["trainer.resume={root}/sharded_half_written"],
+        ["sharded_half_written", "no .metadata"],
+    ),
     "sharded checkpoint of another model": (
-        ["trainer.resume={root}/sharded_other_model"], ["sharded_other_model", "fc2.weight", "[5, 128]"]),
+        ["trainer.resume={root}/sharded_other_model"],
+        ["sharded_other_model", "fc2.weight", "[5, 128]"],
+    ),
     "pickled object in sharded metadata": (
-        ["trainer.resume={root}/sharded_foreign"], ["sharded_foreign", "pickled Python object", "system"]),
+        ["trainer.resume={root}/sharded_foreign"],
+        ["sharded_foreign", "pickled Python object", "system"],
+    ),
     "test_only of a sharded last.pt": (
         ["trainer.test_only=true", "trainer.resume={root}/fsdp_run/checkpoints/last.pt"],
-        ["trainer.test_only=true", "sharded last.pt", "trainer.resume={root}/fsdp_run/checkpoints/best.pt"]),
+        ["trainer.test_only=true", "sharded last.pt", "trainer.resume={root}/fsdp_run/checkpoints/best.pt"],
+    ),
     "fsdp with fp16": ([*DDP[1:], "strategy=fsdp", "trainer.precision=16-mixed"], ["trainer.precision=bf16-mixed"]),
     "fsdp sharding a class the model lacks": (
-        ["strategy=fsdp", "strategy.shard_modules=[Bottleneck]"], ["strategy.shard_modules", "Bottleneck", "Conv2d"]),
-    "fsdp with an EMA": ([*DDP[1:], "strategy=fsdp", "trainer.ema_decay=0.99"], ["trainer.ema_decay=0.99", "strategy=ddp"]),
+        ["strategy=fsdp", "strategy.shard_modules=[Bottleneck]"],
+        ["strategy.shard_modules", "Bottleneck", "Conv2d"],
+    ),
+    "fsdp with an EMA": (
+        [*DDP[1:], "strategy=fsdp", "trainer.ema_decay=0.99"],
+        ["trainer.ema_decay=0.99", "strategy=ddp"],
+    ),
     "fsdp sharding blocks of a model sized by its folders": (  # the classes are counted before the model is built
-        ["dataset=imagefolder", "dataset.root={root}/folders", "model=resnet18", "strategy=fsdp",
-         "strategy.shard_modules=[Bottleneck]"], ["strategy.shard_modules", "Bottleneck", "BasicBlock"]),
+        [
+            "dataset=imagefolder",
+            "dataset.root={root}/folders",
+            "model=resnet18",
+            "strategy=fsdp",
+            "strategy.shard_modules=[Bottleneck]",
+        ],
+        ["strategy.shard_modules", "Bottleneck", "BasicBlock"],
+    ),
     "no batch": (["trainer.batch_size=0"], ["trainer.batch_size=0", "use 1 or more"]),
     "fewer samples than ranks": ([*DDP, "trainer.batch_size=1"], ["trainer.batch_size=1", "use 2 or more"]),
     "no training batches": (["trainer.limit_train_batches=0"], ["trainer.limit_train_batches=0", "positive"]),
     "no overfit batches": (["trainer.overfit_batches=0"], ["trainer.overfit_batches=0", "use a positive number"]),
-    "an unknown compile mode": (["trainer.compile=true", "trainer.compile_mode=fast"],
-                                ["trainer.compile_mode=fast", "reduce-overhead"]),
+    "an unknown compile mode": (
+        ["trainer.compile=true", "trainer.compile_mode=fast"],
+        ["trainer.compile_mode=fast", "reduce-overhead"],
+    ),
     "a compile mode without compiling": (
-        ["trainer.compile_mode=reduce-overhead"], ["trainer.compile_mode=reduce-overhead", "trainer.compile=true"]),
+        ["trainer.compile_mode=reduce-overhead"],
+        ["trainer.compile_mode=reduce-overhead", "trainer.compile=true"],
+    ),
     "clipping to a zero norm": (["trainer.grad_clip=0"], ["trainer.grad_clip=0", "positive max norm", "null"]),
     "an EMA never updated": (
-        ["trainer.ema_decay=0.99", "trainer.ema_every_n_steps=0"], ["trainer.ema_every_n_steps=0", "1 or more"]),
+        ["trainer.ema_decay=0.99", "trainer.ema_every_n_steps=0"],
+        ["trainer.ema_every_n_steps=0", "1 or more"],
+    ),
     "model built for other images": (
-        ["dataset=synthetic", "model=simple_cnn", "model.image_size=28"], ["train images (3x32x32)", "dataset.image_size"]),
+        ["dataset=synthetic", "model=simple_cnn", "model.image_size=28"],
+        ["train images (3x32x32)", "dataset.image_size"],
+    ),
     "an image size the files do not have": (
-        ["dataset.image_size=16"], ["dataset.image_size=16", "digits images are 8x8", "set dataset.image_size=8"]),
+        ["dataset.image_size=16"],
+        ["dataset.image_size=16", "digits images are 8x8", "set dataset.image_size=8"],
+    ),
     "model that returns no logits": (
-        ["dataset=synthetic", "model._target_=torch.nn.Identity"], ["returns (2, 3, 32, 32)", "not logits (2, 10)"]),
+        ["dataset=synthetic", "model._target_=torch.nn.Identity"],
+        ["returns (2, 3, 32, 32)", "not logits (2, 10)"],
+    ),
     "fine-tuning without the weights": (
-        ["experiment=cifar10_resnet18_finetune_dp"], ["model.weights=", "resnet18-f37072fd.pth", "no such file"]),
+        ["experiment=cifar10_resnet18_finetune_dp"],
+        ["model.weights=", "resnet18-f37072fd.pth", "no such file"],
+    ),
 }
 
 
@@ -209,4 +271,6 @@ def test_a_config_that_cannot_run_is_one_line_naming_the_key_and_touches_nothing
 
 def test_a_sharded_checkpoint_reads_from_a_path_given_as_text(files):
     """The README's way to get the whole model out of one: read_model_state(path), path a str or a Path."""
-    assert set(sharded_state.read_model_state(str(files / "sharded_other_model"))) == set(MnistNet(1, 5, 8).state_dict())
+    assert set(sharded_state.read_model_state(str(files / "sharded_other_model"))) == set(
+        MnistNet(1, 5, 8).state_dict()
+    )

@@ -1,4 +1,5 @@
 """Every benchmark runs end to end at a tiny size and prints a consistent table (no timing asserts)."""
+
 from __future__ import annotations
 
 import importlib
@@ -79,7 +80,8 @@ def test_startup_clocks_each_command_to_its_first_optimizer_step():
     rows = bench("startup", "--quick")
     commands = [r["command"] for r in rows]
     assert commands[2:4] == [
-        "python train.py (default job), to its first optimizer step", "python train.py (peers job), to its first optimizer step"
+        "python train.py (default job), to its first optimizer step",
+        "python train.py (peers job), to its first optimizer step",
     ]
     if LIGHTNING:
         assert commands[4:] == ["Lightning Trainer (peers job), to its first optimizer step"]
@@ -95,8 +97,11 @@ def test_startup_clocks_each_command_to_its_first_optimizer_step():
 def test_peers_times_train_py_lightning_and_the_hand_written_loop_side_by_side():
     """With Lightning installed (make bench-deps) all three; else train.py and the loop only."""
     rows = bench("peers", "--quick", *([] if LIGHTNING else ["--no-lightning"]))
-    programs = ["train.py", "Lightning", "hand-written loop", "train.py / Lightning"] if LIGHTNING else [
-        "train.py", "hand-written loop"]
+    programs = (
+        ["train.py", "Lightning", "hand-written loop", "train.py / Lightning"]
+        if LIGHTNING
+        else ["train.py", "hand-written loop"]
+    )
     assert [r["program"] for r in rows] == programs
     assert {r["case"] for r in rows} == {"simple_cnn 3x32x32, batch 128"}  # --quick: the first case only
     by = {r["program"]: r for r in rows}
@@ -107,7 +112,8 @@ def test_peers_times_train_py_lightning_and_the_hand_written_loop_side_by_side()
     # One round: each ratio is that round's ratio of the figures printed (to the 3 decimals printed:
     # a --quick round's figures mean nothing, and a loaded machine can even make one negative).
     assert number(by["train.py"][vs_loop]) == pytest.approx(
-        speed["train.py"] / speed["hand-written loop"], rel=0.01, abs=5e-4)
+        speed["train.py"] / speed["hand-written loop"], rel=0.01, abs=5e-4
+    )
     # ...and the range of one round's ratios is that ratio alone.
     spread = "range of the rounds' throughput ratios"
     assert all(r[spread] == f"{r[vs_loop]}–{r[vs_loop]}" for r in rows if "/" not in r["program"])
@@ -115,18 +121,24 @@ def test_peers_times_train_py_lightning_and_the_hand_written_loop_side_by_side()
     if LIGHTNING:
         ratio = by["train.py / Lightning"]
         assert number(ratio["samples/s (median)"]) == pytest.approx(
-            speed["train.py"] / speed["Lightning"], rel=0.01, abs=5e-4)
+            speed["train.py"] / speed["Lightning"], rel=0.01, abs=5e-4
+        )
         assert ratio[spread] == f"{ratio['samples/s (median)']}–{ratio['samples/s (median)']}"
         assert number(ratio["start-up + 2 steps (s)"]) == pytest.approx(
-            startup["train.py"] / startup["Lightning"], rel=0.01)
+            startup["train.py"] / startup["Lightning"], rel=0.01
+        )
 
 
 def test_peers_without_lightning_says_how_to_get_it_and_exits_2():
     # -S: no site-packages, so no Lightning; bench.peers must say so before it imports anything else.
-    done = subprocess.run([sys.executable, "-S", "-m", "bench.peers", "--quick"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-S", "-m", "bench.peers", "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
-    assert done.stderr.strip() == "bench.peers needs Lightning: make bench-deps (pip install -r requirements-bench.txt into .venv)"
+    assert (
+        done.stderr.strip()
+        == "bench.peers needs Lightning: make bench-deps (pip install -r requirements-bench.txt into .venv)"
+    )
 
 
 @pytest.mark.slow
@@ -144,13 +156,17 @@ def test_data_loaders_ratios_are_each_batched_loader_over_the_per_sample_one():
     rows = bench("data_loaders", "--quick", "data.num_workers=1")
     assert [r["samples/s"] for r in rows] == ["loader", "training"]
     for row in rows:
-        per_sample, host, device = (number(row[k]) for k in ("per-sample", "data.loader=dataloader", "data.loader=device"))
+        per_sample, host, device = (
+            number(row[k]) for k in ("per-sample", "data.loader=dataloader", "data.loader=device")
+        )
         assert per_sample > 0 and host > 0 and device > 0
         assert number(row["host batches / per-sample"]) == pytest.approx(host / per_sample, rel=0.01)
         assert number(row["device batches / per-sample"]) == pytest.approx(device / per_sample, rel=0.01)
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="on a GPU this is the real benchmark, not a smoke run")
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="on a GPU this is the real benchmark, not a smoke run"
+)
 @pytest.mark.parametrize("name", ["gpu", "gpu_profile"])
 def test_gpu_benchmarks_skip_cleanly_without_cuda(name, monkeypatch, capsys):
     # In this process: main() returning is `python -m bench.<name>` exiting 0.
@@ -191,6 +207,9 @@ def test_imagefolder_prints_each_path_against_todays_and_the_cut_against_roi_ali
     target = by_name[f"data.decode=cpu, {len(__import__('os').sched_getaffinity(0))} workers"]["target"]
     assert target.startswith("≥ 1.5×: ") and target.endswith("target")
     assert [row["decode alone (PIL), per core"] for row in decode] == [
-        "original", "data.prepare --max-side 500 --quality 90", "data.prepare --max-side 400 --quality 90"]
+        "original",
+        "data.prepare --max-side 500 --quality 90",
+        "data.prepare --max-side 400 --quality 90",
+    ]
     assert len(cuts) == 4 and all(row["device"] == "cpu" for row in cuts)
     assert "no CUDA device" in out

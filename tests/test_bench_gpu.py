@@ -1,4 +1,5 @@
 """bench.gpu shows a failing train.py run's stderr instead of hiding it."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """The loop's seams: the callbacks' events (order, arguments, what they add), the gradient norm
 measured once and only when asked for, and the Logger interface, which gets what TensorBoard gets."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,11 +12,11 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from data import Loaders
+from tests.test_reporting import _tensorboard
+from tests.test_train_step import CPU, TinyNet, _batch, _trainer
 from training.callbacks import Callback, GradNorm
 from training.samples import SampleImages
 from training.trainer import Reporting
-from tests.test_reporting import _tensorboard
-from tests.test_train_step import CPU, TinyNet, _batch, _trainer
 
 
 def _loaders() -> Loaders:
@@ -23,8 +24,9 @@ def _loaders() -> Loaders:
     torch.manual_seed(0)
     data = TensorDataset(*_batch(12))
     sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=False)
-    return Loaders(DataLoader(data, batch_size=4, sampler=sampler), DataLoader(TensorDataset(*_batch(8)), batch_size=4),
-                   sampler)
+    return Loaders(
+        DataLoader(data, batch_size=4, sampler=sampler), DataLoader(TensorDataset(*_batch(8)), batch_size=4), sampler
+    )
 
 
 class Recorder(Callback):
@@ -67,8 +69,15 @@ class Scalars:
 
 def test_the_events_come_in_order_with_the_unclipped_norm_and_what_a_callback_adds_is_reported(tmp_path):
     recorder, logger = Recorder(), Scalars()
-    trainer = _trainer(TinyNet(), tmp_path, loaders=_loaders(), reporting=Reporting([logger], [recorder]), epochs=2,
-                       grad_clip=1e-3, log_every_n_steps=2)
+    trainer = _trainer(
+        TinyNet(),
+        tmp_path,
+        loaders=_loaders(),
+        reporting=Reporting([logger], [recorder]),
+        epochs=2,
+        grad_clip=1e-3,
+        log_every_n_steps=2,
+    )
     metrics = trainer.fit()
     names = [event[0] for event in recorder.events]
     epoch = ["after_backward"] * 3 + ["on_epoch_end"]
@@ -83,14 +92,18 @@ def test_the_events_come_in_order_with_the_unclipped_norm_and_what_a_callback_ad
     assert logger.scalars["mine/epoch"] == [(3, 0.0), (6, 1.0)]
 
 
-@pytest.mark.parametrize("grad_clip, callbacks, norms", [
-    (None, [], 0),  # nothing asks: the step measures nothing
-    (None, [Callback()], 0),  # a callback without after_backward does not ask either
-    (None, [GradNorm()], 3),
-    (1.0, [GradNorm()], 3),  # clipping and the callback share one norm a step
-])
-def test_the_gradient_norm_is_measured_once_a_step_and_only_when_asked_for(tmp_path, monkeypatch, grad_clip, callbacks,
-                                                                           norms):
+@pytest.mark.parametrize(
+    "grad_clip, callbacks, norms",
+    [
+        (None, [], 0),  # nothing asks: the step measures nothing
+        (None, [Callback()], 0),  # a callback without after_backward does not ask either
+        (None, [GradNorm()], 3),
+        (1.0, [GradNorm()], 3),  # clipping and the callback share one norm a step
+    ],
+)
+def test_the_gradient_norm_is_measured_once_a_step_and_only_when_asked_for(
+    tmp_path, monkeypatch, grad_clip, callbacks, norms
+):
     calls = []
     measure = torch._foreach_norm  # the kernel of every gradient norm torch computes, clipping's too
     monkeypatch.setattr(torch, "_foreach_norm", lambda *args, **kwargs: calls.append(1) or measure(*args, **kwargs))

@@ -1,7 +1,9 @@
 """Checkpoints are written atomically, load with weights_only=True, and refuse the wrong model."""
+
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,14 @@ from distributed.context import DistContext, make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
 from training.checkpoint import (
-    Checkpointer, TrainState, _host_copy, check_resumable, confirm_shared, find_resume, load_checkpoint, restore_rng,
+    Checkpointer,
+    TrainState,
+    _host_copy,
+    check_resumable,
+    confirm_shared,
+    find_resume,
+    load_checkpoint,
+    restore_rng,
     save_checkpoint,
 )
 
@@ -30,7 +39,7 @@ def test_a_failed_save_leaves_the_previous_file_intact(tmp_path):
     path = tmp_path / "last.pt"
     save_checkpoint({"epoch": 1}, path)
     before = path.read_bytes()
-    with pytest.raises(Exception):
+    with pytest.raises(pickle.PicklingError):
         save_checkpoint({"epoch": 2, "bad": lambda: None}, path)  # lambdas cannot be pickled
     assert path.read_bytes() == before
 
@@ -99,8 +108,15 @@ def test_a_save_that_fails_before_its_temp_file_exists_raises_its_own_error(tmp_
 
 def _checkpoint(model: nn.Module, best: float = 0.5) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": None,
-            "epoch": 1, "step": 10, "best": best, "config": "model:\n  _target_: models.mnist_net.MnistNet\n"}
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": None,
+        "epoch": 1,
+        "step": 10,
+        "best": best,
+        "config": "model:\n  _target_: models.mnist_net.MnistNet\n",
+    }
 
 
 def test_a_checkpoint_of_another_shape_names_the_tensor_and_the_model(tmp_path):
@@ -232,7 +248,7 @@ def test_a_whole_file_last_pt_deletes_the_sharded_one_it_replaces(tmp_path):
         (directory / ".last.pt.shards.tmp" / ".metadata").write_bytes(b"shards")
         _commit(directory / ".last.pt.shards.tmp", directory / "last.pt", f"last.pt.step{step}.abc123")
     assert sorted(p.name for p in directory.iterdir()) == ["last.pt", "last.pt.step6.abc123"]
-    with pytest.raises(Exception):
+    with pytest.raises(pickle.PicklingError):
         save_checkpoint({"bad": lambda: None}, directory / "last.pt")
     assert (directory / "last.pt" / ".metadata").read_bytes() == b"shards"
     save_checkpoint({"epoch": 2}, directory / "best.pt")

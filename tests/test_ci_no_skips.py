@@ -1,4 +1,5 @@
 """Under CI=true the rig's tests fail when the rig cannot start; elsewhere they skip."""
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,21 @@ def test_a_cluster_that_cannot_start_skips_only_outside_ci(tmp_path):
     stub.write_text("echo 'the rig needs root (network and mount namespaces)' >&2\nexit 3\n")
     for name, env in (("test_outside_ci.py", {}), ("test_in_ci.py", {"CI": "true"})):  # one pytest for both
         (tmp_path / name).write_text(USES_CLUSTER.format(stub=str(stub), env=env))
-    cmd = [sys.executable, "-m", "pytest", "-c", str(ROOT / "pytest.ini"), "-o", "addopts=", "-p", "no:xdist",
-           "-p", "no:cacheprovider", "-rA", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-c",
+        str(ROOT / "pytest.ini"),
+        "-o",
+        "addopts=",
+        "-p",
+        "no:xdist",
+        "-p",
+        "no:cacheprovider",
+        "-rA",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, env=os.environ, capture_output=True, text=True, timeout=120)
     out = done.stdout
     assert done.returncode == 1 and "1 skipped, 1 error" in out, out[-3000:] + done.stderr[-3000:]

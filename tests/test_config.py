@@ -1,4 +1,5 @@
 """Config composition and the checks train.py runs before any process starts."""
+
 from __future__ import annotations
 
 import signal
@@ -7,12 +8,12 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from errors import ConfigError
 from config.overrides import check_override_keys
+from errors import ConfigError
 from preflight import check_and_plan
-from training.preemption import parse_signals
 from tests.configs import compose_config, typed_config
 from tests.runs import run_train
+from training.preemption import parse_signals
 
 
 def test_default_config_composes_to_the_embedded_dataset():
@@ -107,37 +108,64 @@ def test_train_py_rejects_an_unknown_key_in_one_line_naming_the_nearest(run_dir)
     result = run_train(run_dir, "trainer.epoch=3")
     assert result.returncode == 2 and not run_dir.exists()
     assert result.stderr == (
-        "error: trainer.epoch: no such key; did you mean trainer.epochs? (python train.py --cfg job lists them all)\n")
+        "error: trainer.epoch: no such key; did you mean trainer.epochs? (python train.py --cfg job lists them all)\n"
+    )
 
 
-@pytest.mark.parametrize("overrides", [
-    ["trainer.epochs=3", "trainer.seed=1,2", "model.arch=resnet50", "optimizer.lr=0.1", "hydra.run.dir=x",
-     "dataset.augment.flip=true", "model=resnet18", "hydra/launcher=basic", "+model.at_step=3",
-     "+optimizer.fused=true", "++trainer.epochs=2", "~trainer.resume", "-m", "--cfg", "job"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [
+            "trainer.epochs=3",
+            "trainer.seed=1,2",
+            "model.arch=resnet50",
+            "optimizer.lr=0.1",
+            "hydra.run.dir=x",
+            "dataset.augment.flip=true",
+            "model=resnet18",
+            "hydra/launcher=basic",
+            "+model.at_step=3",
+            "+optimizer.fused=true",
+            "++trainer.epochs=2",
+            "~trainer.resume",
+            "-m",
+            "--cfg",
+            "job",
+        ],
+    ],
+)
 def test_keys_the_typed_config_has_or_does_not_type_pass_the_key_check(overrides):
     check_override_keys(overrides)  # model and optimizer keys are the builder's; ~ and groups Hydra's
 
 
-@pytest.mark.parametrize("override, error", [
-    ("dataset.augment.flp=true", r"^dataset.augment.flp: no such key; did you mean dataset.augment.flip\?"),
-    # Added with + or ++, a key the typed config lacks was kept in config.yaml and never read.
-    ("+trainer.epoch=3", r"^trainer.epoch: no such key; did you mean trainer.epochs\?"),
-    ("++data.num_worker=2", r"^data.num_worker: no such key; did you mean data.num_workers\?"),
-])
+@pytest.mark.parametrize(
+    "override, error",
+    [
+        ("dataset.augment.flp=true", r"^dataset.augment.flp: no such key; did you mean dataset.augment.flip\?"),
+        # Added with + or ++, a key the typed config lacks was kept in config.yaml and never read.
+        ("+trainer.epoch=3", r"^trainer.epoch: no such key; did you mean trainer.epochs\?"),
+        ("++data.num_worker=2", r"^data.num_worker: no such key; did you mean data.num_workers\?"),
+    ],
+)
 def test_an_unknown_key_names_the_nearest_in_its_section(override, error):
     with pytest.raises(ConfigError, match=error):
         check_override_keys([override])
 
 
-@pytest.mark.parametrize("overrides, error", [
-    # Set without +, a key the node's file lacks: Hydra's five lines suggested + for what is a typo.
-    (["optimizer.lrr=0.1"], r"^optimizer.lrr: no such key; did you mean optimizer.lr\? \(python train.py --cfg job "
-                            r"lists them all; \+optimizer.lrr=... adds an argument of its class\)$"),
-    (["model=resnet18", "model.stemm=cifar"], r"^model.stemm: no such key; did you mean model.stem\?"),
-    (["scheduler.warmup_epoch=1"], r"^scheduler.warmup_epoch: no such key; did you mean scheduler.warmup_epochs\?"),
-    (["-m", "trainer.seed=1,2", "optimizer.lrr=0.1,0.2"], r"^optimizer.lrr: no such key"),  # in a sweep too
-])
+@pytest.mark.parametrize(
+    "overrides, error",
+    [
+        # Set without +, a key the node's file lacks: Hydra's five lines suggested + for what is a typo.
+        (
+            ["optimizer.lrr=0.1"],
+            r"^optimizer.lrr: no such key; did you mean optimizer.lr\? \(python train.py --cfg job "
+            r"lists them all; \+optimizer.lrr=... adds an argument of its class\)$",
+        ),
+        (["model=resnet18", "model.stemm=cifar"], r"^model.stemm: no such key; did you mean model.stem\?"),
+        (["scheduler.warmup_epoch=1"], r"^scheduler.warmup_epoch: no such key; did you mean scheduler.warmup_epochs\?"),
+        (["-m", "trainer.seed=1,2", "optimizer.lrr=0.1,0.2"], r"^optimizer.lrr: no such key"),  # in a sweep too
+    ],
+)
 def test_a_model_optimizer_or_scheduler_key_its_file_lacks_names_the_nearest(overrides, error):
     with pytest.raises(ConfigError, match=error):
         check_override_keys(overrides)
@@ -146,7 +174,8 @@ def test_a_model_optimizer_or_scheduler_key_its_file_lacks_names_the_nearest(ove
 def test_keys_an_experiment_or_group_choice_brings_pass_the_key_check():
     # An experiment picks its own model (conf/experiment/cifar10_resnet18_finetune_dp.yaml): its keys are the node's.
     check_override_keys(
-        ["experiment=cifar10_resnet18_finetune_dp", "model.arch=resnet18", "optimizer.lr=0.1", "scheduler.step_size=3"])
+        ["experiment=cifar10_resnet18_finetune_dp", "model.arch=resnet18", "optimizer.lr=0.1", "scheduler.step_size=3"]
+    )
     check_override_keys(["model=simple_cnn,mnist_net", "model.nope=1"])  # a sweep of choices: Hydra's to judge
 
 
@@ -175,28 +204,41 @@ def test_hydras_own_keys_a_deletion_and_a_forced_add_in_a_free_form_node_are_lef
 
 
 def test_a_model_key_its_builder_does_not_take_is_one_line():
-    with pytest.raises(ConfigError, match=r"^model: models.resnet.resnet refuses these options \(got an unexpected "
-                                          r"keyword argument 'stemm'\); fix the model.\* keys"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^model: models.resnet.resnet refuses these options \(got an unexpected "
+        r"keyword argument 'stemm'\); fix the model.\* keys",
+    ):
         check_and_plan(typed_config("model=resnet18", "+model.stemm=cifar", "trainer.accelerator=cpu"))
 
 
 def test_a_validation_batch_smaller_than_the_world_is_one_line():
-    with pytest.raises(ConfigError, match=r"^trainer.val_batch_size=1 is the global validation batch, .* use 2 or more"):
-        check_and_plan(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.val_batch_size=1"))
-    check_and_plan(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.val_batch_size=2"))
+    with pytest.raises(
+        ConfigError, match=r"^trainer.val_batch_size=1 is the global validation batch, .* use 2 or more"
+    ):
+        check_and_plan(
+            typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.val_batch_size=1")
+        )
+    check_and_plan(
+        typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.val_batch_size=2")
+    )
 
 
 def test_launcher_backend_picks_the_process_groups_backend(monkeypatch):
     # The ImageNet example's --dist-backend: gloo on GPUs where NCCL will not run.
     with pytest.raises(ConfigError, match="^launcher.backend=nccl takes GPUs only; on CPU use launcher.backend=gloo"):
-        check_and_plan(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.backend=nccl"))
+        check_and_plan(
+            typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.backend=nccl")
+        )
     monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
     backends = {}
     for backend in ("null", "nccl", "gloo"):
         plan = check_and_plan(typed_config("strategy=ddp", "trainer.gpus=2", f"launcher.backend={backend}"))
         backends[backend] = plan.context(1, 1).backend
     assert backends == {"null": "nccl", "nccl": "nccl", "gloo": "gloo"}
-    cpu = check_and_plan(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.backend=gloo"))
+    cpu = check_and_plan(
+        typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.backend=gloo")
+    )
     assert cpu.context(1, 1).backend == "gloo"
 
 

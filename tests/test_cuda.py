@@ -5,6 +5,7 @@ image folders decoded by nvJPEG (data.decode=gpu).
 CI has no GPU: there every test here skips. On a machine with one CUDA device run
 `python -m pytest tests/test_cuda.py` (BENCHMARKS.md records the last such run).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,12 +25,23 @@ pytestmark = [
 ]
 
 # ResNet-18 (CIFAR stem: BatchNorm, convolutions cuDNN picks algorithms for) on random 3x32x32 images.
-JOB = ["trainer.accelerator=gpu", "model=resnet18", "model.stem=cifar", "dataset=synthetic", "dataset.train_size=512",
-       "dataset.val_size=256", "trainer.batch_size=64", "trainer.epochs=2", "logger=none"]
+JOB = [
+    "trainer.accelerator=gpu",
+    "model=resnet18",
+    "model.stem=cifar",
+    "dataset=synthetic",
+    "dataset.train_size=512",
+    "dataset.val_size=256",
+    "trainer.batch_size=64",
+    "trainer.epochs=2",
+    "logger=none",
+]
 
 
 def _train(run_dir, *overrides):
-    result = run_train(run_dir, *JOB, *overrides, cold=True)  # the server adds launcher.start_method=fork, refused on GPUs
+    result = run_train(
+        run_dir, *JOB, *overrides, cold=True
+    )  # the server adds launcher.start_method=fork, refused on GPUs
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((run_dir / "metrics.json").read_text())
 
@@ -43,8 +55,14 @@ def _trained_on_gpu(metrics):
 
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed", "16-mixed"])
 def test_each_precision_trains_on_the_gpu(run_dir, precision):
-    metrics = _train(run_dir, f"trainer.precision={precision}", "loss=focal", "callbacks=grad_norm",
-                     "logger=tensorboard", "logger.sample_images=0")
+    metrics = _train(
+        run_dir,
+        f"trainer.precision={precision}",
+        "loss=focal",
+        "callbacks=grad_norm",
+        "logger=tensorboard",
+        "logger.sample_images=0",
+    )
     _trained_on_gpu(metrics)
     assert "(cuda)" in (run_dir / "train.log").read_text()
     scaler = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["scaler"]
@@ -60,15 +78,29 @@ def test_each_precision_trains_on_the_gpu(run_dir, precision):
 
 
 def test_the_fast_path_compiles_and_trains_from_the_device_loader(run_dir):
-    metrics = _train(run_dir, "trainer.precision=bf16-mixed", "trainer.channels_last=true", "data.loader=device",
-                     "trainer.compile=true")
+    metrics = _train(
+        run_dir,
+        "trainer.precision=bf16-mixed",
+        "trainer.channels_last=true",
+        "data.loader=device",
+        "trainer.compile=true",
+    )
     _trained_on_gpu(metrics)
 
 
-@pytest.mark.parametrize("strategy", [[], ["strategy=ddp", "launcher=spawn"], ["strategy=fsdp"]], ids=["single", "ddp", "fsdp"])
+@pytest.mark.parametrize(
+    "strategy", [[], ["strategy=ddp", "launcher=spawn"], ["strategy=fsdp"]], ids=["single", "ddp", "fsdp"]
+)
 def test_cuda_graphs_train_under_each_strategy(run_dir, strategy):
-    metrics = _train(run_dir, "trainer.precision=bf16-mixed", "trainer.channels_last=true", "data.loader=device",
-                     "trainer.compile=true", "trainer.compile_mode=reduce-overhead", *strategy)
+    metrics = _train(
+        run_dir,
+        "trainer.precision=bf16-mixed",
+        "trainer.channels_last=true",
+        "data.loader=device",
+        "trainer.compile=true",
+        "trainer.compile_mode=reduce-overhead",
+        *strategy,
+    )
     _trained_on_gpu(metrics)
 
 
@@ -91,16 +123,28 @@ def test_ddp_over_nccl_at_world_size_1_matches_single_bitwise(tmp_path):
 def test_the_launch_bound_remedies_train_under_nccl_ddp(run_dir):
     """bench.gpu_profile's: SGD's fused kernel, and DDP without its per-forward buffer copy (that
     this changes nothing saved takes 2 ranks to show: tests/test_strategies.py, on gloo)."""
-    metrics = _train(run_dir, "strategy=ddp", "launcher=spawn", "optimizer.fused=true",
-                     "strategy.forward_sync_buffers=false")
+    metrics = _train(
+        run_dir, "strategy=ddp", "launcher=spawn", "optimizer.fused=true", "strategy.forward_sync_buffers=false"
+    )
     _trained_on_gpu(metrics)
     (group,) = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["optimizer"]["param_groups"]
     assert group["fused"] is True
 
 
 def test_torchrun_starts_a_nccl_rank(run_dir):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "train.py",
-           f"hydra.run.dir={run_dir}", "trainer.progress_bar=false", *JOB, "strategy=ddp", "launcher=torchrun"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=1",
+        "train.py",
+        f"hydra.run.dir={run_dir}",
+        "trainer.progress_bar=false",
+        *JOB,
+        "strategy=ddp",
+        "launcher=torchrun",
+    ]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     _trained_on_gpu(json.loads((run_dir / "metrics.json").read_text()))
@@ -121,17 +165,31 @@ def test_fsdp_trains_in_bf16_and_resumes_from_its_sharded_checkpoint(tmp_path, o
     first, rest = tmp_path / "first", tmp_path / "rest"
     _train(first, "strategy=fsdp", "trainer.precision=bf16-mixed", "trainer.max_steps=8", *options)
     assert (first / "checkpoints" / "last.pt").is_dir()
-    metrics = _train(rest, "strategy=fsdp", "trainer.precision=bf16-mixed", *options,
-                     f"trainer.resume={first / 'checkpoints' / 'last.pt'}")
+    metrics = _train(
+        rest,
+        "strategy=fsdp",
+        "trainer.precision=bf16-mixed",
+        *options,
+        f"trainer.resume={first / 'checkpoints' / 'last.pt'}",
+    )
     _trained_on_gpu(metrics)
     assert "from epoch 2" in (rest / "train.log").read_text()
 
 
 def test_the_recipes_train_on_the_gpu_and_test_only_reads_their_best(tmp_path):
     run_dir, evaluated = tmp_path / "run", tmp_path / "test"
-    metrics = _train(run_dir, "trainer.precision=bf16-mixed", "trainer.label_smoothing=0.1", "trainer.mixup_alpha=0.2",
-                     "trainer.cutmix_alpha=1.0", "trainer.ema_decay=0.99", "data.loader=device",
-                     "strategy=ddp", "strategy.sync_batchnorm=true", "launcher=spawn")
+    metrics = _train(
+        run_dir,
+        "trainer.precision=bf16-mixed",
+        "trainer.label_smoothing=0.1",
+        "trainer.mixup_alpha=0.2",
+        "trainer.cutmix_alpha=1.0",
+        "trainer.ema_decay=0.99",
+        "data.loader=device",
+        "strategy=ddp",
+        "strategy.sync_batchnorm=true",
+        "launcher=spawn",
+    )
     _trained_on_gpu(metrics)
     assert "val_ema_acc" in metrics
     best = run_dir / "checkpoints" / "best.pt"
@@ -165,20 +223,37 @@ def test_gpu_decode_cuts_what_the_workers_cut_and_trains_a_resnet_from_jpegs(tmp
     ctx = make_context(0, 0, 1, 1, "gpu", use_process_group=False)
     batches = {}
     for decode in ("gpu", "cpu"):
-        cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=3", "data.num_workers=0",
-                           f"data.decode={decode}")
+        cfg = typed_config(
+            "dataset=imagefolder",
+            f"dataset.root={root}",
+            "dataset.num_classes=3",
+            "data.num_workers=0",
+            f"data.decode={decode}",
+        )
         loaders = build_loaders(cfg.dataset, cfg.data, ctx, global_batch=8, seed=0)
         loaders.train_sampler.set_epoch(1)
-        batches[decode] = [Loaders.to_device(loader, *next(iter(loader)), ctx.device)[0]
-                           for loader in (loaders.train, loaders.val)]
+        batches[decode] = [
+            Loaders.to_device(loader, *next(iter(loader)), ctx.device)[0] for loader in (loaders.train, loaders.val)
+        ]
         if decode == "gpu":
             assert len(loaders.val.to_device.cpu_decoded) == 0  # the first val batch holds no odd file
     for gpu, cpu in zip(batches["gpu"], batches["cpu"]):
         assert gpu.device.type == "cuda" and gpu.shape == cpu.shape == (8, 3, 224, 224)
         assert (gpu - cpu).abs().mean() < 0.15  # normalised; nvJPEG and libjpeg-turbo round apart, a crop apart is ~1
-    result = run_train(tmp_path / "run", "trainer.accelerator=gpu", "model=resnet18", "dataset=imagefolder",
-                       f"dataset.root={root}", "dataset.num_classes=3", "trainer.batch_size=8", "trainer.epochs=2",
-                       "trainer.precision=bf16-mixed", "trainer.channels_last=true", "logger=none", cold=True)
+    result = run_train(
+        tmp_path / "run",
+        "trainer.accelerator=gpu",
+        "model=resnet18",
+        "dataset=imagefolder",
+        f"dataset.root={root}",
+        "dataset.num_classes=3",
+        "trainer.batch_size=8",
+        "trainer.epochs=2",
+        "trainer.precision=bf16-mixed",
+        "trainer.channels_last=true",
+        "logger=none",
+        cold=True,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["steps"] == 6 and math.isfinite(metrics["train_loss"]), metrics

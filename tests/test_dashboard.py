@@ -1,4 +1,5 @@
 """python -m bench.dashboard: optuna-dashboard on the study a search writes, read over its HTTP API."""
+
 from __future__ import annotations
 
 import json
@@ -45,14 +46,20 @@ def test_the_dashboard_serves_a_searchs_trials_and_stops_by_its_pid(tmp_path):
     search = tmp_path / "search" / "digits"  # as hparams_search=digits lays it out: <sweep dir>/optuna.db
     search.mkdir(parents=True)
     sampler = OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 0})
-    study, _ = _study.open_study("digits", f"sqlite:///{search / 'optuna.db'}", "maximize", sampler,
-                                 {"overrides": []}, 10, None)
+    study, _ = _study.open_study(
+        "digits", f"sqlite:///{search / 'optuna.db'}", "maximize", sampler, {"overrides": []}, 10, None
+    )
     trial = study.ask(SPACE)
     study.tell(trial, 0.97)
 
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "bench.dashboard", str(search), "--port", str(port)],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench.dashboard", str(search), "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         (summary,) = get(f"http://127.0.0.1:{port}/api/studies", server, deadline)["study_summaries"]
@@ -69,7 +76,9 @@ def test_the_dashboard_serves_a_searchs_trials_and_stops_by_its_pid(tmp_path):
 def test_a_mistyped_search_is_one_line_and_no_empty_database(tmp_path):
     with pytest.raises(SystemExit) as error:
         storage_url(str(tmp_path / "search" / "digitz"))
-    assert str(error.value) == (f"bench.dashboard: {tmp_path}/search/digitz: no such study database; give a "
-                                "search's dir (multirun/search/<name>), its optuna.db, or a storage URL")
+    assert str(error.value) == (
+        f"bench.dashboard: {tmp_path}/search/digitz: no such study database; give a "
+        "search's dir (multirun/search/<name>), its optuna.db, or a storage URL"
+    )
     assert not (tmp_path / "search").exists()
     assert storage_url("postgresql://host/db") == "postgresql://host/db"

@@ -1,4 +1,5 @@
 """Per-rank loaders: the global batch splits evenly and validation counts every sample once."""
+
 from __future__ import annotations
 
 import hashlib
@@ -74,7 +75,9 @@ def digits_labels():
 
 
 @pytest.mark.parametrize("fraction", [-0.1, 0.0, 1e-9, 0.2, 0.9994, 0.9995, 1.0, 1.5])
-def test_digits_val_fraction_is_refused_before_launch_exactly_when_a_side_would_be_empty(defaults, digits_labels, fraction):
+def test_digits_val_fraction_is_refused_before_launch_exactly_when_a_side_would_be_empty(
+    defaults, digits_labels, fraction
+):
     from data import check, digits
 
     assert digits.SIZE == len(digits_labels)
@@ -99,9 +102,16 @@ def test_negative_num_workers_is_refused_before_launch(defaults):
 
 @pytest.mark.parametrize("source", ["digits", "imagefolder"])  # a batched loader, and a DataLoader of files
 def test_validation_takes_its_own_global_batch(tmp_path, source):
-    options = [] if source == "digits" else [
-        "dataset=imagefolder", f"dataset.root={write_image_folder(tmp_path, classes=2, per_class=5)}",
-        "dataset.num_classes=2", "data.num_workers=0"]
+    options = (
+        []
+        if source == "digits"
+        else [
+            "dataset=imagefolder",
+            f"dataset.root={write_image_folder(tmp_path, classes=2, per_class=5)}",
+            "dataset.num_classes=2",
+            "data.num_workers=0",
+        ]
+    )
     cfg = typed_config(*options)
     ctx = make_context(1, 1, 2, 2, "cpu", use_process_group=False)
     loaders = build_loaders(cfg.dataset, cfg.data, ctx, global_batch=4, seed=0, global_val_batch=8)
@@ -112,7 +122,7 @@ def test_validation_takes_its_own_global_batch(tmp_path, source):
 def test_each_dataloader_worker_augments_from_a_seed_of_its_own(monkeypatch):
     draws = {}
     for worker in (0, 1, 0):
-        monkeypatch.setattr(data, "get_worker_info", lambda: SimpleNamespace(id=worker))
+        monkeypatch.setattr(data, "get_worker_info", lambda worker=worker: SimpleNamespace(id=worker))
         seeded = EpochSeeded(_RandomItems(), seed=0, rank=0)
         draws.setdefault(worker, []).append([seeded[i, 0, i].item() for i in range(3)])
     assert draws[0][0] == draws[0][1] != draws[1][0]  # repeatable per worker, apart between workers
@@ -141,7 +151,8 @@ def test_a_dataset_no_module_serves_is_one_line_saying_where_to_register(default
         data.check(replace(defaults.dataset, name="fashion"), defaults.data)
     assert str(error.value).startswith(
         'dataset.name=fashion: no module serves it; register one in data/__init__.py\'s DATASETS ("fashion": '
-        '"data.fashion"), beside cifar10, digits, ')
+        '"data.fashion"), beside cifar10, digits, '
+    )
     assert "\n" not in str(error.value)
 
 

@@ -1,5 +1,6 @@
 """`python train.py` on small files in the real formats: CIFAR-10 pickle batches, MNIST idx files,
 a folder of PNGs; single and DDP(2, gloo), both loaders; and the errors people meet first."""
+
 from __future__ import annotations
 
 import json
@@ -10,11 +11,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from preflight import factory
 from config.schema import Config, Loader
 from config.setup import ROOT
 from data import build_loaders, cifar10
 from distributed.context import make_context
+from preflight import factory
 from tests.dataset_files import write_cifar, write_idx, write_image_folder, write_odd_images
 from tests.runs import run_train
 from training.loss import CrossEntropy
@@ -56,7 +57,13 @@ def cifar_root(tmp_path_factory):
 
 
 def test_device_loader_matches_the_dataloader_accuracy_on_cifar(tmp_path, cifar_root):
-    common = ("dataset=cifar10", f"dataset.root={cifar_root}", "model=simple_cnn", "optimizer=adamw", "trainer.epochs=2")
+    common = (
+        "dataset=cifar10",
+        f"dataset.root={cifar_root}",
+        "model=simple_cnn",
+        "optimizer=adamw",
+        "trainer.epochs=2",
+    )
     accs = {
         loader: _train(tmp_path / loader, *common, f"data.loader={loader}")["val_acc"]
         for loader in ("dataloader", "device")
@@ -68,8 +75,14 @@ def test_device_loader_matches_the_dataloader_accuracy_on_cifar(tmp_path, cifar_
 @pytest.mark.parametrize("loader", ["dataloader", "device"])
 def test_ddp_validation_accuracy_equals_one_process_evaluating_the_checkpoint(tmp_path, cifar_root, loader):
     metrics = _train(
-        tmp_path, *DDP, "dataset=cifar10", f"dataset.root={cifar_root}", "model=simple_cnn",
-        "trainer.epochs=1", "trainer.limit_train_batches=4", f"data.loader={loader}",
+        tmp_path,
+        *DDP,
+        "dataset=cifar10",
+        f"dataset.root={cifar_root}",
+        "model=simple_cnn",
+        "trainer.epochs=1",
+        "trainer.limit_train_batches=4",
+        f"data.loader={loader}",
     )
     assert metrics["world_size"] == 2 and metrics["dataset"] == "cifar10"
     assert _single_process_val_acc(tmp_path, batch=32) == metrics["val_acc"]
@@ -87,8 +100,15 @@ def test_trains_on_an_image_folder_at_224(tmp_path, extra):
     root = write_image_folder(tmp_path / "images", classes=3, per_class=4, size=48, suffix=".jpg")
     write_odd_images(root / "val" / "class2")  # grey, CMYK, progressive, PNG
     metrics = _train(
-        tmp_path / "run", "dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=3",
-        "model=simple_cnn", "trainer.epochs=1", "trainer.batch_size=4", "data.num_workers=1", *extra,
+        tmp_path / "run",
+        "dataset=imagefolder",
+        f"dataset.root={root}",
+        "dataset.num_classes=3",
+        "model=simple_cnn",
+        "trainer.epochs=1",
+        "trainer.batch_size=4",
+        "data.num_workers=1",
+        *extra,
     )
     assert metrics["dataset"] == "imagefolder" and metrics["steps"] == 3
     notes = [line for line in (tmp_path / "run" / "train.log").read_text().splitlines() if "decoded on the CPU" in line]
@@ -103,7 +123,9 @@ def _one_line_error(result) -> str:
 
 
 def test_download_off_with_files_missing_is_one_line(tmp_path, run_dir):
-    message = _one_line_error(run_train(run_dir, "dataset=cifar10", f"dataset.root={tmp_path}", "dataset.download=false"))
+    message = _one_line_error(
+        run_train(run_dir, "dataset=cifar10", f"dataset.root={tmp_path}", "dataset.download=false")
+    )
     assert str(tmp_path) in message and "python download.py dataset=cifar10" in message
 
 

@@ -1,5 +1,6 @@
 """Readers of the on-disk formats: what torchvision writes loads as is, anything malformed is one
 line that names the file and the fix, and the download goes through torchvision's code."""
+
 from __future__ import annotations
 
 import gzip
@@ -16,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
+import download as download_command
 from config.schema import DatasetConfig
 from config.setup import ROOT
-import download as download_command
 from data import DATASETS, OnDisk, build_loaders, check, cifar10, dataset_module, download, imagefolder, serving
 from data.file_batches import EncodedFiles
 from data.idx import IdxDataset, idx_bytes
@@ -27,7 +28,7 @@ from distributed.context import make_context
 from errors import ConfigError
 from tests import train_server
 from tests.configs import typed_config
-from tests.dataset_files import class_images, write_cifar, write_image_folder, write_idx
+from tests.dataset_files import class_images, write_cifar, write_idx, write_image_folder
 
 
 def _dataset(name: str, root: Path, *overrides: str):
@@ -113,8 +114,10 @@ def _assert_one_line_error(read, dataset: str, words: list[str]) -> None:
         (_truncate, ["data_batch_3", "not a CIFAR-10 batch"]),
         (lambda p: p.write_bytes(b"hello"), ["data_batch_3", "not a CIFAR-10 batch"]),
         (_pickle_that_runs_code, ["data_batch_3", "posix.system is not part of a CIFAR batch"]),
-        (lambda p: p.write_bytes(pickle.dumps({b"images": np.zeros((2, 3072), np.uint8), b"targets": [0, 1]})),
-         ["data_batch_3", "not a CIFAR-10 batch (KeyError: 'data')"]),
+        (
+            lambda p: p.write_bytes(pickle.dumps({b"images": np.zeros((2, 3072), np.uint8), b"targets": [0, 1]})),
+            ["data_batch_3", "not a CIFAR-10 batch (KeyError: 'data')"],
+        ),
         (lambda p: cifar10.write_batch(p, np.zeros((2, 3, 16, 16), np.uint8), np.zeros(2)), ["3072 pixels"]),
         (lambda p: cifar10.write_batch(p, np.zeros((2, 3, 32, 32), np.uint8), np.array([1, 10])), ["label in 0..9"]),
     ],
@@ -186,13 +189,23 @@ def test_default_root_is_a_git_ignored_folder_outside_the_package_and_DATA_DIR_m
     [
         (["dataset.root=null"], ["dataset.root=null", "train/ and val/"]),
         (["dataset.root={missing}"], ["no train/ folder"]),
-        (["dataset.root={root}", "dataset.num_classes=1000"], ["dataset.num_classes=1000", "set dataset.num_classes=3"]),
+        (
+            ["dataset.root={root}", "dataset.num_classes=1000"],
+            ["dataset.num_classes=1000", "set dataset.num_classes=3"],
+        ),
         (["dataset.root={root}", "dataset.num_classes=3", "data.loader=device"], ["data.loader=dataloader"]),
-        (["dataset.root={root}", "dataset.num_classes=3", "dataset.channels=1"], ["dataset.channels=1", "dataset.channels=3"]),
-        (["dataset.root={root}", "dataset.num_classes=3", "data.decode=gpu", "dataset.auto_augment=ta_wide"],
-         ["data.decode=gpu", "dataset.auto_augment=ta_wide", "data.decode=cpu", "dataset.auto_augment=null"]),
-        (["dataset.root={root}", "dataset.num_classes=3", "data.decode=gpu", "dataset.random_erase=0.25"],
-         ["dataset.random_erase=0.25", "dataset.random_erase=0"]),
+        (
+            ["dataset.root={root}", "dataset.num_classes=3", "dataset.channels=1"],
+            ["dataset.channels=1", "dataset.channels=3"],
+        ),
+        (
+            ["dataset.root={root}", "dataset.num_classes=3", "data.decode=gpu", "dataset.auto_augment=ta_wide"],
+            ["data.decode=gpu", "dataset.auto_augment=ta_wide", "data.decode=cpu", "dataset.auto_augment=null"],
+        ),
+        (
+            ["dataset.root={root}", "dataset.num_classes=3", "data.decode=gpu", "dataset.random_erase=0.25"],
+            ["dataset.random_erase=0.25", "dataset.random_erase=0"],
+        ),
     ],
 )
 def test_image_folder_checks(tmp_path, overrides, words):
@@ -349,11 +362,11 @@ def test_the_download_command_has_a_usage_text(capsys):
     assert capsys.readouterr().out.startswith(f"usage: python download.py dataset={'|'.join(downloadable)} ")
 
 
-
 def test_the_download_commands_old_name_says_its_new_one(monkeypatch):
     monkeypatch.setattr("sys.argv", ["data/download.py", "dataset=mnist"])
     with pytest.raises(SystemExit, match=r"^error: this command is now `python download.py dataset=mnist`$"):
         runpy.run_path(str(ROOT / "data" / "download.py"), run_name="__main__")
+
 
 def test_class_images_carry_their_label():
     labels = np.arange(10)
@@ -403,8 +416,12 @@ def test_in_ddp_rank_zero_downloads_once_and_every_rank_learns_the_outcome(tmp_p
         port = s.getsockname()[1]
     root = tmp_path / "cache"
     train_server.ensure_running()  # the two ranks fork from it: nothing left to import
-    mp.start_processes(_download_on_two_ranks, args=(port, archive.getvalue(), str(root), str(tmp_path)), nprocs=2,
-                       start_method="forkserver")
+    mp.start_processes(
+        _download_on_two_ranks,
+        args=(port, archive.getvalue(), str(root), str(tmp_path)),
+        nprocs=2,
+        start_method="forkserver",
+    )
     offline = [Path(tmp_path, f"rank{r}.txt").read_text().splitlines() for r in range(2)]
     assert offline[0][0] == offline[1][0] and offline[0][0].startswith("could not download cifar10")
     assert offline[0][1] == "ok after 2 requests"  # torchvision asks once for redirects, once for the file

@@ -1,9 +1,9 @@
 """The two loaders: `data.loader=device` shards and orders exactly like the DataLoader path, its
 batched augmentation is the torchvision one, randomness follows (seed, epoch, rank); worker counts."""
+
 from __future__ import annotations
 
 import os
-
 from pathlib import Path
 
 import pytest
@@ -85,7 +85,7 @@ def test_synthetic_device_loader_serves_the_tensors_unchanged():
 def test_batched_crop_and_flip_are_torchvisions_per_image_ones():
     images = torch.randint(0, 256, (64, 3, 8, 8), dtype=torch.uint8)
     padded = torch.nn.functional.pad(images, (2,) * 4)
-    candidates = [padded[:, :, t : t + 8, l : l + 8] for t in range(5) for l in range(5)]
+    candidates = [padded[:, :, top : top + 8, left : left + 8] for top in range(5) for left in range(5)]
     candidates += [c.flip(3) for c in candidates]
     generator = torch.Generator().manual_seed(0)
     out = random_crop_flip(images, 2, True, generator)
@@ -181,9 +181,8 @@ def test_num_workers_auto_splits_the_tasks_cpus_among_local_ranks(monkeypatch):
 
 def test_in_memory_sets_are_cut_into_batches_without_workers_and_files_go_through_a_dataloader(tmp_path):
     """Per-sample work (and worker processes) only where images must be decoded or resized."""
-    from tests.dataset_files import write_image_folder
-
     from data.tensor_loader import TensorLoader
+    from tests.dataset_files import write_image_folder
 
     for overrides in ((), ("dataset=synthetic",)):
         loaders = _loaders(typed_config(*overrides))
@@ -201,7 +200,9 @@ def test_an_unreadable_image_is_one_line_whether_or_not_a_worker_decodes_it(tmp_
     root = write_image_folder(tmp_path, classes=2, per_class=1, size=8)
     broken = root / "val" / "class1" / "broken.png"
     broken.write_bytes(b"not a png")
-    cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2", f"data.num_workers={workers}")
+    cfg = typed_config(
+        "dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2", f"data.num_workers={workers}"
+    )
     loaders = _loaders(cfg, batch=4)
     with pytest.raises(ConfigError) as error:
         list(loaders.val)

@@ -2,6 +2,7 @@
 (seed, epoch, rank, position) whatever the workers or a resume; odd files decode on the CPU; and
 data.prepare's copy is what the GPU path decodes whole. The GPU path runs here on CPU tensors
 (its GPU run: tests/test_cuda.py)."""
+
 from __future__ import annotations
 
 import functools
@@ -36,8 +37,12 @@ def _ctx(rank: int = 0, world_size: int = 1):
 def _features(boxes: torch.Tensor, height: int, width: int) -> dict[str, torch.Tensor]:
     """What RandomResizedCrop draws: the area's share, the aspect, and where in the free room."""
     top, left, h, w = boxes.double().T
-    return {"scale": h * w / (height * width), "log aspect": (w / h).log(),
-            "top": top / (height - h + 1), "left": left / (width - w + 1)}
+    return {
+        "scale": h * w / (height * width),
+        "log aspect": (w / h).log(),
+        "top": top / (height - h + 1),
+        "left": left / (width - w + 1),
+    }
 
 
 @pytest.mark.parametrize("height, width", [(375, 500), (600, 60), (60, 600)])  # the last two mostly fall back
@@ -75,7 +80,9 @@ def _smooth_images(sizes: list[tuple[int, int]], seed: int = 0) -> list[torch.Te
     images = []
     for h, w in sizes:
         coarse = torch.rand(1, 3, h // 25 + 2, w // 25 + 2, generator=generator) * 255
-        images.append(torch.nn.functional.interpolate(coarse, size=(h, w), mode="bicubic").clamp(0, 255).round().byte()[0])
+        images.append(
+            torch.nn.functional.interpolate(coarse, size=(h, w), mode="bicubic").clamp(0, 255).round().byte()[0]
+        )
     return images
 
 
@@ -102,8 +109,13 @@ def jpeg_root(tmp_path_factory):
 
 @functools.cache
 def _composed(root: str) -> Config:
-    return typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2", "dataset.image_size=32",
-                        "dataset.resize=40")
+    return typed_config(
+        "dataset=imagefolder",
+        f"dataset.root={root}",
+        "dataset.num_classes=2",
+        "dataset.image_size=32",
+        "dataset.resize=40",
+    )
 
 
 def _folder(root, decode: str = "auto", workers: int = 0, **dataset) -> tuple[DatasetConfig, DataConfig]:
@@ -209,8 +221,14 @@ def test_what_the_gpu_path_leaves_to_the_cpu(tmp_path):
         with Image.open(path) as image:
             reasons[name] = cpu_only(image, data)
             reasons["cut short"] = cpu_only(image, data[:-2]) if name == "baseline" else reasons.get("cut short")
-    assert reasons == {"grey": "grey JPEG", "cmyk": "CMYK JPEG", "progressive": "progressive JPEG", "png": "PNG file",
-                       "baseline": None, "cut short": "JPEG without its end marker"}
+    assert reasons == {
+        "grey": "grey JPEG",
+        "cmyk": "CMYK JPEG",
+        "progressive": "progressive JPEG",
+        "png": "PNG file",
+        "baseline": None,
+        "cut short": "JPEG without its end marker",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +280,10 @@ def test_prepare_writes_a_smaller_copy_the_device_decodes_whole(tmp_path):
     big = Image.fromarray(class_images(np.array([1]), 3, 300, seed=3)[0].transpose(1, 2, 0)).resize((300, 200))
     big.save(source / "train" / "class1" / "big.jpg", quality=95)
     odd = write_odd_images(source / "val" / "class0")
-    assert prepare.main([str(source), str(tmp_path / "small"), "--max-side", "64", "--quality", "80", "--workers", "1"]) == 0
+    assert (
+        prepare.main([str(source), str(tmp_path / "small"), "--max-side", "64", "--quality", "80", "--workers", "1"])
+        == 0
+    )
     written = sorted(p.relative_to(tmp_path / "small") for p in (tmp_path / "small").rglob("*") if p.is_file())
     originals = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
     assert written == [p if p.suffix == ".jpg" else p.with_name(p.name + ".jpg") for p in originals]

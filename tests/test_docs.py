@@ -21,6 +21,7 @@ What each treatment checks:
 - `make <target>`: a target of the Makefile. `tensorboard --logdir DIR`: TensorBoard is installed.
 - `source .venv/bin/activate`, `export NAME=value ...`: the shell's; nothing to run.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -83,8 +84,11 @@ COMMANDS = list(_FIRST.values())  # each command once, named by where it first a
 # The README's, what a newcomer types first, also train (tiny) through the train server; the others
 # that could train here stop after the pre-flight, which keeps this file within the suite's minutes.
 # So do the README's W&B and MLflow runs: tests/test_loggers.py runs every backend and reads it back.
-RUN_IN_FULL = {tuple(words) for _, words in doc_commands(DOCS[0].read_text())
-               if not any(backend in word for word in words for backend in ("logger=wandb", "logger=mlflow"))}
+RUN_IN_FULL = {
+    tuple(words)
+    for _, words in doc_commands(DOCS[0].read_text())
+    if not any(backend in word for word in words for backend in ("logger=wandb", "logger=mlflow"))
+}
 
 
 def _jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
@@ -110,14 +114,19 @@ def _check_group_options(job: list[str]) -> None:
             continue
         value = override.value()
         for option in value if isinstance(value, list) else [value]:
-            assert option is None or (group / f"{option}.yaml").is_file(), f"{override.input_line}: no {group}/{option}.yaml"
+            assert option is None or (group / f"{option}.yaml").is_file(), (
+                f"{override.input_line}: no {group}/{option}.yaml"
+            )
 
 
 def check_train_py(args: list[str], tmp_path: Path, alone: bool = True) -> None:
     """`alone`: train.py started by itself on this machine, not by torchrun, srun or make."""
     cfg_flag = "--cfg" in args
-    overrides = [a for i, a in enumerate(args)
-                 if a not in ("-m", "--multirun", "--help", "--resolve", "--cfg") and not (cfg_flag and args[i - 1] == "--cfg")]
+    overrides = [
+        a
+        for i, a in enumerate(args)
+        if a not in ("-m", "--multirun", "--help", "--resolve", "--cfg") and not (cfg_flag and args[i - 1] == "--cfg")
+    ]
     multirun = "-m" in args or "--multirun" in args or any(o.startswith("hparams_search=") for o in overrides)
     first, *others = _jobs(overrides, multirun)
     for job in others:  # the first job's keys, other values
@@ -126,15 +135,25 @@ def check_train_py(args: list[str], tmp_path: Path, alone: bool = True) -> None:
     settings = typed(cfg)
     if "--resolve" in args:
         OmegaConf.to_yaml(cfg, resolve=True)
-    trains_here = (alone and not multirun and len(overrides) == len(args) and settings.trainer.gpus is None
-                   and settings.trainer.accelerator != Accelerator.gpu and settings.dataset.name in IN_REPO_DATA)
+    trains_here = (
+        alone
+        and not multirun
+        and len(overrides) == len(args)
+        and settings.trainer.gpus is None
+        and settings.trainer.accelerator != Accelerator.gpu
+        and settings.dataset.name in IN_REPO_DATA
+    )
     if not trains_here:
         return
     check_and_plan(settings, tmp_path / "run")
     if ("python", "train.py", *args) in RUN_IN_FULL:
         profiled = settings.trainer.profile
-        tiny = ["trainer.epochs=1", f"trainer.limit_train_batches={profiled + WAIT + WARMUP if profiled else 2}",
-                "trainer.limit_val_batches=1", f"hydra.run.dir={tmp_path / 'run'}"]
+        tiny = [
+            "trainer.epochs=1",
+            f"trainer.limit_train_batches={profiled + WAIT + WARMUP if profiled else 2}",
+            "trainer.limit_val_batches=1",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ]
         result = train_server.run([FORK_RANKS, "trainer.progress_bar=false", *overrides, *tiny])
         assert result.returncode == 0, result.stderr[-3000:]
 
@@ -181,9 +200,9 @@ def check_torchrun(words: list[str], tmp_path: Path) -> None:
 def check_sbatch(words: list[str], tmp_path: Path) -> None:
     script = next(w for w in words[1:] if not w.startswith("-"))
     assert (ROOT / script).is_file(), f"no {script}"
-    line = next(l for l in (ROOT / script).read_text().splitlines() if " train.py " in l)
+    line = next(line for line in (ROOT / script).read_text().splitlines() if " train.py " in line)
     own = [w for w in line.split(" train.py ", 1)[1].split() if "$" not in w and "=" in w]
-    check_train_py([*own, *words[words.index(script) + 1:]], tmp_path, alone=False)
+    check_train_py([*own, *words[words.index(script) + 1 :]], tmp_path, alone=False)
 
 
 def check_rig(words: list[str], tmp_path: Path) -> None:
@@ -210,7 +229,7 @@ def check_mutation(words: list[str], tmp_path: Path) -> None:
     args = words[3:]
     if "--max-children" in args:
         assert args[args.index("--max-children") + 1].isdigit(), args
-        del args[args.index("--max-children"):args.index("--max-children") + 2]
+        del args[args.index("--max-children") : args.index("--max-children") + 2]
     assert all(arg == "--score" or arg in modules() for arg in args), f"{args}: not among {modules()}"
 
 
@@ -227,9 +246,15 @@ def check_export(words: list[str], tmp_path: Path) -> None:
 
 
 TREATMENTS = {
-    "python": check_python, "torchrun": check_torchrun, "sbatch": check_sbatch, "slurm/rig.sh": check_rig,
-    "make": check_make, ".venv/bin/python": check_mutation, "tensorboard": check_tensorboard,
-    "source": check_source, "export": check_export,
+    "python": check_python,
+    "torchrun": check_torchrun,
+    "sbatch": check_sbatch,
+    "slurm/rig.sh": check_rig,
+    "make": check_make,
+    ".venv/bin/python": check_mutation,
+    "tensorboard": check_tensorboard,
+    "source": check_source,
+    "export": check_export,
 }
 
 
@@ -280,7 +305,9 @@ def test_readme_help_and_docs_name_the_same_docs():
 def test_the_configuration_page_lists_every_group_and_option_in_conf():
     page = (ROOT / "docs" / "configuration.md").read_text()
     rows = dict(re.findall(r"^\| `(\w+)` \| (.*) \|$", page.split("## Groups", 1)[1].split("\n## ", 1)[0], flags=re.M))
-    groups = {d.name: {f.stem for f in d.glob("*.yaml")} for d in CONF_DIR.iterdir() if d.is_dir() and d.name != "hydra"}
+    groups = {
+        d.name: {f.stem for f in d.glob("*.yaml")} for d in CONF_DIR.iterdir() if d.is_dir() and d.name != "hydra"
+    }
     assert rows.keys() == groups.keys()
     missing = {g: options - set(re.findall(r"`(\w+)`", rows[g])) for g, options in groups.items()}
     assert not any(missing.values()), missing

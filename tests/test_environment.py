@@ -1,6 +1,7 @@
 """distributed/environment.py's reading of torchrun's and srun's variables, case by case: the
 defaults when a variable is absent, which of two variables wins, and each error's whole line
 (test_launchers.py holds the common cases and the launches)."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,16 @@ from distributed import environment
 from errors import ConfigError
 
 # srun -n4 over two nodes, two tasks each: rank 3 is node 1's second task.
-SLURM = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_NODEID": "1", "SLURM_STEP_ID": "0",
-         "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": "4567123", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+SLURM = {
+    "SLURM_PROCID": "3",
+    "SLURM_LOCALID": "1",
+    "SLURM_NTASKS": "4",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_ID": "0",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_JOB_ID": "4567123",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+}
 TORCHRUN = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
 
 
@@ -29,18 +38,24 @@ def _error(call, *args) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("env, found", [
-    ({"SLURM_STEP_ID": "0"}, "spawn"),  # srun without SLURM_NTASKS: one task
-    ({"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2"}, "slurm"),
-])
+@pytest.mark.parametrize(
+    "env, found",
+    [
+        ({"SLURM_STEP_ID": "0"}, "spawn"),  # srun without SLURM_NTASKS: one task
+        ({"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2"}, "slurm"),
+    ],
+)
 def test_srun_is_the_launcher_from_two_tasks_on(env, found):
     assert environment.detect(env) == found
 
 
-@pytest.mark.parametrize("launcher, env, name", [
-    ("auto", {"RANK": "0"}, "clock"),  # no WORLD_SIZE: one process, its clock is the run's
-    ("slurm", {"SLURM_JOB_ID": "5"}, "slurm-5.0"),  # no SLURM_STEP_ID: the job's first step
-])
+@pytest.mark.parametrize(
+    "launcher, env, name",
+    [
+        ("auto", {"RANK": "0"}, "clock"),  # no WORLD_SIZE: one process, its clock is the run's
+        ("slurm", {"SLURM_JOB_ID": "5"}, "slurm-5.0"),  # no SLURM_STEP_ID: the job's first step
+    ],
+)
 def test_a_run_dir_name_from_a_partial_environment(launcher, env, name):
     assert environment.run_name(launcher, env, "clock") == name
 
@@ -72,8 +87,10 @@ def test_a_missing_torchrun_or_srun_variable_is_one_line_naming_the_fix():
         "launcher=torchrun but LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE not set in the environment; start train.py "
         "with torchrun (or set RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT)"
     )
-    message = ("launcher=slurm but SLURM_PROCID/SLURM_NTASKS are not set; run train.py under srun "
-               "(sbatch slurm/train.sbatch), not directly in the batch script")
+    message = (
+        "launcher=slurm but SLURM_PROCID/SLURM_NTASKS are not set; run train.py under srun "
+        "(sbatch slurm/train.sbatch), not directly in the batch script"
+    )
     assert _error(_from_slurm, {"SLURM_PROCID": "0"}) == message == _error(_from_slurm, {"SLURM_NTASKS": "2"})
     assert _error(environment.tasks_per_node, "2(x") == "SLURM_TASKS_PER_NODE=2(x: cannot read the tasks per node"
 
@@ -128,10 +145,12 @@ def _flags(value: int):
 
 def _resolving_to(*addresses: str):
     """socket.getaddrinfo of a machine whose hostname, node07, resolves to these addresses."""
+
     def getaddrinfo(host, port, proto):
         if host != "node07":
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
         return [(socket.AF_INET, socket.SOCK_STREAM, proto, "", (address, 0)) for address in addresses]
+
     return getaddrinfo
 
 
@@ -143,14 +162,17 @@ def test_a_loopback_or_missing_interface_is_refused_in_one_line_naming_the_varia
     monkeypatch.setattr(socket, "gethostname", lambda: "node07")
     check = environment.check_interfaces
     assert _error(check, True, False, {"GLOO_SOCKET_IFNAME": "lo"}).startswith(
-        "GLOO_SOCKET_IFNAME=lo is loopback, which the other nodes cannot reach; set it to the interface")
+        "GLOO_SOCKET_IFNAME=lo is loopback, which the other nodes cannot reach; set it to the interface"
+    )
     assert _error(check, True, False, {"GLOO_SOCKET_IFNAME": "nope0"}).startswith(
-        "GLOO_SOCKET_IFNAME=nope0: node07 has no such interface; set it to the interface")
+        "GLOO_SOCKET_IFNAME=nope0: node07 has no such interface; set it to the interface"
+    )
     assert _error(check, False, True, {"NCCL_SOCKET_IFNAME": "=lo"}).startswith("NCCL_SOCKET_IFNAME=lo is loopback")
     # NCCL takes prefixes (eth, ib): a name no interface has passes, and each of a list is checked.
     assert _error(check, False, True, {"NCCL_SOCKET_IFNAME": "nope,lo"}).startswith("NCCL_SOCKET_IFNAME=lo is loopback")
     assert _error(check, True, True, {"GLOO_SOCKET_IFNAME": "lo,", "NCCL_SOCKET_IFNAME": "nope"}).startswith(
-        "GLOO_SOCKET_IFNAME=lo is loopback")
+        "GLOO_SOCKET_IFNAME=lo is loopback"
+    )
 
 
 def test_interfaces_the_nodes_reach_each_other_on_or_that_nccl_excludes_pass(monkeypatch):
@@ -167,7 +189,8 @@ def test_gloo_without_an_interface_needs_the_hostname_to_resolve_off_loopback(mo
     monkeypatch.setattr(socket, "getaddrinfo", _resolving_to("127.0.1.1", "10.0.0.7"))  # Debian's /etc/hosts
     assert _error(environment.check_interfaces, True, False, {}).startswith(
         "GLOO_SOCKET_IFNAME is not set, so gloo binds the address node07 resolves to, 127.0.1.1, which the other "
-        "nodes cannot reach; set GLOO_SOCKET_IFNAME to the interface")
+        "nodes cannot reach; set GLOO_SOCKET_IFNAME to the interface"
+    )
     monkeypatch.setattr(socket, "getaddrinfo", _resolving_to())
     assert "resolves to, none: then loopback, which" in _error(environment.check_interfaces, True, False, {})
     monkeypatch.setattr(socket, "getaddrinfo", _unresolvable)

@@ -1,5 +1,6 @@
 """Each seed's reproduction composes as its text says and runs, tiny, through `python train.py`; a seed's
 first name (experiment=seed000) is its recipe's descriptive one."""
+
 from __future__ import annotations
 
 import json
@@ -22,22 +23,37 @@ SMALL_CROPS = ("dataset.train_crop=64", "dataset.val_resize=72", "dataset.val_cr
 
 def test_seed000_is_resnet50_ddp_with_128_images_per_device():
     cfg = compose_config("experiment=cifar10_resnet50_ddp", "trainer.devices=4")
-    assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, cfg.launcher.name) == ("resnet50", "cifar10", StrategyName.ddp, LauncherName.spawn)
+    assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, cfg.launcher.name) == (
+        "resnet50",
+        "cifar10",
+        StrategyName.ddp,
+        LauncherName.spawn,
+    )
     assert cfg.trainer.batch_size == 512 and cfg.trainer.epochs == 1
     assert (cfg.optimizer.lr, cfg.optimizer.momentum, cfg.optimizer.weight_decay) == (0.1, 0.9, 5e-4)
-    assert compose_config("experiment=cifar10_resnet50_ddp", "trainer.gpus=2", "trainer.num_nodes=2").trainer.batch_size == 512
+    assert (
+        compose_config("experiment=cifar10_resnet50_ddp", "trainer.gpus=2", "trainer.num_nodes=2").trainer.batch_size
+        == 512
+    )
 
 
 def test_seed001_fine_tunes_resnet18_at_224_with_dp_and_steplr():
     cfg = compose_config("experiment=cifar10_resnet18_finetune_dp", "model.weights=w.pth")
-    assert (cfg.model.arch, cfg.strategy.name, cfg.dataset.image_size, cfg.dataset.resize) == ("resnet18", StrategyName.dp, 224, 256)
+    assert (cfg.model.arch, cfg.strategy.name, cfg.dataset.image_size, cfg.dataset.resize) == (
+        "resnet18",
+        StrategyName.dp,
+        224,
+        256,
+    )
     assert (cfg.optimizer.lr, cfg.scheduler.step_size, cfg.scheduler.gamma, cfg.trainer.epochs) == (0.001, 7, 0.1, 25)
 
 
 def test_seed002_is_the_mnist_net_with_adadelta_and_steplr():
     cfg = compose_config("experiment=mnist_net_ddp", "trainer.devices=2")
     assert (cfg.model._target_, cfg.dataset.name, cfg.optimizer._target_) == (
-        "models.mnist_net.MnistNet", "mnist", "torch.optim.Adadelta"
+        "models.mnist_net.MnistNet",
+        "mnist",
+        "torch.optim.Adadelta",
     )
     assert (cfg.optimizer.lr, cfg.scheduler.step_size, cfg.scheduler.gamma, cfg.trainer.epochs) == (1.0, 1, 0.7, 14)
     assert cfg.trainer.batch_size == 128 and cfg.launcher.name == LauncherName.auto
@@ -45,7 +61,12 @@ def test_seed002_is_the_mnist_net_with_adadelta_and_steplr():
 
 def test_seed003_is_resnet50_ddp_on_an_image_folder():
     cfg = compose_config("experiment=imagenet_resnet50_ddp", "dataset.root=/data/imagenet")
-    assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, cfg.trainer.batch_size) == ("resnet50", "imagefolder", StrategyName.ddp, 256)
+    assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, cfg.trainer.batch_size) == (
+        "resnet50",
+        "imagefolder",
+        StrategyName.ddp,
+        256,
+    )
     assert (cfg.optimizer.weight_decay, cfg.scheduler.step_size, cfg.trainer.epochs) == (1e-4, 30, 90)
     # The example's batch is each node's, split over that node's GPUs.
     assert compose_config("experiment=imagenet_resnet50_ddp", "trainer.num_nodes=2").trainer.batch_size == 512
@@ -55,9 +76,19 @@ def test_tv_resnet50_is_torchvisions_published_recipe():
     cfg = compose_config("experiment=tv_resnet50", "dataset.root=/data/imagenet")
     trainer, optimizer, dataset = cfg.trainer, cfg.optimizer, cfg.dataset
     assert (cfg.model.arch, cfg.dataset.name, cfg.strategy.name, trainer.batch_size, trainer.epochs) == (
-        "resnet50", "imagefolder", StrategyName.ddp, 1024, 600)
+        "resnet50",
+        "imagefolder",
+        StrategyName.ddp,
+        1024,
+        600,
+    )
     assert (optimizer._target_, optimizer.lr, optimizer.momentum, optimizer.weight_decay, optimizer.nesterov) == (
-        "torch.optim.SGD", 0.5, 0.9, 2e-5, False)
+        "torch.optim.SGD",
+        0.5,
+        0.9,
+        2e-5,
+        False,
+    )
     assert optim_config(optimizer) == OptimConfig(LrScaling.linear, reference_batch=1024, norm_weight_decay=0.0)
     assert (trainer.label_smoothing, trainer.mixup_alpha, trainer.cutmix_alpha) == (0.1, 0.2, 1.0)
     assert (trainer.ema_decay, trainer.ema_every_n_steps) == (0.99998, 32)
@@ -65,7 +96,6 @@ def test_tv_resnet50_is_torchvisions_published_recipe():
     assert (dataset.train_crop, dataset.val_resize, dataset.val_crop) == (176, 232, 224)
     assert (cfg.scheduler._target_, cfg.scheduler.T_max) == ("torch.optim.lr_scheduler.CosineAnnealingLR", 595)
     assert schedule_config(cfg.scheduler) == ScheduleConfig(warmup_epochs=5, warmup_start_factor=0.01)
-
 
 
 def test_a_seed_name_is_only_an_alias_of_its_recipe_under_a_descriptive_name():
@@ -78,6 +108,7 @@ def test_a_seed_name_is_only_an_alias_of_its_recipe_under_a_descriptive_name():
         assert (CONF_DIR / "experiment" / f"{recipe}.yaml").is_file()
     assert compose_config("experiment=seed002") == compose_config("experiment=mnist_net_ddp")  # Hydra follows it
 
+
 def _run(run_dir, *overrides):
     result = run_train(run_dir, *overrides, *TINY)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -88,8 +119,12 @@ def _run(run_dir, *overrides):
 def test_seed000_runs_tiny_under_ddp(tmp_path):  # one rank: the 2-rank path is tested elsewhere
     write_cifar(tmp_path / "cifar", per_batch=8, val=8)
     metrics = _run(
-        tmp_path / "run", "experiment=cifar10_resnet50_ddp", f"dataset.root={tmp_path / 'cifar'}",
-        "dataset.download=false", "trainer.devices=1", "trainer.batch_size=8",
+        tmp_path / "run",
+        "experiment=cifar10_resnet50_ddp",
+        f"dataset.root={tmp_path / 'cifar'}",
+        "dataset.download=false",
+        "trainer.devices=1",
+        "trainer.batch_size=8",
     )
     assert (metrics["model"], metrics["strategy"], metrics["world_size"]) == ("resnet50", "ddp", 1)
 
@@ -103,8 +138,12 @@ def test_seed001_fine_tunes_from_a_local_weights_file_at_224(tmp_path):
     write_cifar(tmp_path / "cifar", per_batch=4, val=4)
     run_dir = tmp_path / "run"
     metrics = _run(
-        run_dir, "experiment=cifar10_resnet18_finetune_dp", f"model.weights={weights}",
-        f"dataset.root={tmp_path / 'cifar'}", "dataset.download=false", "trainer.batch_size=4",
+        run_dir,
+        "experiment=cifar10_resnet18_finetune_dp",
+        f"model.weights={weights}",
+        f"dataset.root={tmp_path / 'cifar'}",
+        "dataset.download=false",
+        "trainer.batch_size=4",
     )
     assert (metrics["model"], metrics["strategy"]) == ("resnet18", "dp")
     assert (run_dir / "checkpoints" / "best.pt").is_file()
@@ -114,8 +153,12 @@ def test_seed001_fine_tunes_from_a_local_weights_file_at_224(tmp_path):
 def test_seed002_runs_tiny_on_mnist_files(tmp_path):
     write_idx(tmp_path / "mnist", train=64, val=32)
     metrics = _run(
-        tmp_path / "run", "experiment=mnist_net_ddp", f"dataset.root={tmp_path / 'mnist'}", "dataset.download=false",
-        "trainer.devices=2", "trainer.batch_size=16",
+        tmp_path / "run",
+        "experiment=mnist_net_ddp",
+        f"dataset.root={tmp_path / 'mnist'}",
+        "dataset.download=false",
+        "trainer.devices=2",
+        "trainer.batch_size=16",
     )
     assert (metrics["dataset"], metrics["world_size"]) == ("mnist", 2)
 
@@ -124,8 +167,13 @@ def test_seed002_runs_tiny_on_mnist_files(tmp_path):
 def test_seed003_runs_tiny_on_an_image_folder(tmp_path):
     root = write_image_folder(tmp_path / "images", classes=2, per_class=2)
     metrics = _run(
-        tmp_path / "run", "experiment=imagenet_resnet50_ddp", f"dataset.root={root}", "dataset.num_classes=2",
-        "trainer.devices=1", "trainer.batch_size=2", *SMALL_CROPS,
+        tmp_path / "run",
+        "experiment=imagenet_resnet50_ddp",
+        f"dataset.root={root}",
+        "dataset.num_classes=2",
+        "trainer.devices=1",
+        "trainer.batch_size=2",
+        *SMALL_CROPS,
     )
     assert (metrics["model"], metrics["dataset"]) == ("resnet50", "imagefolder")
 
@@ -137,8 +185,14 @@ def test_tv_resnet50_runs_tiny_on_an_image_folder(tmp_path):
     # The EMA every step, not every 32nd, and no warmup: within its 5 warmup epochs the EMA only
     # copies the weights (n_averaged stays 0), and this run is 1 epoch of 3 steps.
     metrics = _run(
-        run_dir, "experiment=tv_resnet50", f"dataset.root={root}", "trainer.devices=1", "trainer.batch_size=2",
-        "trainer.ema_every_n_steps=1", "scheduler.warmup_epochs=0", *SMALL_CROPS,
+        run_dir,
+        "experiment=tv_resnet50",
+        f"dataset.root={root}",
+        "trainer.devices=1",
+        "trainer.batch_size=2",
+        "trainer.ema_every_n_steps=1",
+        "scheduler.warmup_epochs=0",
+        *SMALL_CROPS,
     )
     assert (metrics["model"], metrics["dataset"], metrics["steps"]) == ("resnet50", "imagefolder", 3)
     assert {"val_ema_acc", "val_acc5", "best_weights"} <= set(metrics)

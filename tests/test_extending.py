@@ -1,6 +1,7 @@
 """docs/EXTENDING.md as written: every code block it shows is in the file it names, and its examples
 (Fashion-MNIST, a tiny ViT, the focal loss, the grad-norm callback) train through `python train.py`,
 so the guide cannot drift (tests/test_docs.py composes each of its commands)."""
+
 from __future__ import annotations
 
 import itertools
@@ -21,8 +22,10 @@ GUIDE = ROOT / "docs" / "EXTENDING.md"
 
 def _blocks() -> list[tuple[str, str, str]]:
     """(language, code, the line before it) of each fenced block of the guide."""
-    return [(lang, code, before) for before, lang, code in
-            re.findall(r"([^\n]*)\n\n```(\w+)\n(.*?)\n```", GUIDE.read_text(), flags=re.S)]
+    return [
+        (lang, code, before)
+        for before, lang, code in re.findall(r"([^\n]*)\n\n```(\w+)\n(.*?)\n```", GUIDE.read_text(), flags=re.S)
+    ]
 
 
 @pytest.mark.parametrize("lang, code, before", [b for b in _blocks() if b[0] in ("python", "yaml")])
@@ -37,8 +40,14 @@ def test_the_guides_dataset_and_model_train_through_train_py(tmp_path):
     root = tmp_path / "data"
     write_idx(root, train=64, val=32, gz=True, dataset=FASHION_MNIST)  # as torchvision downloads them
     result = run_train(
-        tmp_path / "run", "dataset=fashion_mnist", f"dataset.root={root}", "dataset.download=false",
-        "model=vit_tiny", "trainer.epochs=1", "trainer.batch_size=16", "data.loader=device",
+        tmp_path / "run",
+        "dataset=fashion_mnist",
+        f"dataset.root={root}",
+        "dataset.download=false",
+        "model=vit_tiny",
+        "trainer.epochs=1",
+        "trainer.batch_size=16",
+        "data.loader=device",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
@@ -54,14 +63,16 @@ def _commands(section: str) -> list[list[str]]:
     start = text.index(f"\n{section}\n")
     end = text.find("\n## ", start + 1)
     jobs = []
-    for block in re.findall(r"```bash\n(.*?)\n```", text[start:end if end >= 0 else None], flags=re.S):
+    for block in re.findall(r"```bash\n(.*?)\n```", text[start : end if end >= 0 else None], flags=re.S):
         for line in block.splitlines():
             words = shlex.split(line.split("#")[0])
             if words[:2] != ["python", "train.py"]:
                 continue
             parsed = OverridesParser.create().parse_overrides([w for w in words[2:] if w != "-m"])
-            values = [[_choice(o.key_or_group, v) for v in o.sweep_iterator()] if o.is_sweep_override()
-                      else [o.input_line] for o in parsed]
+            values = [
+                [_choice(o.key_or_group, v) for v in o.sweep_iterator()] if o.is_sweep_override() else [o.input_line]
+                for o in parsed
+            ]
             jobs += [list(job) for job in itertools.product(*values)]
     return jobs
 
@@ -75,8 +86,9 @@ def test_the_guides_loss_and_metric_train_through_train_py(run_dir):
     """One short run with the first command of each recipe: the focal loss trains and validates
     (below cross-entropy, which it down-weighs), and train/grad_norm reaches TensorBoard each epoch."""
     loss, metric = (_commands(section)[0] for section in ("## A loss", "## A logged metric"))
-    result = run_train(run_dir, *loss, *metric, "trainer.epochs=2", "trainer.limit_train_batches=4",
-                       "trainer.limit_val_batches=2")
+    result = run_train(
+        run_dir, *loss, *metric, "trainer.epochs=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert 0 < metrics["val_loss"] < metrics["val_ce"]

@@ -1,6 +1,7 @@
 """strategy=fsdp beyond the equivalence runs of test_strategies: which modules it shards, the
 commands people run, sharded checkpoints resumed at other world sizes, after kill -9 and under
 torchrun, and forwards that every rank must run together (uneven validation shards, samples)."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from data import build_loaders
 from distributed import sharded_state, strategies
 from distributed.context import make_context
-from distributed.launch import LaunchPlan, plan_launch
 from distributed.fsdp import block_classes, shard_units
+from distributed.launch import LaunchPlan, plan_launch
 from models.mnist_net import MnistNet
 from models.resnet import resnet
 from models.simple_cnn import SimpleCNN
@@ -80,8 +81,11 @@ def test_shard_modules_overrides_the_groups_children_first():
     assert len(units) == 8 + 4 + 3  # blocks, stages, the downsample Sequentials inside blocks
     position = {id(unit): i for i, unit in enumerate(units)}
     for unit in units:  # fully_shard must reach a module before any module holding it
-        assert all(position[id(inner)] < position[id(unit)] for inner in unit.modules() if id(inner) in position
-                   and inner is not unit)
+        assert all(
+            position[id(inner)] < position[id(unit)]
+            for inner in unit.modules()
+            if id(inner) in position and inner is not unit
+        )
 
 
 @pytest.mark.slow
@@ -114,17 +118,32 @@ def test_a_whole_file_checkpoint_is_read_to_host_memory_before_it_reaches_the_gp
     on_gpus = make_context(0, 0, 2, 2, "gpu", use_process_group=False)  # no CUDA needed to name the device
     net = MnistNet(1, 10, 8)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-    save_checkpoint({"model": net.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": None, "epoch": 1,
-                     "step": 3, "best": 0.5}, tmp_path / "last.pt")
+    save_checkpoint(
+        {
+            "model": net.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": None,
+            "epoch": 1,
+            "step": 3,
+            "best": 0.5,
+        },
+        tmp_path / "last.pt",
+    )
     state = Checkpointer(on_gpus, tmp_path, net, optimizer, None, "").restore(tmp_path / "last.pt")
     assert (state.epoch, state.step) == (1, 3)
 
 
-@pytest.mark.parametrize("overrides, gloo_beside_nccl", [
-    (["strategy=fsdp", "strategy.cpu_offload=true"], True),  # gradient shards in host memory: their norm is a host all-reduce
-    (["strategy=fsdp"], False),
-    (["strategy=ddp"], False),
-])
+@pytest.mark.parametrize(
+    "overrides, gloo_beside_nccl",
+    [
+        (
+            ["strategy=fsdp", "strategy.cpu_offload=true"],
+            True,
+        ),  # gradient shards in host memory: their norm is a host all-reduce
+        (["strategy=fsdp"], False),
+        (["strategy=ddp"], False),
+    ],
+)
 def test_a_gpu_group_takes_host_tensors_when_fsdp_offloads_to_the_cpu(overrides, gloo_beside_nccl):
     cfg = typed_config("trainer.accelerator=cpu", *overrides)
     plan = plan_launch(cfg.trainer, strategies.get(cfg.strategy), cfg.launcher)
@@ -133,14 +152,26 @@ def test_a_gpu_group_takes_host_tensors_when_fsdp_offloads_to_the_cpu(overrides,
     assert on_gpus.context(1, 1).backend == ("cuda:nccl,cpu:gloo" if gloo_beside_nccl else "nccl")
 
 
-@pytest.mark.parametrize("overrides, reshard, mixed, offload", [
-    ((), True, MixedPrecisionPolicy(), OffloadPolicy),  # 32 bits: no cast
-    (("strategy.reshard_after_forward=false",), False, MixedPrecisionPolicy(), OffloadPolicy),
-    (("trainer.precision=bf16-mixed",), True,
-     MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32), OffloadPolicy),
-    (("trainer.precision=bf16-mixed", "strategy.mixed_precision=false"), True, MixedPrecisionPolicy(), OffloadPolicy),
-    (("strategy.cpu_offload=true",), True, MixedPrecisionPolicy(), CPUOffloadPolicy),
-])
+@pytest.mark.parametrize(
+    "overrides, reshard, mixed, offload",
+    [
+        ((), True, MixedPrecisionPolicy(), OffloadPolicy),  # 32 bits: no cast
+        (("strategy.reshard_after_forward=false",), False, MixedPrecisionPolicy(), OffloadPolicy),
+        (
+            ("trainer.precision=bf16-mixed",),
+            True,
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+            OffloadPolicy,
+        ),
+        (
+            ("trainer.precision=bf16-mixed", "strategy.mixed_precision=false"),
+            True,
+            MixedPrecisionPolicy(),
+            OffloadPolicy,
+        ),
+        (("strategy.cpu_offload=true",), True, MixedPrecisionPolicy(), CPUOffloadPolicy),
+    ],
+)
 def test_the_strategy_options_reach_fully_shard(tmp_path, monkeypatch, overrides, reshard, mixed, offload):
     calls = []
     # distributed/fsdp.py imports fully_shard from torch.distributed.fsdp when it shards.
@@ -216,8 +247,16 @@ def test_resnet18_on_synthetic_images_trains_with_half_the_bytes_per_rank(run_di
     # 49 validation images over 2 ranks of 8: rank 0 has 4 batches, rank 1 has 3 and must pad, as
     # it must join rank 0's forward of the sample images for TensorBoard.
     result = run_train(
-        run_dir, "strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "model=resnet18", "dataset=synthetic",
-        "dataset.val_size=49", "trainer.batch_size=16", "trainer.epochs=1", "trainer.limit_train_batches=3",
+        run_dir,
+        "strategy=fsdp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "model=resnet18",
+        "dataset=synthetic",
+        "dataset.val_size=49",
+        "trainer.batch_size=16",
+        "trainer.epochs=1",
+        "trainer.limit_train_batches=3",
         "launcher.timeout_s=60",
     )
     assert result.returncode == 0, result.stderr
@@ -226,7 +265,9 @@ def test_resnet18_on_synthetic_images_trains_with_half_the_bytes_per_rank(run_di
     for key in ("param_bytes_per_rank", "grad_bytes_per_rank"):
         assert sum(metrics[key]) == whole and max(metrics[key]) <= 0.51 * whole, (key, metrics[key], whole)
     assert sum(metrics["optimizer_bytes_per_rank"]) == whole  # SGD's momentum
-    assert math.isfinite(metrics["val_loss"]) and (metrics["val_acc"] * 49) == pytest.approx(round(metrics["val_acc"] * 49))
+    assert math.isfinite(metrics["val_loss"]) and (metrics["val_acc"] * 49) == pytest.approx(
+        round(metrics["val_acc"] * 49)
+    )
     assert "memory per rank" in (run_dir / "train.log").read_text()
     events = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0})
     events.Reload()
@@ -254,9 +295,16 @@ def test_the_model_evaluated_is_the_model_saved_batchnorm_included(run_dir):
 @pytest.mark.slow
 def test_every_train_step_option_runs_under_fsdp(run_dir):
     result = run_train(
-        run_dir, *FSDP, "model=simple_cnn", "trainer.precision=bf16-mixed", "trainer.channels_last=true",
-        "trainer.accumulate_grad_batches=2", "trainer.grad_clip=1.0", "strategy.cpu_offload=true",
-        "strategy.reshard_after_forward=false", "trainer.limit_train_batches=6",
+        run_dir,
+        *FSDP,
+        "model=simple_cnn",
+        "trainer.precision=bf16-mixed",
+        "trainer.channels_last=true",
+        "trainer.accumulate_grad_batches=2",
+        "trainer.grad_clip=1.0",
+        "strategy.cpu_offload=true",
+        "strategy.reshard_after_forward=false",
+        "trainer.limit_train_batches=6",
     )
     assert result.returncode == 0, result.stderr
     metrics = _metrics(run_dir)
@@ -288,8 +336,13 @@ def test_a_checkpoint_saved_at_2_ranks_resumes_at_1_and_at_4(tmp_path, saved_at_
 
 @pytest.mark.slow
 def test_test_only_under_ddp_reports_the_single_process_figures_of_an_fsdp_best_pt(tmp_path, saved_at_2):
-    args = ("model=simple_cnn", "trainer.accelerator=cpu", "logger=none", "trainer.test_only=true",
-            f"trainer.resume={saved_at_2 / 'checkpoints' / 'best.pt'}")
+    args = (
+        "model=simple_cnn",
+        "trainer.accelerator=cpu",
+        "logger=none",
+        "trainer.test_only=true",
+        f"trainer.resume={saved_at_2 / 'checkpoints' / 'best.pt'}",
+    )
     figures = {}
     for name, strategy in (("single", ()), ("ddp", ("strategy=ddp", "trainer.devices=2"))):
         result = run_train(tmp_path / name, *args, *strategy)
@@ -312,7 +365,8 @@ def test_kill_9_mid_epoch_and_mid_save_then_resume_auto_ends_bitwise_equal(tmp_p
     run.kill()
     # The ranks writing their shards of the next: the previous last.pt is still whole.
     kill_inside_a_checkpoint_write(
-        run_dir, args, whole=(run_dir / "checkpoints" / "last.pt" / ".metadata").is_file, tmp_name=".last.pt.shards.tmp")
+        run_dir, args, whole=(run_dir / "checkpoints" / "last.pt" / ".metadata").is_file, tmp_name=".last.pt.shards.tmp"
+    )
     step = _committed_step(run_dir)
     result = run_train(run_dir, *args)
     assert result.returncode == 0, result.stderr
@@ -338,8 +392,12 @@ def _committed_step(run_dir: Path) -> int:
 
 @pytest.mark.slow
 def test_torchrun_two_processes_train_fsdp_like_spawn(tmp_path, fsdp_reference):
-    code, stderr = _finish(_torchrun(tmp_path, ["--standalone", "--nproc_per_node=2"], "strategy=fsdp", "trainer.devices=2"))
+    code, stderr = _finish(
+        _torchrun(tmp_path, ["--standalone", "--nproc_per_node=2"], "strategy=fsdp", "trainer.devices=2")
+    )
     assert code == 0, stderr
     run_dir = _one_run_dir(tmp_path)
-    assert _metrics(run_dir)["strategy"] == "fsdp" and _shard_files(run_dir) == SHARDS_OF_2  # each rank wrote its shards
+    assert (
+        _metrics(run_dir)["strategy"] == "fsdp" and _shard_files(run_dir) == SHARDS_OF_2
+    )  # each rank wrote its shards
     assert same_weights(run_dir, fsdp_reference)

@@ -1,4 +1,5 @@
 """hparams_search=...: an Optuna study in a database that a killed search continues."""
+
 from __future__ import annotations
 
 import logging
@@ -38,8 +39,15 @@ COMMAND = {"overrides": ["trainer.epochs=1"], "search_space": {k: repr(d) for k,
 class FakeLauncher:
     """Hydra's launcher as the sweeper sees it: each job returns lr x 10 (or raises)."""
 
-    def __init__(self, sweep_dir: Path, fail: bool = False, interrupt: int | None = None, value: float | None = None,
-                 lost: int | None = None, together: int = 1) -> None:
+    def __init__(
+        self,
+        sweep_dir: Path,
+        fail: bool = False,
+        interrupt: int | None = None,
+        value: float | None = None,
+        lost: int | None = None,
+        together: int = 1,
+    ) -> None:
         """interrupt: Ctrl-C in job N; lost: job N dies unseen (the launcher
         raises, as submitit does for a SLURM job killed for memory); together: jobs 0 to N - 1 must all
         be in flight at once before any returns."""
@@ -61,8 +69,12 @@ class FakeLauncher:
         lr = float(dict(o.split("=", 1) for o in overrides)["lr"])
         hydra_cfg = OmegaConf.create({"hydra": {"runtime": {"output_dir": str(self.sweep_dir / str(num))}}})
         if self.fail:
-            return JobReturn(overrides=overrides, hydra_cfg=hydra_cfg, status=JobStatus.FAILED,
-                             _return_value=RuntimeError("diverged"))
+            return JobReturn(
+                overrides=overrides,
+                hydra_cfg=hydra_cfg,
+                status=JobStatus.FAILED,
+                _return_value=RuntimeError("diverged"),
+            )
         value = lr * 10 if self.value is None else self.value
         return JobReturn(overrides=overrides, hydra_cfg=hydra_cfg, status=JobStatus.COMPLETED, _return_value=value)
 
@@ -72,8 +84,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed
 
 
 def _open(tmp_path: Path, command: dict = COMMAND, heartbeat_interval: int = 10, grace_period: int | None = None):
-    return _study.open_study("s", f"sqlite:///{tmp_path / 'optuna.db'}", "maximize", SAMPLER, command,
-                             heartbeat_interval, grace_period)
+    return _study.open_study(
+        "s", f"sqlite:///{tmp_path / 'optuna.db'}", "maximize", SAMPLER, command, heartbeat_interval, grace_period
+    )
 
 
 def _states(study: optuna.Study) -> list[str]:
@@ -81,13 +94,21 @@ def _states(study: optuna.Study) -> list[str]:
 
 
 def test_search_space_reads_hydras_sweep_syntax():
-    space, fixed = _study.search_space([
-        "optimizer.lr=tag(log, interval(1e-4, 1e-1))", "optimizer.weight_decay=interval(0.0, 0.1)",
-        "trainer.batch_size=choice(16, 32, 64)", "model=simple_cnn,mnist_net", "trainer.epochs=range(1, 10, 3)",
-        "trainer.seed=interval(0, 9)", "trainer.limit_train_batches=5", "+hparams_search=digits",
-        "optimizer.weight_decay=0.01",  # later on the command line: fixed, out of the space
-        "trainer.max_steps=tag(log, int, interval(16, 128))", "trainer.log_every_n_steps=range(10, 0, -2)",
-    ])
+    space, fixed = _study.search_space(
+        [
+            "optimizer.lr=tag(log, interval(1e-4, 1e-1))",
+            "optimizer.weight_decay=interval(0.0, 0.1)",
+            "trainer.batch_size=choice(16, 32, 64)",
+            "model=simple_cnn,mnist_net",
+            "trainer.epochs=range(1, 10, 3)",
+            "trainer.seed=interval(0, 9)",
+            "trainer.limit_train_batches=5",
+            "+hparams_search=digits",
+            "optimizer.weight_decay=0.01",  # later on the command line: fixed, out of the space
+            "trainer.max_steps=tag(log, int, interval(16, 128))",
+            "trainer.log_every_n_steps=range(10, 0, -2)",
+        ]
+    )
     assert space == {
         "optimizer.lr": FloatDistribution(1e-4, 1e-1, log=True),
         "trainer.batch_size": CategoricalDistribution([16, 32, 64]),
@@ -156,8 +177,9 @@ def test_a_live_trial_of_another_sweeper_is_waited_for_not_repeated(tmp_path, ca
         _study.run(study, SPACE, [], launch, tmp_path, n_trials=1, n_jobs=2, heartbeat=storage, poll_s=0.1)
     assert launch.calls == [] and _states(study) == ["COMPLETE"]
     said = [r.getMessage() for r in caplog.records if "RUNNING elsewhere" in r.getMessage()]
-    assert said == ["1 trial(s) RUNNING elsewhere: another sweeper's, or left by a killed one (rerun once it "
-                    "misses its heartbeats)"]  # once, not at every poll
+    assert said == [
+        "1 trial(s) RUNNING elsewhere: another sweeper's, or left by a killed one (rerun once it misses its heartbeats)"
+    ]  # once, not at every poll
 
 
 def test_a_trial_elsewhere_after_a_batch_is_said_again(tmp_path, caplog, monkeypatch):
@@ -172,11 +194,21 @@ def test_a_trial_elsewhere_after_a_batch_is_said_again(tmp_path, caplog, monkeyp
 
     monkeypatch.setattr(_study.time, "sleep", lambda _: study.tell(elsewhere[0], 0.5))  # it ends while we wait
     with caplog.at_level(logging.INFO):
-        _study.run(study, SPACE, [], FakeLauncher(tmp_path), tmp_path, n_trials=2, n_jobs=1, heartbeat=storage,
-                   after_batch=other_sweeper_asks)
+        _study.run(
+            study,
+            SPACE,
+            [],
+            FakeLauncher(tmp_path),
+            tmp_path,
+            n_trials=2,
+            n_jobs=1,
+            heartbeat=storage,
+            after_batch=other_sweeper_asks,
+        )
     assert _states(study) == ["COMPLETE", "COMPLETE"]
     assert [r.getMessage()[:35] for r in caplog.records if "RUNNING elsewhere" in r.getMessage()] == [
-        "1 trial(s) RUNNING elsewhere: anoth"]
+        "1 trial(s) RUNNING elsewhere: anoth"
+    ]
 
 
 def test_a_warning_of_ask_other_than_optunas_heartbeat_one_reaches_the_user(tmp_path, monkeypatch):
@@ -184,7 +216,7 @@ def test_a_warning_of_ask_other_than_optunas_heartbeat_one_reaches_the_user(tmp_
     ask = study.ask
 
     def warning_ask(*args, **kwargs):
-        warnings.warn("the sampler's own warning")
+        warnings.warn("the sampler's own warning", stacklevel=2)
         return ask(*args, **kwargs)
 
     monkeypatch.setattr(study, "ask", warning_ask)
@@ -219,12 +251,14 @@ def test_direction_must_suit_the_metric():
 def test_a_failed_trial_stops_the_search_and_an_interrupted_one_is_queued_again(tmp_path):
     study, storage = _open(tmp_path)
     with pytest.raises(_study.SearchError, match="RuntimeError: diverged"):
-        _study.run(study, SPACE, [], FakeLauncher(tmp_path, fail=True), tmp_path, n_trials=2, n_jobs=1,
-                   heartbeat=storage)
+        _study.run(
+            study, SPACE, [], FakeLauncher(tmp_path, fail=True), tmp_path, n_trials=2, n_jobs=1, heartbeat=storage
+        )
     assert _states(study) == ["FAIL"]
     with pytest.raises(KeyboardInterrupt):
-        _study.run(study, SPACE, [], FakeLauncher(tmp_path, interrupt=1), tmp_path, n_trials=2, n_jobs=1,
-                   heartbeat=storage)
+        _study.run(
+            study, SPACE, [], FakeLauncher(tmp_path, interrupt=1), tmp_path, n_trials=2, n_jobs=1, heartbeat=storage
+        )
     interrupted, queued = study.get_trials()[1:]
     assert (interrupted.state, queued.state) == (TrialState.FAIL, TrialState.WAITING)
     assert queued.params == interrupted.params and queued.system_attrs["failed_trial"] == interrupted.number
@@ -233,8 +267,9 @@ def test_a_failed_trial_stops_the_search_and_an_interrupted_one_is_queued_again(
 def test_trials_launched_together_run_at_once_and_a_lost_job_fails_its_trial_alone(tmp_path):
     study, storage = _open(tmp_path)
     launch = FakeLauncher(tmp_path, lost=1, together=3)  # the first 3 wait until all 3 are in flight
-    _study.run(study, SPACE, [], launch, tmp_path, n_trials=3, n_jobs=3, heartbeat=storage, max_failure_rate=0.5,
-               parallel=True)
+    _study.run(
+        study, SPACE, [], launch, tmp_path, n_trials=3, n_jobs=3, heartbeat=storage, max_failure_rate=0.5, parallel=True
+    )
     assert _states(study) == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]  # the lost one's place taken by a 4th
     assert sorted(first for _, first in launch.calls) == [0, 1, 2, 3]
     with pytest.raises(_study.SearchError, match=r"the first \(trial 4\) with RuntimeError: Job 4 .* OUT_OF_MEMORY"):
@@ -244,8 +279,9 @@ def test_trials_launched_together_run_at_once_and_a_lost_job_fails_its_trial_alo
 def test_ctrl_c_keeps_the_trials_that_ended_before_it(tmp_path):
     study, storage = _open(tmp_path)
     with pytest.raises(KeyboardInterrupt):
-        _study.run(study, SPACE, [], FakeLauncher(tmp_path, interrupt=1), tmp_path, n_trials=2, n_jobs=2,
-                   heartbeat=storage)
+        _study.run(
+            study, SPACE, [], FakeLauncher(tmp_path, interrupt=1), tmp_path, n_trials=2, n_jobs=2, heartbeat=storage
+        )
     assert _states(study) == ["COMPLETE", "FAIL", "WAITING"]  # trial 1 queued again; trial 0's value kept
 
 
@@ -281,8 +317,17 @@ def test_ctrl_c_while_trials_run_elsewhere_ends_the_search_at_once(tmp_path):
 def test_a_search_whose_trials_all_fail_ends_even_when_failures_are_tolerated(tmp_path):
     study, storage = _open(tmp_path)
     with pytest.raises(_study.SearchError, match="RuntimeError: diverged"):
-        _study.run(study, SPACE, [], FakeLauncher(tmp_path, fail=True), tmp_path, n_trials=3, n_jobs=2,
-                   heartbeat=storage, max_failure_rate=1.0)
+        _study.run(
+            study,
+            SPACE,
+            [],
+            FakeLauncher(tmp_path, fail=True),
+            tmp_path,
+            n_trials=3,
+            n_jobs=2,
+            heartbeat=storage,
+            max_failure_rate=1.0,
+        )
     assert _states(study) == ["FAIL"] * 4  # two batches of two: 4 failures >= n_trials
 
 
@@ -290,15 +335,26 @@ def test_a_trial_that_returns_nan_is_a_failure_the_search_counts(tmp_path):
     """Optuna fails a NaN itself; unseen, every failed trial was asked again, for ever."""
     study, storage = _open(tmp_path)
     with pytest.raises(_study.SearchError, match="ValueError: the job returned nan"):
-        _study.run(study, SPACE, [], FakeLauncher(tmp_path, value=float("nan")), tmp_path, n_trials=2, n_jobs=1,
-                   heartbeat=storage, max_failure_rate=1.0)
+        _study.run(
+            study,
+            SPACE,
+            [],
+            FakeLauncher(tmp_path, value=float("nan")),
+            tmp_path,
+            n_trials=2,
+            n_jobs=1,
+            heartbeat=storage,
+            max_failure_rate=1.0,
+        )
     assert _states(study) == ["FAIL"] * 2
 
 
 def test_a_job_that_exits_with_an_error_fails_its_trial_and_a_preempted_one_ends_the_search():
     """train.py's sys.exit(1 or 2) would otherwise leave the whole search past max_failure_rate."""
+
     def job(code):
         return lambda cfg: sys.exit(code) if code is not None else 0.5
+
     assert ExitIsFailure(job(None))(None) == 0.5
     for code in (1, 2):
         with pytest.raises(RuntimeError, match=f"exited with status {code}"):
@@ -347,9 +403,16 @@ def _complete(db: Path) -> int:
 @pytest.mark.slow
 def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
     sweep, output = tmp_path / "search", tmp_path / "first.out"
-    args = ["hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=4",
-            "hydra.sweeper.heartbeat_interval=1", "trainer.epochs=1", "trainer.limit_train_batches=3",
-            "trainer.limit_val_batches=1", "trainer.progress_bar=false"]
+    args = [
+        "hparams_search=digits",
+        f"hydra.sweep.dir={sweep}",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.heartbeat_interval=1",
+        "trainer.epochs=1",
+        "trainer.limit_train_batches=3",
+        "trainer.limit_val_batches=1",
+        "trainer.progress_bar=false",
+    ]
     first = train_server.start(args, output)  # a session of its own: killpg ends the search and its trials
     deadline = time.monotonic() + 120
     while _complete(sweep / "optuna.db") < 2 and first.poll() is None and time.monotonic() < deadline:
@@ -382,22 +445,36 @@ def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
     for tags in runs.PluginRunToTagToContent("hparams").values():
         experiment = plugin_data_pb2.HParamsPluginData.FromString(tags["_hparams_/experiment"]).experiment
         assert {info.name: api_pb2.DataType.Name(info.type) for info in experiment.hparam_infos if info.differs} == {
-            "optimizer.lr": "DATA_TYPE_FLOAT64", "optimizer.weight_decay": "DATA_TYPE_FLOAT64",
-            "trainer.batch_size": "DATA_TYPE_STRING"}
+            "optimizer.lr": "DATA_TYPE_FLOAT64",
+            "optimizer.weight_decay": "DATA_TYPE_FLOAT64",
+            "trainer.batch_size": "DATA_TYPE_STRING",
+        }
 
 
 def test_train_py_returns_the_metric_optimized_metric_names_to_the_sweeper(tmp_path):
     sweep = tmp_path / "search"
-    done = train_server.run(["-m", "hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=1",
-                             "optimized_metric=val_loss", "hydra.sweeper.direction=minimize", "debug=fdr",
-                             "trainer.progress_bar=false"])
+    done = train_server.run(
+        [
+            "-m",
+            "hparams_search=digits",
+            f"hydra.sweep.dir={sweep}",
+            "hydra.sweeper.n_trials=1",
+            "optimized_metric=val_loss",
+            "hydra.sweeper.direction=minimize",
+            "debug=fdr",
+            "trainer.progress_bar=false",
+        ]
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (trial,) = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}").get_trials()
     metrics = yaml.safe_load((sweep / trial.user_attrs["job"] / "metrics.json").read_text())
     assert trial.value == metrics["val_loss"] != metrics["best_val_acc"]
     # The job's dir names its sampled floats to 4 significant digits; its .hydra/ keeps them whole.
     lr, decay, batch = (trial.params[k] for k in ("optimizer.lr", "optimizer.weight_decay", "trainer.batch_size"))
-    assert trial.user_attrs["job"] == f"0_optimizer.lr-{lr:.4g}+optimizer.weight_decay-{decay:.4g}+trainer.batch_size-{batch}"
+    assert (
+        trial.user_attrs["job"]
+        == f"0_optimizer.lr-{lr:.4g}+optimizer.weight_decay-{decay:.4g}+trainer.batch_size-{batch}"
+    )
     overrides = yaml.safe_load((sweep / trial.user_attrs["job"] / ".hydra" / "overrides.yaml").read_text())
     assert f"optimizer.lr={lr!r}" in overrides and f"optimizer.weight_decay={decay!r}" in overrides
     # Where it wrote, and the report command, as a -m sweep says them (config/callbacks.py).
@@ -417,18 +494,22 @@ def test_a_trials_value_goes_back_to_hydra_as_that_value():
 def test_glob_searches_a_config_groups_options():
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        space, _ = _study.search_space(["model=glob([simple_cnn,mnist_net,none_such])"],
-                                       GlobalHydra.instance().config_loader())
+        space, _ = _study.search_space(
+            ["model=glob([simple_cnn,mnist_net,none_such])"], GlobalHydra.instance().config_loader()
+        )
     assert space["model"].choices == ("mnist_net", "simple_cnn")
 
 
-@pytest.mark.parametrize("override, error", [
-    ("a=shuffle(1,2,3)", "a=shuffle(1,2,3): a search draws its own order, drop shuffle(...)"),
-    ("a=shuffle(range(1,4))", "a=shuffle(range(1,4)): a search draws its own order, drop shuffle(...)"),
-    ("lr=tag(log,interval(0,1))", "lr=tag(log,interval(0,1)): `low > 0` must hold for `log=True`"),
-    ("lr=interval(0.1,0.01)", "lr=interval(0.1,0.01): `low <= high` must hold"),
-    ("a=range(3,3)", "a=range(3,3): the range is empty"),
-])
+@pytest.mark.parametrize(
+    "override, error",
+    [
+        ("a=shuffle(1,2,3)", "a=shuffle(1,2,3): a search draws its own order, drop shuffle(...)"),
+        ("a=shuffle(range(1,4))", "a=shuffle(range(1,4)): a search draws its own order, drop shuffle(...)"),
+        ("lr=tag(log,interval(0,1))", "lr=tag(log,interval(0,1)): `low > 0` must hold for `log=True`"),
+        ("lr=interval(0.1,0.01)", "lr=interval(0.1,0.01): `low <= high` must hold"),
+        ("a=range(3,3)", "a=range(3,3): the range is empty"),
+    ],
+)
 def test_a_space_optuna_cannot_search_is_one_line_naming_the_override(override, error):
     with pytest.raises(_study.SearchError) as refused:
         _study.search_space([override])
@@ -442,12 +523,22 @@ def test_a_runs_seed_differs_from_every_other_machines_run():
     assert len(set(seeds.values())) == len(seeds) and not set(seeds.values()) & set(range(4))
 
 
-@pytest.mark.parametrize("storage, sampler, error", [
-    ("sqlite:////no/such/dir/optuna.db", SAMPLER, "hydra.sweeper.storage=sqlite:////no/such/dir/optuna.db: OperationalError"),
-    ("nosuchdb://host/db", SAMPLER, "hydra.sweeper.storage=nosuchdb://host/db: NoSuchModuleError"),
-    (None, OmegaConf.create({"_target_": "optuna.samplers.RandomSampler", "constant_liar": True}),
-     "hydra.sweeper.sampler: RandomSampler.__init__() got an unexpected keyword argument 'constant_liar'; drop"),
-])
+@pytest.mark.parametrize(
+    "storage, sampler, error",
+    [
+        (
+            "sqlite:////no/such/dir/optuna.db",
+            SAMPLER,
+            "hydra.sweeper.storage=sqlite:////no/such/dir/optuna.db: OperationalError",
+        ),
+        ("nosuchdb://host/db", SAMPLER, "hydra.sweeper.storage=nosuchdb://host/db: NoSuchModuleError"),
+        (
+            None,
+            OmegaConf.create({"_target_": "optuna.samplers.RandomSampler", "constant_liar": True}),
+            "hydra.sweeper.sampler: RandomSampler.__init__() got an unexpected keyword argument 'constant_liar'; drop",
+        ),
+    ],
+)
 def test_a_storage_or_sampler_that_cannot_be_made_is_one_line(storage, sampler, error):
     with pytest.raises(_study.SearchError) as refused:
         _study.open_study("s", storage, "maximize", sampler, COMMAND, 10, None)
@@ -460,8 +551,11 @@ def test_a_new_study_refuses_a_dir_holding_another_searchs_jobs(tmp_path):
     (tmp_path / "runs").mkdir()  # a job's dir is named by its number, then _ and its overrides if any
     _study.check_new_study_has_its_own_dir(study, None, tmp_path)
     (tmp_path / "0_optimizer.lr-0.01").mkdir()
-    with pytest.raises(_study.SearchError, match=f"{tmp_path} holds another search's job dirs \\(0_optimizer.lr-0.01, "
-                                                 "...\\) and study s in memory has no trials"):
+    with pytest.raises(
+        _study.SearchError,
+        match=f"{tmp_path} holds another search's job dirs \\(0_optimizer.lr-0.01, "
+        "...\\) and study s in memory has no trials",
+    ):
         _study.check_new_study_has_its_own_dir(study, None, tmp_path)
     study.add_trial(optuna.create_trial(params={}, distributions={}, value=1.0))  # the study that ran them: goes on
     _study.check_new_study_has_its_own_dir(study, None, tmp_path)
@@ -469,8 +563,14 @@ def test_a_new_study_refuses_a_dir_holding_another_searchs_jobs(tmp_path):
 
 def test_a_refused_search_leaves_the_record_of_the_one_in_its_dir(tmp_path):
     sweep = tmp_path / "search"
-    args = ["-m", "hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=1", "debug=fdr",
-            "trainer.progress_bar=false"]
+    args = [
+        "-m",
+        "hparams_search=digits",
+        f"hydra.sweep.dir={sweep}",
+        "hydra.sweeper.n_trials=1",
+        "debug=fdr",
+        "trainer.progress_bar=false",
+    ]
     done = train_server.run(args)
     assert done.returncode == 0, done.stderr[-3000:]
     record = (sweep / "multirun.yaml").read_text()

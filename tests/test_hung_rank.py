@@ -1,5 +1,6 @@
 """A rank that hangs (alive, but stuck inside a step) ends a DDP job by launcher.timeout_s, naming
 it, with nothing left behind."""
+
 from __future__ import annotations
 
 import os
@@ -37,14 +38,18 @@ def ended(tmp_path_factory) -> dict[str, Ended]:
     for hang in ("sleep", "sigstop"):
         fault = ["model._target_=tests.faults.HangingNet", "+model.at_step=3", f"+model.stop={hang == 'sigstop'}"]
         # Ranks forked (FORK_RANKS): the hang, the timeout and the clean-up are what is under test.
-        runs[hang] = Run(tmp_path_factory.mktemp(hang) / "run", *DDP, *TINY, f"launcher.timeout_s={TIMEOUT_S}", *fault,
-                         FORK_RANKS)
+        runs[hang] = Run(
+            tmp_path_factory.mktemp(hang) / "run", *DDP, *TINY, f"launcher.timeout_s={TIMEOUT_S}", *fault, FORK_RANKS
+        )
     try:
         started, deadline = {}, time.monotonic() + 180
         while len(started) < len(runs):  # training starts; rank 1 hangs in its 3rd forward
             assert time.monotonic() < deadline, {hang: run.output() for hang, run in runs.items()}
-            started |= {hang: time.monotonic() for hang, run in runs.items()
-                        if hang not in started and run.logged("from epoch 1")}
+            started |= {
+                hang: time.monotonic()
+                for hang, run in runs.items()
+                if hang not in started and run.logged("from epoch 1")
+            }
             time.sleep(0.02)
         return {hang: _end(run, started[hang]) for hang, run in runs.items()}
     finally:

@@ -1,4 +1,5 @@
 """launcher=auto|spawn|torchrun|slurm: env parsing as units, torchrun and submitit through train.py."""
+
 from __future__ import annotations
 
 import faulthandler
@@ -17,11 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from preflight import check_and_plan
 from config.setup import ROOT
-from distributed import collectives, context, environment, launch as launching, strategies
+from distributed import collectives, context, environment, strategies
+from distributed import launch as launching
 from distributed.launch import launch, plan_launch
 from errors import ConfigError, RankFailed
+from preflight import check_and_plan
 from tests import train_server
 from tests.configs import typed_config
 from tests.runs import free_port, run_train, same_weights
@@ -29,11 +31,27 @@ from tests.runs import free_port, run_train, same_weights
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 TINY = ["debug=fdr"]
 
-TORCHRUN_ENV = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "2",
-                "MASTER_ADDR": "node0", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "abc"}
-SLURM_ENV = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_NODEID": "1", "SLURM_NNODES": "2",
-             "SLURM_STEP_ID": "0", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": "4567123",
-             "SLURM_JOB_NODELIST": "gpu[07-08]"}
+TORCHRUN_ENV = {
+    "RANK": "3",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "4",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_WORLD_SIZE": "2",
+    "MASTER_ADDR": "node0",
+    "MASTER_PORT": "29500",
+    "TORCHELASTIC_RUN_ID": "abc",
+}
+SLURM_ENV = {
+    "SLURM_PROCID": "3",
+    "SLURM_LOCALID": "1",
+    "SLURM_NTASKS": "4",
+    "SLURM_NODEID": "1",
+    "SLURM_NNODES": "2",
+    "SLURM_STEP_ID": "0",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_JOB_ID": "4567123",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+}
 
 
 def _hosts(nodelist: str) -> list[str]:
@@ -110,8 +128,14 @@ def test_slurm_port_is_a_valid_one_apart_for_each_step_and_the_config_wins():
             ports[job, step] = environment.from_slurm(env, _hosts).master_port
     assert all(10000 <= port < 32768 for port in ports.values()), ports  # below Linux's ephemeral ports
     assert len({ports["4567123", step] for step in ("0", "1", "2")}) == 3
-    plan = _plan(SLURM_ENV, "strategy=ddp", "trainer.devices=2", "trainer.num_nodes=2", "launcher.master_addr=gpu07",
-                 "launcher.master_port=12345")
+    plan = _plan(
+        SLURM_ENV,
+        "strategy=ddp",
+        "trainer.devices=2",
+        "trainer.num_nodes=2",
+        "launcher.master_addr=gpu07",
+        "launcher.master_port=12345",
+    )
     assert plan.master_port == 12345
     # srun --resv-ports: ports SLURM keeps for this step alone
     for reserved in ("12000-12004", "12000,12003", "12000"):
@@ -136,11 +160,15 @@ def test_torchrun_ranks_name_their_run_dir_by_the_job(env, name):
     [
         # torchrun --nproc-per-node=2 --master-port=29500: --rdzv-id stays "none", every such run would
         # share outputs/torchrun-none (refused, or silently continued with trainer.resume=auto)
-        (TORCHRUN_ENV | {"TORCHELASTIC_RUN_ID": "none"},
-         ["TORCHELASTIC_RUN_ID=none", "--standalone", "--rdzv-id=", "hydra.run.dir="]),
+        (
+            TORCHRUN_ENV | {"TORCHELASTIC_RUN_ID": "none"},
+            ["TORCHELASTIC_RUN_ID=none", "--standalone", "--rdzv-id=", "hydra.run.dir="],
+        ),
         # RANK/WORLD_SIZE exported by hand: nothing shared names the run, each rank would take its clock
-        ({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"},
-         ["WORLD_SIZE=2", "hydra.run.dir="]),
+        (
+            {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"},
+            ["WORLD_SIZE=2", "hydra.run.dir="],
+        ),
     ],
 )
 def test_ranks_without_a_shared_run_name_stop_in_one_line(env, expected):
@@ -174,11 +202,21 @@ def test_plan_takes_the_world_from_torchrun():
 @pytest.mark.parametrize(
     "env, overrides, expected",
     [
-        (TORCHRUN_ENV, ["trainer.devices=4"], "2 process(es) per node on 2 node(s) but trainer.devices=4 trainer.num_nodes=1"),
-        (SLURM_ENV, ["trainer.devices=2", "launcher.master_addr=gpu07"], "slurm started 2 process(es) per node on 2 node(s) but trainer.devices=2 trainer.num_nodes=1"),
-        (SLURM_ENV | {"SLURM_GPUS_ON_NODE": "4"},
-         ["trainer.accelerator=gpu", "trainer.devices=2", "trainer.num_nodes=2", "launcher.master_addr=gpu07"],
-         "SLURM gave 4 GPU(s) per node but trainer.devices=2 and 2 task(s) per node"),
+        (
+            TORCHRUN_ENV,
+            ["trainer.devices=4"],
+            "2 process(es) per node on 2 node(s) but trainer.devices=4 trainer.num_nodes=1",
+        ),
+        (
+            SLURM_ENV,
+            ["trainer.devices=2", "launcher.master_addr=gpu07"],
+            "slurm started 2 process(es) per node on 2 node(s) but trainer.devices=2 trainer.num_nodes=1",
+        ),
+        (
+            SLURM_ENV | {"SLURM_GPUS_ON_NODE": "4"},
+            ["trainer.accelerator=gpu", "trainer.devices=2", "trainer.num_nodes=2", "launcher.master_addr=gpu07"],
+            "SLURM gave 4 GPU(s) per node but trainer.devices=2 and 2 task(s) per node",
+        ),
         ({}, ["trainer.num_nodes=2", "trainer.accelerator=cpu"], "trainer.num_nodes=2 with launcher=spawn"),
         ({}, ["launcher=slurm"], "launcher=slurm but SLURM_PROCID/SLURM_NTASKS are not set"),
     ],
@@ -190,24 +228,46 @@ def test_environment_that_disagrees_with_the_config_is_a_one_line_error(env, ove
 
 
 # srun -n3 over two nodes: 2 tasks on the first, 1 on the second
-UNEVEN_SLURM = {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "3", "SLURM_JOB_ID": "4242", "SLURM_STEP_NUM_NODES": "2",
-                "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_STEP_NODELIST": "n[1-2]"}
+UNEVEN_SLURM = {
+    "SLURM_STEP_ID": "0",
+    "SLURM_NTASKS": "3",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "2,1",
+    "SLURM_STEP_NODELIST": "n[1-2]",
+}
 
 
 @pytest.mark.parametrize(
     "env",
-    [UNEVEN_SLURM | {"SLURM_PROCID": str(rank), "SLURM_NODEID": str(node), "SLURM_LOCALID": str(local)}
-     for rank, node, local in [(0, 0, 0), (1, 0, 1), (2, 1, 0)]]
-    + [{"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "2",
-        "GROUP_WORLD_SIZE": "2"}],  # two agents, --nproc-per-node=2 and =1
+    [
+        UNEVEN_SLURM | {"SLURM_PROCID": str(rank), "SLURM_NODEID": str(node), "SLURM_LOCALID": str(local)}
+        for rank, node, local in [(0, 0, 0), (1, 0, 1), (2, 1, 0)]
+    ]
+    + [
+        {
+            "TORCHELASTIC_RUN_ID": "x",
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "3",
+            "LOCAL_WORLD_SIZE": "2",
+            "GROUP_WORLD_SIZE": "2",
+        }
+    ],  # two agents, --nproc-per-node=2 and =1
     ids=["slurm-node0-rank0", "slurm-node0-rank1", "slurm-node1", "torchrun"],
 )
 def test_uneven_tasks_per_node_stop_every_rank_in_one_line(env):
     """The first node's ranks matched trainer.devices=2 num_nodes=2, counted a world of 4 and
     waited in init_process_group for a fourth rank that never came."""
     with pytest.raises(ConfigError, match=r"^uneven tasks per node: \w+ started 3 process\(es\) on 2 node\(s\)") as e:
-        _plan(env, "strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.num_nodes=2",
-              "launcher.master_addr=n1")
+        _plan(
+            env,
+            "strategy=ddp",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            "trainer.num_nodes=2",
+            "launcher.master_addr=n1",
+        )
     assert "\n" not in str(e.value)
 
 
@@ -226,19 +286,35 @@ def test_torchrun_workers_on_one_gpu_are_refused_unless_torchrun_bound_them(monk
     assert slurm.context(slurm.env_rank.rank, slurm.env_rank.local_rank).device == torch.device("cuda", 0)
 
 
-ONE_TASK_SLURM = SLURM_ENV | {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1", "SLURM_NODEID": "0",
-                              "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": "1"}
+ONE_TASK_SLURM = SLURM_ENV | {
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NTASKS": "1",
+    "SLURM_NODEID": "0",
+    "SLURM_NNODES": "1",
+    "SLURM_TASKS_PER_NODE": "1",
+}
 
 
 @pytest.mark.parametrize(
     "env, expected",
     [
-        ({"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4",
-          "GROUP_WORLD_SIZE": "1"},
-         "strategy=dp runs one process per node but torchrun started 4 per node; "
-         "start torchrun with --nproc-per-node=1"),
-        ({**SLURM_ENV, "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": "4", "SLURM_NODEID": "0"},
-         "strategy=dp runs one process per node but slurm started 4 per node; start slurm with --ntasks-per-node=1"),
+        (
+            {
+                "TORCHELASTIC_RUN_ID": "x",
+                "RANK": "0",
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": "4",
+                "LOCAL_WORLD_SIZE": "4",
+                "GROUP_WORLD_SIZE": "1",
+            },
+            "strategy=dp runs one process per node but torchrun started 4 per node; "
+            "start torchrun with --nproc-per-node=1",
+        ),
+        (
+            {**SLURM_ENV, "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": "4", "SLURM_NODEID": "0"},
+            "strategy=dp runs one process per node but slurm started 4 per node; start slurm with --ntasks-per-node=1",
+        ),
         (ONE_TASK_SLURM | {"SLURM_GPUS_ON_NODE": "2"}, "SLURM gave 2 GPU(s) per node but trainer.devices=4"),
         (ONE_TASK_SLURM | {"SLURM_GPUS_ON_NODE": "4"}, None),  # one task drives the node's 4 GPUs
     ],
@@ -248,8 +324,12 @@ def test_dp_under_torchrun_or_srun_asks_for_one_process_per_node(monkeypatch, en
     compared as if it were the devices; and srun's one dp task on 4 GPUs was refused as a DDP
     layout."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    overrides = ("strategy=dp", "trainer.gpus=4", "launcher=slurm" if "SLURM_PROCID" in env else "launcher=torchrun",
-                 "launcher.master_addr=gpu07")
+    overrides = (
+        "strategy=dp",
+        "trainer.gpus=4",
+        "launcher=slurm" if "SLURM_PROCID" in env else "launcher=torchrun",
+        "launcher.master_addr=gpu07",
+    )
     if expected is None:
         assert _plan(env, *overrides).devices_per_process == 4
         return
@@ -279,8 +359,12 @@ def test_a_gpu_sweep_job_runs_even_one_process_in_a_child(monkeypatch, strategy)
 
     monkeypatch.setattr(launching.mp, "start_processes", start_processes)
     # (accelerator, multirun): (the processes spawned, the devices of the workers run here)
-    expected = {("gpu", True): ([1], []), ("gpu", False): ([], ["cuda"]),
-                ("cpu", True): ([], ["cpu"]), ("cpu", False): ([], ["cpu"])}
+    expected = {
+        ("gpu", True): ([1], []),
+        ("gpu", False): ([], ["cuda"]),
+        ("cpu", True): ([], ["cpu"]),
+        ("cpu", False): ([], ["cpu"]),
+    }
     for (accelerator, multirun), where in expected.items():
         cfg = typed_config(f"strategy={strategy}", f"trainer.accelerator={accelerator}")
         launch(check_and_plan(cfg, multirun=multirun), lambda ctx: in_process.append(ctx.device.type))
@@ -322,17 +406,20 @@ def _assert_rank_zero_wrote(run_dir: Path, world_size: int) -> None:
 SRUN_TASK = {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2"}  # a rank that srun started as a task of its own
 
 
-@pytest.mark.parametrize("env, threads", [
-    ({}, 4),  # spawned ranks share the launching process's 8 CPUs
-    ({"SLURM_CPUS_PER_TASK": "8"}, 4),  # spawned inside `sbatch --cpus-per-task=8`: the same
-    (SRUN_TASK | {"SLURM_CPUS_PER_TASK": "2"}, 2),  # srun -c2: each rank a task of its own CPUs
-    # sbatch -c16 then srun without -c (SLURM 22.05+): the variable says 16, the task is bound to 8
-    (SRUN_TASK | {"SLURM_CPUS_PER_TASK": "16"}, 8),
-    (SRUN_TASK | {"SLURM_CPUS_ON_NODE": "8"}, 4),  # srun without -c, tasks not bound: a share of the node's
-    (SRUN_TASK | {"SLURM_CPUS_ON_NODE": "64"}, 8),  # bound: its own CPUs
-    # `srun -c8 torchrun --nproc-per-node=2`: one task per node, its CPUs shared by the node's 2 ranks
-    (SRUN_TASK | {"SLURM_CPUS_PER_TASK": "8", "TORCHELASTIC_RUN_ID": "j"}, 4),
-])
+@pytest.mark.parametrize(
+    "env, threads",
+    [
+        ({}, 4),  # spawned ranks share the launching process's 8 CPUs
+        ({"SLURM_CPUS_PER_TASK": "8"}, 4),  # spawned inside `sbatch --cpus-per-task=8`: the same
+        (SRUN_TASK | {"SLURM_CPUS_PER_TASK": "2"}, 2),  # srun -c2: each rank a task of its own CPUs
+        # sbatch -c16 then srun without -c (SLURM 22.05+): the variable says 16, the task is bound to 8
+        (SRUN_TASK | {"SLURM_CPUS_PER_TASK": "16"}, 8),
+        (SRUN_TASK | {"SLURM_CPUS_ON_NODE": "8"}, 4),  # srun without -c, tasks not bound: a share of the node's
+        (SRUN_TASK | {"SLURM_CPUS_ON_NODE": "64"}, 8),  # bound: its own CPUs
+        # `srun -c8 torchrun --nproc-per-node=2`: one task per node, its CPUs shared by the node's 2 ranks
+        (SRUN_TASK | {"SLURM_CPUS_PER_TASK": "8", "TORCHELASTIC_RUN_ID": "j"}, 4),
+    ],
+)
 @pytest.mark.parametrize("accelerator", ["cpu", "gpu"])  # a GPU rank's host work: loaders, cpu_offload's step
 def test_a_rank_takes_its_own_cpus_as_threads(monkeypatch, env, threads, accelerator):
     monkeypatch.delenv("OMP_NUM_THREADS")  # the suite's own; a user's would win
@@ -368,18 +455,24 @@ def test_a_rank_freezes_what_it_imported_so_leaving_the_group_walks_only_what_it
 def test_train_py_imports_without_a_full_collection_and_leaves_its_imports_frozen():
     """As every rank imports it (spawned ranks as __mp_main__): what the imports make is walked by
     no full collection, while they run or after."""
-    code = ('import gc, runpy; runpy.run_path("train.py", run_name="__mp_main__"); '
-            'print(gc.get_stats()[2]["collections"], gc.isenabled(), gc.get_freeze_count() > 10 * len(gc.get_objects()))')
+    code = (
+        'import gc, runpy; runpy.run_path("train.py", run_name="__mp_main__"); '
+        'print(gc.get_stats()[2]["collections"], gc.isenabled(), gc.get_freeze_count() > 10 * len(gc.get_objects()))'
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0", "True", "True"]
 
 
-@pytest.mark.parametrize("strategy, rehearsal", [("fsdp", "trainer.devices=2"), ("dp", "trainer.devices=2 strategy=ddp")])
+@pytest.mark.parametrize(
+    "strategy, rehearsal", [("fsdp", "trainer.devices=2"), ("dp", "trainer.devices=2 strategy=ddp")]
+)
 def test_too_few_gpus_names_a_cpu_rehearsal_of_the_same_strategy(strategy, rehearsal):
     with pytest.raises(ConfigError) as error:
         check_and_plan(typed_config("trainer.gpus=2", f"strategy={strategy}"))
-    assert str(error.value).endswith(f"rehearse on CPU with trainer.accelerator=cpu {rehearsal} in place of trainer.gpus")
+    assert str(error.value).endswith(
+        f"rehearse on CPU with trainer.accelerator=cpu {rehearsal} in place of trainer.gpus"
+    )
 
 
 def _abort(ctx) -> None:
@@ -469,9 +562,14 @@ def test_the_download_group_is_made_only_when_rank_0_has_something_to_fetch(monk
     context.init(ctx, timeout_s=10)
     try:
         fetched = []
-        assert collectives.on_main_first(lambda: fetched.append(1), ctx, timedelta(seconds=10), needed=lambda: False) is None
+        assert (
+            collectives.on_main_first(lambda: fetched.append(1), ctx, timedelta(seconds=10), needed=lambda: False)
+            is None
+        )
         assert (made, fetched) == ([], [])
-        assert collectives.on_main_first(lambda: "fetched", ctx, timedelta(seconds=10), needed=lambda: True) == "fetched"
+        assert (
+            collectives.on_main_first(lambda: "fetched", ctx, timedelta(seconds=10), needed=lambda: True) == "fetched"
+        )
         assert len(made) == 1
     finally:
         context.shutdown(ctx, clean=True)
@@ -498,17 +596,21 @@ def test_torchrun_without_a_run_id_stops_before_any_run_dir(tmp_path):
     which also hands each rank --local-rank=N; a rank that took it for an override would stop at
     Hydra's argument parser instead."""
     launch = [sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=1", f"--master_port={free_port()}"]
-    done = subprocess.run([*launch, str(ROOT / "train.py"), "trainer.epochs=0"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=240)
+    done = subprocess.run(
+        [*launch, str(ROOT / "train.py"), "trainer.epochs=0"], cwd=tmp_path, capture_output=True, text=True, timeout=240
+    )
     assert done.returncode != 0 and "error: TORCHELASTIC_RUN_ID=none: torchrun got no --rdzv-id" in done.stderr, (
-        done.stderr[-3000:])
+        done.stderr[-3000:]
+    )
     assert not (tmp_path / "outputs").exists()
 
 
 @pytest.mark.slow
 def test_submitit_local_sweep_runs_two_jobs(tmp_path):
     sweep = tmp_path / "multirun"
-    result = train_server.run(["-m", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}", "trainer.seed=0,1", *TINY])
+    result = train_server.run(
+        ["-m", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}", "trainer.seed=0,1", *TINY]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = [sweep / f"{job}_trainer.seed-{job}" for job in (0, 1)]
     for job, path in enumerate(jobs):
@@ -535,8 +637,9 @@ def test_the_start_method_and_port_reach_the_ranks(monkeypatch, start_method):
 
     monkeypatch.setattr(launching.mp, "start_processes", start_processes)
     monkeypatch.setattr(launching.mp, "set_forkserver_preload", lambda modules: None)  # this process's server
-    cfg = typed_config("debug=ddp_cpu", "strategy=ddp", f"launcher.start_method={start_method}",
-                       f"launcher.master_port={port}")
+    cfg = typed_config(
+        "debug=ddp_cpu", "strategy=ddp", f"launcher.start_method={start_method}", f"launcher.master_port={port}"
+    )
     launch(check_and_plan(cfg), print)
     assert started == [(start_method, str(port))]
 
@@ -580,8 +683,9 @@ print(touched)
 
 
 def test_the_forkserver_preload_never_touches_cuda():
-    done = subprocess.run([sys.executable, "-c", _PRELOAD_TOUCHES_CUDA], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _PRELOAD_TOUCHES_CUDA], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
@@ -596,7 +700,9 @@ def test_each_launch_hands_its_forkserver_ranks_its_own_environment(monkeypatch,
     monkeypatch.setenv("MASTER_ADDR", "")  # launch sets them; monkeypatch puts them back
     monkeypatch.setenv("MASTER_PORT", "")
     train_server.ensure_running()  # already running when the launches come, as in a sweep's later jobs
-    cfg = typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.start_method=forkserver")
+    cfg = typed_config(
+        "strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.start_method=forkserver"
+    )
     for job in ("first", "second"):
         (tmp_path / job).mkdir()
         launch(check_and_plan(cfg), _record_master_port, str(tmp_path / job))

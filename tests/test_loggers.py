@@ -2,6 +2,7 @@
 W&B's offline run file with W&B's own record type, the MLflow store through MlflowClient; one
 `python train.py` run (and its resume) logging to all three, profiled, its model summarized; and the
 pre-flight's checks of the logger and profiler keys."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,9 @@ def job(tmp_path_factory):
 def test_logger_options_compose_alone_or_as_a_list():
     assert typed_config().logger == LoggerConfig(tensorboard=True)  # logger=tensorboard, the default
     chosen = typed_config("logger=[tensorboard,csv,wandb,mlflow]", "logger.mlflow.tracking_uri=http://h:5000").logger
-    assert chosen == LoggerConfig(tensorboard=True, csv=True, wandb=WandbConfig(),
-                                  mlflow=MlflowConfig(tracking_uri="http://h:5000"))
+    assert chosen == LoggerConfig(
+        tensorboard=True, csv=True, wandb=WandbConfig(), mlflow=MlflowConfig(tracking_uri="http://h:5000")
+    )
     alone = typed_config("logger=csv").logger  # CSV alone: no TensorBoard left on from a default
     assert (alone.tensorboard, alone.csv, alone.wandb, alone.mlflow) == (False, True, None, None)
 
@@ -84,8 +86,10 @@ def test_a_logger_whose_package_is_missing_is_one_line_naming_the_requirements_f
     for attempt in (lambda: packages.check_installed(cfg), lambda: packages.import_for("wandb")):
         with pytest.raises(ConfigError) as error:
             attempt()
-        assert str(error.value) == ("logger=wandb needs wandb_not_installed, which is not installed: "
-                                    "pip install -r requirements-extras.txt (or leave it out of logger=)")
+        assert str(error.value) == (
+            "logger=wandb needs wandb_not_installed, which is not installed: "
+            "pip install -r requirements-extras.txt (or leave it out of logger=)"
+        )
     packages.check_installed(LoggerConfig(tensorboard=True, csv=True))
     with pytest.raises(ConfigError, match="^logger=wandb needs wandb_not_installed"):  # before launch
         check_and_plan(typed_config("logger=wandb"))
@@ -95,8 +99,12 @@ def test_a_logger_whose_package_is_missing_is_one_line_naming_the_requirements_f
 # each epoch's end (5, 10); steps 6 and 7 profiled, after the profiler's 3 skipped and 2 warm-up steps.
 LOGGED = ["logger=[csv,wandb,mlflow]", "debug=limit", "trainer.epochs=2", "trainer.log_every_n_steps=2"]
 STEPS = [2, 4, 5, 6, 8, 10]
-MNIST_NET = {"parameters": 53_002, "trainable_parameters": 53_002, "model_mb": 0.212,
-             "flops_per_sample": 2 * (32 * 9 * 36 + 64 * 32 * 9 * 16 + 256 * 128 + 128 * 10)}  # tests/test_summary.py
+MNIST_NET = {
+    "parameters": 53_002,
+    "trainable_parameters": 53_002,
+    "model_mb": 0.212,
+    "flops_per_sample": 2 * (32 * 9 * 36 + 64 * 32 * 9 * 16 + 256 * 128 + 128 * 10),
+}  # tests/test_summary.py
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +117,10 @@ def logged(memory_dir):
             env.delenv(variable, raising=False)
         for variable in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # not the user's home
             env.setenv(variable, str(run_dir.parent / variable))
-        for overrides in (["trainer.max_steps=8", "trainer.profile=2"], ["trainer.max_steps=10", "trainer.resume=auto"]):
+        for overrides in (
+            ["trainer.max_steps=8", "trainer.profile=2"],
+            ["trainer.max_steps=10", "trainer.resume=auto"],
+        ):
             result = run_train(run_dir, *LOGGED, *overrides)
             assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
@@ -133,10 +144,22 @@ def test_wandb_continues_the_run_it_started_offline_with_the_config_history_and_
     for run_dir in (first, second):
         records = list(wandb_records(next(run_dir.glob("run-*.wandb"))))
         runs += [r.run for r in records if r.HasField("run")]
-        history.update({r.history.step.num: {"/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-                        for r in records if r.HasField("history")})
-        summary.update({i.key: json.loads(i.value_json) for r in records if r.HasField("summary")
-                        for i in r.summary.update if i.key})
+        history.update(
+            {
+                r.history.step.num: {"/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                for r in records
+                if r.HasField("history")
+            }
+        )
+        summary.update(
+            {
+                i.key: json.loads(i.value_json)
+                for r in records
+                if r.HasField("summary")
+                for i in r.summary.update
+                if i.key
+            }
+        )
     assert [(run.run_id, run.run_group) for run in runs] == [(run_id, "")] * 2
     assert "trainer.max_steps=8" in runs[0].display_name  # a single run: named by its overrides, in no sweep
     config = {item.key: json.loads(item.value_json) for item in runs[0].config.update}
@@ -192,7 +215,9 @@ def test_the_sample_grid_is_drawn_only_for_a_logger_that_takes_images():
     from training.loggers import takes_images
 
     assert not takes_images(typed_config("logger=csv").logger) and not takes_images(typed_config("logger=none").logger)
-    assert all(takes_images(typed_config(f"logger=[csv,{option}]").logger) for option in ("tensorboard", "wandb", "mlflow"))
+    assert all(
+        takes_images(typed_config(f"logger=[csv,{option}]").logger) for option in ("tensorboard", "wandb", "mlflow")
+    )
 
 
 def test_options_of_a_logger_the_run_does_not_choose_are_one_line_naming_the_choice():
@@ -203,7 +228,8 @@ def test_options_of_a_logger_the_run_does_not_choose_are_one_line_naming_the_cho
 
     assert refusal("logger.wandb.project=p") == (
         "logger.wandb.project=p sets an option of logger=wandb, which this run does not choose; add it: "
-        "logger=wandb, or a list such as 'logger=[tensorboard,wandb]'")
+        "logger=wandb, or a list such as 'logger=[tensorboard,wandb]'"
+    )
     assert refusal("debug=default", "logger.mlflow.experiment=e").startswith("logger.mlflow.experiment=e sets")
     assert refusal("-m", "logger=wandb,csv", "logger.wandb.tags=[a]").startswith("logger.wandb.tags=[a] sets")
     check_logger_options(["logger=wandb", "logger.wandb.project=p"])
@@ -213,24 +239,41 @@ def test_options_of_a_logger_the_run_does_not_choose_are_one_line_naming_the_cho
 @pytest.mark.slow
 def test_train_py_refuses_them_before_hydra_composes(run_dir):
     result = run_train(run_dir, "logger.mlflow.experiment=e")
-    assert (result.returncode, result.stderr) == (2, "error: logger.mlflow.experiment=e sets an option of "
-                                                     "logger=mlflow, which this run does not choose; add it: "
-                                                     "logger=mlflow, or a list such as 'logger=[tensorboard,mlflow]'\n")
+    assert (result.returncode, result.stderr) == (
+        2,
+        "error: logger.mlflow.experiment=e sets an option of "
+        "logger=mlflow, which this run does not choose; add it: "
+        "logger=mlflow, or a list such as 'logger=[tensorboard,mlflow]'\n",
+    )
     assert not run_dir.exists()
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["trainer.profile=0"], "trainer.profile=0: profile 1 or more optimizer steps, or null for none"),
-    (["debug=limit", "trainer.profile=11"],
-     "trainer.profile=11 needs 16 optimizer steps (5 to warm the profiler up, then 11 recorded), and this run takes "
-     "15 (trainer.epochs=3 x trainer.limit_train_batches=5); use trainer.profile=10 or fewer"),
-    (["trainer.max_steps=6", "trainer.overfit_batches=3", "trainer.accumulate_grad_batches=2", "trainer.profile=2"],
-     "trainer.profile=2 needs 7 optimizer steps (5 to warm the profiler up, then 2 recorded), and this run takes 6 "
-     "(trainer.max_steps=6); use trainer.profile=1 or fewer"),
-    (["trainer.epochs=2", "trainer.overfit_batches=3", "trainer.accumulate_grad_batches=2", "trainer.profile=2"],
-     "trainer.profile=2 needs 7 optimizer steps (5 to warm the profiler up, then 2 recorded), and this run takes 4 "
-     "(trainer.epochs=2 x trainer.overfit_batches=3 / trainer.accumulate_grad_batches=2); train 7 or more steps"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.profile=0"], "trainer.profile=0: profile 1 or more optimizer steps, or null for none"),
+        (
+            ["debug=limit", "trainer.profile=11"],
+            "trainer.profile=11 needs 16 optimizer steps (5 to warm the profiler up, then 11 recorded), and this run takes "
+            "15 (trainer.epochs=3 x trainer.limit_train_batches=5); use trainer.profile=10 or fewer",
+        ),
+        (
+            [
+                "trainer.max_steps=6",
+                "trainer.overfit_batches=3",
+                "trainer.accumulate_grad_batches=2",
+                "trainer.profile=2",
+            ],
+            "trainer.profile=2 needs 7 optimizer steps (5 to warm the profiler up, then 2 recorded), and this run takes 6 "
+            "(trainer.max_steps=6); use trainer.profile=1 or fewer",
+        ),
+        (
+            ["trainer.epochs=2", "trainer.overfit_batches=3", "trainer.accumulate_grad_batches=2", "trainer.profile=2"],
+            "trainer.profile=2 needs 7 optimizer steps (5 to warm the profiler up, then 2 recorded), and this run takes 4 "
+            "(trainer.epochs=2 x trainer.overfit_batches=3 / trainer.accumulate_grad_batches=2); train 7 or more steps",
+        ),
+    ],
+)
 def test_trainer_profile_is_refused_in_one_line_where_the_run_is_too_short_to_record_it(overrides, message):
     with pytest.raises(ConfigError) as error:
         check_and_plan(typed_config(*overrides))

@@ -1,5 +1,6 @@
 """The criterion (training/loss.py): hard and soft targets, focal against cross-entropy, label
 smoothing under autocast, and the loss group's options reaching it."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from preflight import check_and_plan
 from errors import ConfigError
-from training.loss import CrossEntropy, FocalLoss
+from preflight import check_and_plan
 from tests.configs import job_config, typed_config
 from tests.test_train_step import _trainer
+from training.loss import CrossEntropy, FocalLoss
 
 LOGITS = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0], [-1.0, 2.5, 0.0]])
 LABELS = torch.tensor([0, 1, 1])
@@ -21,8 +22,11 @@ def _smoothed(labels: torch.Tensor, s: float, classes: int = 3) -> torch.Tensor:
     return F.one_hot(labels, classes).float() * (1 - s) + s / classes
 
 
-@pytest.mark.parametrize("criterion", [CrossEntropy(), CrossEntropy(0.2), FocalLoss(2.0), FocalLoss(0.5, 0.1)],
-                         ids=["ce", "ce_smoothed", "focal", "focal_smoothed"])
+@pytest.mark.parametrize(
+    "criterion",
+    [CrossEntropy(), CrossEntropy(0.2), FocalLoss(2.0), FocalLoss(0.5, 0.1)],
+    ids=["ce", "ce_smoothed", "focal", "focal_smoothed"],
+)
 def test_hard_targets_are_their_one_hot_soft_targets_and_none_keeps_one_loss_per_sample(criterion):
     hard = criterion(LOGITS, LABELS)
     assert hard.shape == () and hard.dtype == torch.float32
@@ -41,7 +45,7 @@ def test_focal_with_gamma_zero_is_cross_entropy_for_hard_soft_and_smoothed_targe
 
 def test_focal_weighs_each_sample_by_one_minus_its_probability_to_the_gamma():
     p = torch.softmax(LOGITS, dim=1)[torch.arange(3), LABELS]
-    expected = -(1 - p) ** 2 * p.log()
+    expected = -((1 - p) ** 2) * p.log()
     assert torch.allclose(FocalLoss(2.0)(LOGITS, LABELS, reduction="none"), expected)
     assert (expected < -p.log()).all()  # below cross-entropy, most for the confident ones
 
@@ -65,10 +69,13 @@ def test_trainer_label_smoothing_reaches_either_loss(tmp_path, loss):
     assert criterion.label_smoothing == 0.2
 
 
-@pytest.mark.parametrize("overrides, words", [
-    (["loss=focal", "loss.gamma=-1"], ["loss: training.loss.FocalLoss refuses", "gamma=-1", "loss.* keys"]),
-    (["+loss.weight=2"], ["loss: training.loss.CrossEntropy refuses", "'weight'"]),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["loss=focal", "loss.gamma=-1"], ["loss: training.loss.FocalLoss refuses", "gamma=-1", "loss.* keys"]),
+        (["+loss.weight=2"], ["loss: training.loss.CrossEntropy refuses", "'weight'"]),
+    ],
+)
 def test_an_option_the_loss_refuses_is_one_line_before_launch(overrides, words):
     with pytest.raises(ConfigError) as error:
         check_and_plan(typed_config("trainer.accelerator=cpu", *overrides))

@@ -1,6 +1,7 @@
 """The sums behind every reported loss and accuracy: validation's (one cross-entropy and one argmax
 over the whole set, in float64; test_recipes.py holds top-5 and the split into shards), a training
 window's, the device they stay on, and where each rank puts its devices' peak memory."""
+
 from __future__ import annotations
 
 import math

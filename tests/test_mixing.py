@@ -1,5 +1,6 @@
 """trainer.mixup_alpha / cutmix_alpha against torchvision's transforms, seeded from (seed, epoch,
 rank, batch); which of them Mixing.of builds (test_recipes.py holds what each does to a batch)."""
+
 from __future__ import annotations
 
 import pytest

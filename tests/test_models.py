@@ -1,5 +1,6 @@
 """Every conf/model option trains on every in-memory dataset, or is refused it before launch: channels,
 classes and size come from the dataset config."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,6 @@ from models.zoo import torchvision_classifier
 from preflight import check_and_plan
 from tests.configs import job_config, typed_config
 from training import run as run_job
-
 
 
 def _models() -> list:
@@ -84,10 +84,10 @@ def test_resnet_arch_and_stem_are_checked_before_launch():
         check_and_plan(typed_config("model=resnet18", "dataset=synthetic", "model.stem=cifr"))
 
 
-
 def test_the_tiny_vits_patches_and_heads_are_checked_before_launch():
     _one_line_error(r"^model.patch_size=3 must tile dataset.image_size=8", models.vit_tiny.check, 1, 10, 8, 3)
     _one_line_error(r"^model.heads=5 must split model.dim=64", models.vit_tiny.check, 1, 10, 8, 4, 64, 2, 5)
+
 
 def test_the_cifar_stem_keeps_32_px_images_whole_into_the_first_stage():
     # No stride-2 conv, no max-pool: layer1 sees the full 32x32, not the ImageNet stem's 8x8.
@@ -124,11 +124,18 @@ def test_resnet_fine_tunes_from_torchvisions_file_with_a_fresh_head_and_says_so(
     assert "fc.weight, fc.bias kept fresh" in caplog.text
 
 
-@pytest.mark.parametrize("saved, match", [  # another arch, a train.py checkpoint, a pickled module
-    (lambda: torchvision.models.resnet34().state_dict(), "not a state_dict of this architecture .*has layer1.2"),
-    (lambda: {"model": resnet("resnet18", 3, 10).state_dict(), "epoch": 1}, r"train.py checkpoint.*trainer.resume="),
-    (lambda: torch.nn.Linear(2, 2), r"cannot read it \(UnpicklingError\); give a state_dict"),
-], ids=["resnet34", "checkpoint", "pickled_module"])
+@pytest.mark.parametrize(
+    "saved, match",
+    [  # another arch, a train.py checkpoint, a pickled module
+        (lambda: torchvision.models.resnet34().state_dict(), "not a state_dict of this architecture .*has layer1.2"),
+        (
+            lambda: {"model": resnet("resnet18", 3, 10).state_dict(), "epoch": 1},
+            r"train.py checkpoint.*trainer.resume=",
+        ),
+        (lambda: torch.nn.Linear(2, 2), r"cannot read it \(UnpicklingError\); give a state_dict"),
+    ],
+    ids=["resnet34", "checkpoint", "pickled_module"],
+)
 def test_resnet_weights_that_do_not_fit_are_one_line_config_errors(saved, match, tmp_path):
     torch.save(saved(), tmp_path / "weights.pth")
     _one_line_error(match, models.resnet.check, "resnet18", 3, 10, "imagenet", str(tmp_path / "weights.pth"))

@@ -1,4 +1,5 @@
 """Preemption units: the signal is noted, not fatal; SLURM requeues only on a requeue signal."""
+
 from __future__ import annotations
 
 import logging
@@ -100,8 +101,15 @@ def test_a_signal_after_the_last_check_still_stops_the_job_once_it_is_saved(tmp_
     """SIGTERM in the forward of step 20 of a run that trainer.max_steps ends there, after its last
     check: the run ends whole, then stops as preempted instead of going quiet (a sweep would start
     its next job, SLURM would not requeue)."""
-    job = job_config(tmp_path, "trainer.epochs=1", "trainer.max_steps=20", "logger=none", "trainer.progress_bar=false",
-                     "model._target_=tests.faults.SignalingNet", "+model.at_step=20")
+    job = job_config(
+        tmp_path,
+        "trainer.epochs=1",
+        "trainer.max_steps=20",
+        "logger=none",
+        "trainer.progress_bar=false",
+        "model._target_=tests.faults.SignalingNet",
+        "+model.at_step=20",
+    )
     handler = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Preempted, match="SIGTERM"):
         train(make_context(0, 0, 1, 1, "cpu", use_process_group=False), job)
@@ -120,11 +128,14 @@ def test_sigusr1_under_slurm_requeues_the_job(scontrol, monkeypatch, caplog):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
 
 
-@pytest.mark.parametrize("job, signum, codes", [
-    ("4242", signal.SIGUSR1, (138, 0)),  # rank 0 requeues: the others leave at once, without a bad exit
-    ("4242", signal.SIGTERM, (143, 143)),  # scancel: nothing to requeue
-    (None, signal.SIGUSR1, (138, 138)),  # not a SLURM job
-])
+@pytest.mark.parametrize(
+    "job, signum, codes",
+    [
+        ("4242", signal.SIGUSR1, (138, 0)),  # rank 0 requeues: the others leave at once, without a bad exit
+        ("4242", signal.SIGTERM, (143, 143)),  # scancel: nothing to requeue
+        (None, signal.SIGUSR1, (138, 138)),  # not a SLURM job
+    ],
+)
 def test_the_other_ranks_of_a_job_rank_0_requeues_exit_0(monkeypatch, job, signum, codes):
     """`srun --kill-on-bad-exit` kills the job's remaining tasks once one exits non-zero: rank 0
     too, before its `scontrol requeue` (which runs once the ranks left the group) reaches SLURM."""

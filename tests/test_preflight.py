@@ -3,6 +3,7 @@ and the checkpoint, the recipe keys' ranges (both ends), the trainer keys' least
 on the meta device (a model whose modes differ, one that reads a tensor's value, one that returns
 more than logits), the loss and callbacks built, the profiler and logger keys (test_config.py and
 test_recipes.py hold the other checks; docs/TESTING.md the mutants these were written against)."""
+
 from __future__ import annotations
 
 import copy
@@ -15,7 +16,8 @@ import yaml
 from config.schema import COMPILE_MODES
 from errors import ConfigError
 from models.mnist_net import MnistNet
-from preflight import _check_forward, _check_recipe, check_and_plan as check, check_logger_options
+from preflight import _check_forward, _check_recipe, check_logger_options
+from preflight import check_and_plan as check
 from tests.configs import typed_config
 from training.checkpoint import save_checkpoint
 
@@ -24,8 +26,18 @@ def _last_pt(run_dir: Path, scheduler_config: dict | None = None) -> Path:
     """A train.py checkpoint of the default model, without a warmup, as a run dir's last.pt."""
     path = run_dir / "checkpoints" / "last.pt"
     config = yaml.safe_dump({"scheduler": scheduler_config}) if scheduler_config else None
-    save_checkpoint({"model": MnistNet(1, 10, 8).state_dict(), "optimizer": {}, "scheduler": None, "epoch": 1,
-                     "step": 3, "best": 0.5, "config": config}, path)
+    save_checkpoint(
+        {
+            "model": MnistNet(1, 10, 8).state_dict(),
+            "optimizer": {},
+            "scheduler": None,
+            "epoch": 1,
+            "step": 3,
+            "best": 0.5,
+            "config": config,
+        },
+        path,
+    )
     return path
 
 
@@ -62,8 +74,12 @@ def test_a_checkpoint_trained_without_a_warmup_refuses_one_in_one_line(tmp_path)
 
 
 def test_a_scheduler_key_the_checkpoint_lacks_is_named_as_none(tmp_path):
-    trained = {"_target_": "torch.optim.lr_scheduler.StepLR", "step_size": 7, "warmup_epochs": 0,
-               "warmup_start_factor": 0.01}  # no gamma
+    trained = {
+        "_target_": "torch.optim.lr_scheduler.StepLR",
+        "step_size": 7,
+        "warmup_epochs": 0,
+        "warmup_start_factor": 0.01,
+    }  # no gamma
     path = _last_pt(tmp_path, trained)
     assert _refusal(f"trainer.resume={path}", "scheduler=step") == (
         f"trainer.resume={path} trained with scheduler.gamma=none, and this run asks for 0.1: a resume continues "
@@ -112,10 +128,15 @@ def test_a_warmup_may_start_at_the_full_lr(composed):
     check(cfg)
 
 
-@pytest.mark.parametrize("section, key, value", [  # each range's closed end, and a value inside it
-    ("dataset", "random_erase", 1.0), ("optimizer", "reference_batch", 1),
-    ("optimizer", "norm_weight_decay", 0.0), ("optimizer", "norm_weight_decay", 0.5),
-])
+@pytest.mark.parametrize(
+    "section, key, value",
+    [  # each range's closed end, and a value inside it
+        ("dataset", "random_erase", 1.0),
+        ("optimizer", "reference_batch", 1),
+        ("optimizer", "norm_weight_decay", 0.0),
+        ("optimizer", "norm_weight_decay", 0.5),
+    ],
+)
 def test_a_recipe_key_at_the_end_of_its_range_passes(composed, section, key, value):
     cfg = copy.deepcopy(composed)
     node = getattr(cfg, section)

@@ -1,5 +1,6 @@
 """training.profiling on CUDA: the trace Perfetto opens and the table of top operators (trainer.profile's
 and bench.gpu_profile's one code path; on CPU, tests/test_loggers.py reads what trainer.profile wrote)."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """The recipe knobs' math, each against a hand computation: warmup, lr scaling, weight-decay
 groups, label smoothing, MixUp/CutMix, EMA, top-5, repeated augmentation, torchvision models."""
+
 from __future__ import annotations
 
 import copy
@@ -12,22 +13,23 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from preflight import check_and_plan, factory, target_arguments
 from config.schema import LrScaling, OptimConfig, ScheduleConfig, TrainerConfig
 from data import Loaders
 from data.sampler import RepeatedAugmentationSampler
 from data.transforms import sample_transform
 from errors import ConfigError
-from models.zoo import check as check_torchvision, torchvision_classifier
+from models.zoo import check as check_torchvision
+from models.zoo import torchvision_classifier
+from preflight import check_and_plan, factory, target_arguments
+from tests.configs import compose_config, typed_config
+from tests.dataset_files import write_image_folder
+from tests.test_train_step import _trainer
 from training.ema import EMA, adjusted_decay
 from training.loss import CrossEntropy
 from training.metrics import Accumulator
 from training.mixing import Mixing
 from training.optim import check_arguments, parameter_groups, scaled_lr
 from training.schedule import Warmup, with_warmup
-from tests.configs import compose_config, typed_config
-from tests.dataset_files import write_image_folder
-from tests.test_train_step import _trainer
 
 
 def _sgd(lr: float = 1.0) -> torch.optim.SGD:
@@ -101,13 +103,22 @@ def test_linear_lr_scaling_multiplies_by_the_samples_per_step_over_the_reference
     assert scaled_lr(0.5, OptimConfig(LrScaling.none, reference_batch=1024), trainer) == 0.5
 
 
-@pytest.mark.parametrize("overrides, words", [
-    ([], []),  # the defaults pass
-    (["optimizer.momentum=0"], ["optimizer: torch.optim.sgd.SGD", "Nesterov momentum requires a momentum", "optimizer.*"]),
-    (["optimizer=adamw", "+optimizer.lrr=0.1"], ["optimizer: torch.optim.adamw.AdamW", "'lrr'"]),
-    (["scheduler=step", "+scheduler.T_max=3"], ["scheduler: torch.optim.lr_scheduler.StepLR", "'T_max'", "scheduler.*"]),
-    (["scheduler=step", "scheduler.step_size=0"], ["scheduler: torch.optim.lr_scheduler.StepLR", "by zero"]),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        ([], []),  # the defaults pass
+        (
+            ["optimizer.momentum=0"],
+            ["optimizer: torch.optim.sgd.SGD", "Nesterov momentum requires a momentum", "optimizer.*"],
+        ),
+        (["optimizer=adamw", "+optimizer.lrr=0.1"], ["optimizer: torch.optim.adamw.AdamW", "'lrr'"]),
+        (
+            ["scheduler=step", "+scheduler.T_max=3"],
+            ["scheduler: torch.optim.lr_scheduler.StepLR", "'T_max'", "scheduler.*"],
+        ),
+        (["scheduler=step", "scheduler.step_size=0"], ["scheduler: torch.optim.lr_scheduler.StepLR", "by zero"]),
+    ],
+)
 def test_the_optimizers_and_schedulers_own_checks_are_one_line_naming_the_keys(overrides, words):
     cfg = typed_config(*overrides)
     optimizer = factory(target_arguments(cfg.optimizer, OptimConfig))
@@ -199,7 +210,9 @@ def test_cutmix_pastes_one_box_and_weights_the_targets_by_its_area():
     assert all(torch.equal(pasted[i], pasted[0]) for i in range(8))  # one box for the whole batch
     area = pasted[0].float().mean().item()
     assert 0 < area < 1
-    assert targets[1, labels[0]].item() == pytest.approx(area) and targets[1, labels[1]].item() == pytest.approx(1 - area)
+    assert targets[1, labels[0]].item() == pytest.approx(area) and targets[1, labels[1]].item() == pytest.approx(
+        1 - area
+    )
     assert torch.equal(dominant, labels if area <= 0.5 else labels.roll(1))
 
 
@@ -213,7 +226,8 @@ def test_with_both_alphas_each_batch_is_either_a_pure_mixup_blend_or_a_pure_cutm
         pasted = mixed != images
         paste = (
             bool(((mixed == images) | (mixed == rolled)).all())  # every pixel its own or its neighbour's
-            and bool(pasted.any()) and all(torch.equal(pasted[i], pasted[0]) for i in range(8))  # one box
+            and bool(pasted.any())
+            and all(torch.equal(pasted[i], pasted[0]) for i in range(8))  # one box
             and pasted[0].float().mean().item() == pytest.approx(1 - lam)  # the targets weigh its area
         )
         assert blend != paste, f"batch {batch}: blended {blend}, pasted {paste}"
@@ -263,18 +277,21 @@ def test_ema_decay_is_adjusted_for_batch_interval_and_epochs_as_torchvision_does
 
 
 def test_ema_decay_is_adjusted_for_the_micro_batches_each_step_accumulates():
-    settings = TrainerConfig(batch_size=64, epochs=100, ema_decay=0.9999, ema_every_n_steps=2,
-                             accumulate_grad_batches=4)
+    settings = TrainerConfig(
+        batch_size=64, epochs=100, ema_decay=0.9999, ema_every_n_steps=2, accumulate_grad_batches=4
+    )
     assert adjusted_decay(settings) == pytest.approx(1 - 1e-4 * 64 * 4 * 2 / 100)
 
 
 def test_top5_counts_the_label_among_the_five_highest_logits():
-    logits = torch.tensor([
-        [9.0, 8, 7, 6, 5, 4, 3],  # label 0: top-1
-        [9.0, 8, 7, 6, 5, 4, 3],  # label 4: fifth, top-5 only
-        [9.0, 8, 7, 6, 5, 4, 3],  # label 5: sixth, neither
-        [0.0, 1, 2, 3, 4, 5, 6],  # label 2: fifth from the top
-    ])
+    logits = torch.tensor(
+        [
+            [9.0, 8, 7, 6, 5, 4, 3],  # label 0: top-1
+            [9.0, 8, 7, 6, 5, 4, 3],  # label 4: fifth, top-5 only
+            [9.0, 8, 7, 6, 5, 4, 3],  # label 5: sixth, neither
+            [0.0, 1, 2, 3, 4, 5, 6],  # label 2: fifth from the top
+        ]
+    )
     targets = torch.tensor([0, 4, 5, 2])
     whole = Accumulator(torch.device("cpu"), validation=True)
     whole.update_validation(logits, targets, CrossEntropy())
@@ -328,8 +345,13 @@ def test_an_image_folder_counts_its_classes_for_the_model(tmp_path):
 def test_recipe_sizes_and_augmentations_reach_the_transforms(tmp_path):
     root = write_image_folder(tmp_path, classes=2, per_class=1, size=300)
     cfg = typed_config(
-        "dataset=imagefolder", f"dataset.root={root}", "dataset.train_crop=176", "dataset.val_resize=232",
-        "dataset.val_crop=200", "dataset.auto_augment=ta_wide", "dataset.random_erase=0.1",
+        "dataset=imagefolder",
+        f"dataset.root={root}",
+        "dataset.train_crop=176",
+        "dataset.val_resize=232",
+        "dataset.val_crop=200",
+        "dataset.auto_augment=ta_wide",
+        "dataset.random_erase=0.1",
     ).dataset
     from PIL import Image
 
@@ -350,8 +372,10 @@ def test_a_checkpoint_resumes_only_with_the_warmup_it_trained_with(tmp_path):
 
     model = MnistNet(1, 10, 8)
     for name, scheduler in (("warm", {"target": [0.1], "epoch": 1, "last_step": 3, "after": None}), ("plain", None)):
-        save_checkpoint({"model": model.state_dict(), "optimizer": {}, "scheduler": scheduler, "epoch": 1, "step": 3,
-                         "best": 0.5}, tmp_path / f"{name}.pt")
+        save_checkpoint(
+            {"model": model.state_dict(), "optimizer": {}, "scheduler": scheduler, "epoch": 1, "step": 3, "best": 0.5},
+            tmp_path / f"{name}.pt",
+        )
     with pytest.raises(ConfigError, match="warm.pt trained with a warmup and cannot continue without one"):
         check_and_plan(typed_config(f"trainer.resume={tmp_path / 'warm.pt'}"))
     with pytest.raises(ConfigError, match="plain.pt trained without a warmup.*scheduler.warmup_epochs"):
@@ -367,13 +391,29 @@ def test_a_checkpoint_resumes_only_with_the_schedule_it_trained_with(tmp_path):
 
     path = tmp_path / "cosine.pt"
     config = OmegaConf.to_yaml(compose_config("trainer.epochs=2"), resolve=True)  # as train.py saves it
-    save_checkpoint({"model": MnistNet(1, 10, 8).state_dict(), "optimizer": {}, "scheduler": {"T_max": 2},
-                     "epoch": 2, "step": 46, "best": 0.5, "config": config}, path)
-    with pytest.raises(ConfigError, match=r"cosine.pt trained with scheduler.T_max=2, and this run asks for 4: .*"
-                                          r"resume with trainer.epochs=2, which T_max follows, or train afresh"):
+    save_checkpoint(
+        {
+            "model": MnistNet(1, 10, 8).state_dict(),
+            "optimizer": {},
+            "scheduler": {"T_max": 2},
+            "epoch": 2,
+            "step": 46,
+            "best": 0.5,
+            "config": config,
+        },
+        path,
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"cosine.pt trained with scheduler.T_max=2, and this run asks for 4: .*"
+        r"resume with trainer.epochs=2, which T_max follows, or train afresh",
+    ):
         check_and_plan(typed_config(f"trainer.resume={path}", "trainer.epochs=4"))
-    with pytest.raises(ConfigError, match=r"scheduler._target_=torch.optim.lr_scheduler.CosineAnnealingLR, .*"
-                                          r"asks for torch.optim.lr_scheduler.StepLR: .*the scheduler it trained with"):
+    with pytest.raises(
+        ConfigError,
+        match=r"scheduler._target_=torch.optim.lr_scheduler.CosineAnnealingLR, .*"
+        r"asks for torch.optim.lr_scheduler.StepLR: .*the scheduler it trained with",
+    ):
         check_and_plan(typed_config(f"trainer.resume={path}", "trainer.epochs=2", "scheduler=step"))
     with pytest.raises(ConfigError, match="scheduler._target_=torch.optim.lr_scheduler.CosineAnnealingLR, .*for none"):
         check_and_plan(typed_config(f"trainer.resume={path}", "scheduler=none"))
@@ -382,8 +422,18 @@ def test_a_checkpoint_resumes_only_with_the_schedule_it_trained_with(tmp_path):
     # A warmup of another length: named before the T_max it also changes.
     warm = tmp_path / "warm.pt"
     config = OmegaConf.to_yaml(compose_config("trainer.epochs=4", "scheduler.warmup_epochs=1"), resolve=True)
-    save_checkpoint({"model": MnistNet(1, 10, 8).state_dict(), "optimizer": {}, "epoch": 1, "step": 23, "best": 0.5,
-                     "scheduler": {"target": [0.05], "epoch": 1, "last_step": 23, "after": {}}, "config": config}, warm)
+    save_checkpoint(
+        {
+            "model": MnistNet(1, 10, 8).state_dict(),
+            "optimizer": {},
+            "epoch": 1,
+            "step": 23,
+            "best": 0.5,
+            "scheduler": {"target": [0.05], "epoch": 1, "last_step": 23, "after": {}},
+            "config": config,
+        },
+        warm,
+    )
     with pytest.raises(ConfigError, match=r"warm.pt trained with scheduler.warmup_epochs=1, and this run asks for 2: "):
         check_and_plan(typed_config(f"trainer.resume={warm}", "trainer.epochs=4", "scheduler.warmup_epochs=2"))
     check_and_plan(typed_config(f"trainer.resume={warm}", "trainer.epochs=4", "scheduler.warmup_epochs=1"))
@@ -412,8 +462,10 @@ def test_every_auto_augment_policy_transforms_small_grey_and_colour_images(polic
         (["optimizer.reference_batch=0"], ["optimizer.reference_batch=0"]),
         (["data.repeated_augmentations=0"], ["data.repeated_augmentations=0"]),
         (["dataset.auto_augment=ta_wide"], ["dataset.auto_augment=ta_wide", "dataset=digits"]),
-        (["dataset=mnist", "data.loader=device", "dataset.random_erase=0.5"],
-         ["data.loader=device", "dataset.random_erase=0.5", "data.loader=dataloader"]),
+        (
+            ["dataset=mnist", "data.loader=device", "dataset.random_erase=0.5"],
+            ["data.loader=device", "dataset.random_erase=0.5", "data.loader=dataloader"],
+        ),
         (["dataset=cifar10", "dataset.train_crop=24"], ["dataset.train_crop=24", "dataset.val_resize"]),
         (["trainer.test_only=true"], ["trainer.test_only=true", "trainer.resume=<checkpoint>"]),
         (["model=torchvision", "dataset=synthetic", "model.weights=/nowhere.pth"], ["model.weights=/nowhere.pth"]),

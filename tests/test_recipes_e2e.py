@@ -1,5 +1,6 @@
 """The recipe knobs through `python train.py`, tiny: what each one changes shows in the run's
 checkpoint, metrics.json, TensorBoard or log."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from data import Loaders, build_loaders
 from distributed.context import make_context
 from tests.configs import job_config
-from tests.runs import run_train
 from tests.dataset_files import write_cifar, write_image_folder
+from tests.runs import run_train
 from training.mixing import Mixing
 
 pytestmark = pytest.mark.slow
@@ -51,9 +52,16 @@ def _first_step(run_dir, *overrides: str):
 def test_warmup_lr_scaling_and_decay_groups(run_dir):
     # 3 epochs of 4 steps at batch 64: lr 0.05 x 64 / 128, warmed up over epoch 1, then cosine over 2.
     _train(
-        run_dir, "trainer.epochs=3", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1",
-        "trainer.log_every_n_steps=1", "logger.sample_images=0", "scheduler.warmup_epochs=1",
-        "optimizer.lr_scaling=linear", "optimizer.reference_batch=128", "optimizer.norm_weight_decay=0",
+        run_dir,
+        "trainer.epochs=3",
+        "trainer.limit_train_batches=4",
+        "trainer.limit_val_batches=1",
+        "trainer.log_every_n_steps=1",
+        "logger.sample_images=0",
+        "scheduler.warmup_epochs=1",
+        "optimizer.lr_scaling=linear",
+        "optimizer.reference_batch=128",
+        "optimizer.norm_weight_decay=0",
     )
     lrs = [event.value for event in _scalars(run_dir).Scalars("lr")]  # after each step: the next step's
     warm = [0.025 * (0.01 + 0.99 * k / 4) for k in (1, 2, 3, 4)]
@@ -67,8 +75,13 @@ def test_warmup_lr_scaling_and_decay_groups(run_dir):
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
 def test_label_smoothing_is_in_the_first_steps_loss(tmp_path, precision):
     # bf16-mixed computes the loss on another line, under autocast: the same loss all the same.
-    overrides = ("model=simple_cnn", "trainer.max_steps=1", "trainer.limit_val_batches=1", "trainer.label_smoothing=0.2",
-                 f"trainer.precision={precision}")
+    overrides = (
+        "model=simple_cnn",
+        "trainer.max_steps=1",
+        "trainer.limit_val_batches=1",
+        "trainer.label_smoothing=0.2",
+        f"trainer.precision={precision}",
+    )
     metrics = _train(tmp_path / "run", *overrides)
     _, model, (x, y) = _first_step(tmp_path / "job", *overrides)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
@@ -94,8 +107,14 @@ def test_mixup_or_cutmix_is_in_the_first_steps_loss(tmp_path, alpha):
 
 
 MIXED_EMA = (
-    "trainer.epochs=2", "trainer.limit_train_batches=5", "trainer.limit_val_batches=2", "trainer.log_every_n_steps=5",
-    "logger.sample_images=0", "trainer.mixup_alpha=0.2", "trainer.cutmix_alpha=1.0", "trainer.ema_decay=0.9",
+    "trainer.epochs=2",
+    "trainer.limit_train_batches=5",
+    "trainer.limit_val_batches=2",
+    "trainer.log_every_n_steps=5",
+    "logger.sample_images=0",
+    "trainer.mixup_alpha=0.2",
+    "trainer.cutmix_alpha=1.0",
+    "trainer.ema_decay=0.9",
     "data.repeated_augmentations=3",
 )
 
@@ -114,7 +133,8 @@ def test_mixing_and_ema_are_reported_beside_the_model(ema_run):
     assert {"val/acc5", "val_ema/acc", "val_ema/acc5", "val_ema/loss"} <= set(_scalars(run_dir).Tags()["scalars"])
     last, best = _checkpoint(run_dir), _checkpoint(run_dir, "best.pt")
     assert int(last["ema"]["n_averaged"]) == 10 and set(last["ema"]) - {"n_averaged"} == {
-        f"module.{key}" for key in last["model"]}
+        f"module.{key}" for key in last["model"]
+    }
     assert best["best_weights"] in ("model", "ema") and best["best"] == metrics["best_val_acc"]
     assert metrics["best_val_acc"] >= max(metrics["val_acc"], metrics["val_ema_acc"])
     log = (run_dir / "train.log").read_text()
@@ -146,8 +166,14 @@ def test_test_only_evaluates_a_torchvision_weights_file(tmp_path):
     weights = tmp_path / "resnet18.pth"
     torch.save(torchvision_classifier("resnet18", num_classes=10).state_dict(), weights)
     metrics = _train(
-        tmp_path / "run", "trainer.test_only=true", "model=torchvision", "model.arch=resnet18", f"model.weights={weights}",
-        "dataset=synthetic", "dataset.val_size=16", "trainer.batch_size=8",
+        tmp_path / "run",
+        "trainer.test_only=true",
+        "model=torchvision",
+        "model.arch=resnet18",
+        f"model.weights={weights}",
+        "dataset=synthetic",
+        "dataset.val_size=16",
+        "trainer.batch_size=8",
     )
     assert (metrics["weights"], metrics["val_samples"], metrics["model"]) == (str(weights), 16, "torchvision")
 
@@ -161,9 +187,16 @@ def test_an_unknown_torchvision_name_is_one_line_with_the_closest(run_dir):
 def test_per_image_augmentations_train_on_cifar_files(tmp_path):  # ra and augmix: test_recipes
     write_cifar(tmp_path / "cifar", per_batch=4, val=4)
     metrics = _train(
-        tmp_path / "run", "dataset=cifar10", f"dataset.root={tmp_path / 'cifar'}", "dataset.download=false",
-        "model=simple_cnn", "trainer.epochs=1", "trainer.batch_size=4", "data.num_workers=0",
-        "dataset.auto_augment=ta_wide", "dataset.random_erase=0.5",
+        tmp_path / "run",
+        "dataset=cifar10",
+        f"dataset.root={tmp_path / 'cifar'}",
+        "dataset.download=false",
+        "model=simple_cnn",
+        "trainer.epochs=1",
+        "trainer.batch_size=4",
+        "data.num_workers=0",
+        "dataset.auto_augment=ta_wide",
+        "dataset.random_erase=0.5",
     )
     assert metrics["steps"] == 5 and math.isfinite(metrics["train_loss"])
 
@@ -171,9 +204,17 @@ def test_per_image_augmentations_train_on_cifar_files(tmp_path):  # ra and augmi
 def test_an_image_folder_at_recipe_sizes_with_a_torchvision_model_and_its_own_class_count(tmp_path):
     root = write_image_folder(tmp_path / "images", classes=3, per_class=2, size=48)
     metrics = _train(
-        tmp_path / "run", "dataset=imagefolder", f"dataset.root={root}", "model=torchvision", "model.arch=resnet18",
-        "dataset.train_crop=32", "dataset.val_resize=40", "dataset.val_crop=36", "trainer.epochs=1",
-        "trainer.batch_size=2", "data.num_workers=0",
+        tmp_path / "run",
+        "dataset=imagefolder",
+        f"dataset.root={root}",
+        "model=torchvision",
+        "model.arch=resnet18",
+        "dataset.train_crop=32",
+        "dataset.val_resize=40",
+        "dataset.val_crop=36",
+        "trainer.epochs=1",
+        "trainer.batch_size=2",
+        "data.num_workers=0",
     )
     assert metrics["steps"] == 3 and metrics["val_acc5"] == 1.0  # 3 classes: always among the top 5
     assert _checkpoint(tmp_path / "run")["model"]["fc.weight"].shape == (3, 512)

@@ -1,5 +1,6 @@
 """Round two of reliability: the GPU-path refusals and wrappers reached on CPU, and non-finite
 losses that stop (or skip) without saving a broken model."""
+
 from __future__ import annotations
 
 import json
@@ -10,16 +11,16 @@ import pytest
 import torch
 from torch import nn
 
-from preflight import check_and_plan
 from config.schema import Accelerator, StrategyConfig, StrategyName, TrainerConfig
 from distributed import strategies
 from distributed.context import make_context
 from distributed.strategies import AutocastReplica
 from errors import ConfigError, NonFiniteLoss
-from training.checkpoint import Checkpointer, TrainState
+from preflight import check_and_plan
 from tests.configs import job_config, typed_config
 from tests.runs import run_train
 from tests.test_launchers import SLURM_ENV, _plan
+from training.checkpoint import Checkpointer, TrainState
 
 DDP_CPU = ("strategy=ddp", "trainer.accelerator=cpu")
 
@@ -138,8 +139,10 @@ def test_compiling_drops_the_partial_last_batch():
 
     cfg = typed_config()
     ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
-    sizes = {drop: [len(y) for _, y in build_loaders(cfg.dataset, cfg.data, ctx, 500, 0, drop_last=drop).train]
-             for drop in (False, True)}
+    sizes = {
+        drop: [len(y) for _, y in build_loaders(cfg.dataset, cfg.data, ctx, 500, 0, drop_last=drop).train]
+        for drop in (False, True)
+    }
     assert sizes == {False: [500, 500, 437], True: [500, 500]}
 
 
@@ -182,8 +185,15 @@ def test_a_checkpoint_keeps_the_rng_state_of_every_gpu_dp_drives(monkeypatch):
     assert restored == {torch.device("cuda", 0): [0], torch.device("cuda", 1): [1]}
 
 
-NAN = ("model._target_=tests.faults.NanNet", "+model.at_step=5", "trainer.epochs=2", "trainer.limit_train_batches=4",
-       "trainer.limit_val_batches=1", "trainer.checkpoint_every_n_steps=1", "trainer.log_every_n_steps=2")
+NAN = (
+    "model._target_=tests.faults.NanNet",
+    "+model.at_step=5",
+    "trainer.epochs=2",
+    "trainer.limit_train_batches=4",
+    "trainer.limit_val_batches=1",
+    "trainer.checkpoint_every_n_steps=1",
+    "trainer.log_every_n_steps=2",
+)
 
 
 @pytest.mark.slow
@@ -195,7 +205,8 @@ def test_a_nan_loss_stops_at_its_step_and_saves_nothing_past_it(run_dir, strateg
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     # Every rank stopped at the step, none failed: the error names no rank.
     assert len(errors) == 1 and errors[0].startswith(
-        "error: the loss became non-finite (NaN or inf) at optimizer step 5;"), result.stderr
+        "error: the loss became non-finite (NaN or inf) at optimizer step 5;"
+    ), result.stderr
     assert "resume from checkpoints/best.pt" in errors[0]  # it exists: epoch 1 ended before step 5
     last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert last["step"] == 4 and all(torch.isfinite(v).all() for v in last["model"].values())

@@ -1,4 +1,5 @@
 """bench.report: runs named by their overrides, speed-up only between runs that differ in devices alone."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,15 +17,27 @@ from tests import train_server
 from tests.runs import FORK_RANKS
 from training.loggers.tensorboard import HPARAM_METRICS
 
-TINY = ("trainer.accelerator=cpu", "trainer.epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
-        "trainer.progress_bar=false")
+TINY = (
+    "trainer.accelerator=cpu",
+    "trainer.epochs=1",
+    "trainer.limit_train_batches=3",
+    "trainer.limit_val_batches=1",
+    "trainer.progress_bar=false",
+)
 
 
 def _write(root, name, overrides=None, **metrics):
     run = root / name
     run.mkdir(parents=True)
-    base = {"val_acc": 0.9, "best_val_acc": 0.95, "wall_s": 10.0, "model": "m", "dataset": "d", "batch_size": 64,
-            "train_samples_per_s": 100.0}
+    base = {
+        "val_acc": 0.9,
+        "best_val_acc": 0.95,
+        "wall_s": 10.0,
+        "model": "m",
+        "dataset": "d",
+        "batch_size": 64,
+        "train_samples_per_s": 100.0,
+    }
     (run / "metrics.json").write_text(json.dumps({**base, **metrics}) + "\n")
     if overrides is not None:  # as Hydra records them
         (run / ".hydra").mkdir()
@@ -46,17 +59,33 @@ def _parent_of_sweeps_and_a_search(root: Path) -> Path:
 
     def run(path, overrides, choices=(), lr=0.05, decay=5e-4, batch=64, **metrics):
         _write(root, path, **metrics)
-        used = {**config, "optimizer": {"lr": lr, "weight_decay": decay}, "trainer": {"batch_size": batch, "epochs": 15}}
+        used = {
+            **config,
+            "optimizer": {"lr": lr, "weight_decay": decay},
+            "trainer": {"batch_size": batch, "epochs": 15},
+        }
         _record(root / path, overrides, used, {**defaults, **dict(choices)})
 
     run("2026-11-26/10-00-00/0_model-simple_cnn", ["model=simple_cnn"], {"model": "simple_cnn"})
     run("2026-11-26/10-00-00/1_model-mnist_net", ["model=mnist_net"])
     run("2026-11-26/11-00-00/0_optimizer-adamw", ["optimizer=adamw"], {"optimizer": "adamw"}, lr=1e-3, decay=0.01)
-    for trial, (lr, decay, batch) in enumerate([(0.03028525153605885, 0.0007257005721594283, 128),
-                                                (0.015171717849735478, 0.0036905577292137633, 16)]):
-        run(f"search/digits/{trial}_optimizer.lr-{lr:.4g}", ["hparams_search=digits", f"optimizer.lr={lr}",
-            f"optimizer.weight_decay={decay}", f"trainer.batch_size={batch}"], {"hparams_search": "digits"},
-            lr=lr, decay=decay, batch=batch, best_val_acc=0.5 + trial / 10)
+    for trial, (lr, decay, batch) in enumerate(
+        [(0.03028525153605885, 0.0007257005721594283, 128), (0.015171717849735478, 0.0036905577292137633, 16)]
+    ):
+        run(
+            f"search/digits/{trial}_optimizer.lr-{lr:.4g}",
+            [
+                "hparams_search=digits",
+                f"optimizer.lr={lr}",
+                f"optimizer.weight_decay={decay}",
+                f"trainer.batch_size={batch}",
+            ],
+            {"hparams_search": "digits"},
+            lr=lr,
+            decay=decay,
+            batch=batch,
+            best_val_acc=0.5 + trial / 10,
+        )
     run("2026-11-27/09-00-00", [])  # outputs/: a plain run, no overrides
     return root
 
@@ -64,15 +93,24 @@ def _parent_of_sweeps_and_a_search(root: Path) -> Path:
 def test_labels_come_from_each_runs_own_overrides_never_its_path(tmp_path):
     runs = report.load_runs(_parent_of_sweeps_and_a_search(tmp_path))
     keys = report.swept_keys(runs)
-    assert keys == ["model", "optimizer", "hparams_search", "optimizer.lr", "optimizer.weight_decay", "trainer.batch_size"]
+    assert keys == [
+        "model",
+        "optimizer",
+        "hparams_search",
+        "optimizer.lr",
+        "optimizer.weight_decay",
+        "trainer.batch_size",
+    ]
     labels = {run.name.split("/")[-1]: report.label(run, keys) for run in runs}
     assert labels == {
-        "0_model-simple_cnn": "model=simple_cnn", "1_model-mnist_net": "model=mnist_net",
-        "0_optimizer-adamw": "optimizer=adamw", "09-00-00": "(defaults)",
+        "0_model-simple_cnn": "model=simple_cnn",
+        "1_model-mnist_net": "model=mnist_net",
+        "0_optimizer-adamw": "optimizer=adamw",
+        "09-00-00": "(defaults)",
         "0_optimizer.lr-0.03029": "hparams_search=digits optimizer.lr=0.03029 optimizer.weight_decay=0.0007257 "
-                                  "trainer.batch_size=128",
+        "trainer.batch_size=128",
         "1_optimizer.lr-0.01517": "hparams_search=digits optimizer.lr=0.01517 optimizer.weight_decay=0.003691 "
-                                  "trainer.batch_size=16",
+        "trainer.batch_size=16",
     }
     # The same overrides twice (outputs/ holds many runs of the default job): numbered, in the table's order.
     (plain,) = [run for run in runs if run.name == "2026-11-27/09-00-00"]
@@ -87,8 +125,13 @@ def test_every_column_shows_what_the_run_used_be_it_an_override_or_a_default(tmp
     runs = report.load_runs(_parent_of_sweeps_and_a_search(tmp_path))
     header, _, *lines = report.markdown(report.rows(runs)).splitlines()
     cells = {line.split(" | ")[-1].rstrip(" |").split("/")[-1]: line.split(" | ")[:5] for line in lines}
-    assert header.split(" | ")[:5] == ["| optimizer", "hparams_search", "optimizer.lr", "optimizer.weight_decay",
-                                       "strategy"]  # model and batch: columns of their own
+    assert header.split(" | ")[:5] == [
+        "| optimizer",
+        "hparams_search",
+        "optimizer.lr",
+        "optimizer.weight_decay",
+        "strategy",
+    ]  # model and batch: columns of their own
     assert cells["0_optimizer.lr-0.03029"] == ["| sgd", "digits", "0.03029", "0.0007257", "?"]  # sgd: its default
     assert cells["0_optimizer-adamw"] == ["| adamw", "null", "0.001", "0.01", "?"]  # adamw's own lr and decay
     assert cells["09-00-00"] == ["| sgd", "null", "0.05", "0.0005", "?"]
@@ -96,26 +139,58 @@ def test_every_column_shows_what_the_run_used_be_it_an_override_or_a_default(tmp
 
 
 def test_a_key_set_on_the_command_line_to_what_the_other_runs_used_tells_no_run_apart(tmp_path):
-    for name, overrides, epochs in [("a", ["optimizer=adadelta", "optimizer.lr=1"], 15), ("b", [], 15),
-                                    ("c", ["trainer.epochs=2"], 2)]:
+    for name, overrides, epochs in [
+        ("a", ["optimizer=adadelta", "optimizer.lr=1"], 15),
+        ("b", [], 15),
+        ("c", ["trainer.epochs=2"], 2),
+    ]:
         _write(tmp_path, name)
-        _record(tmp_path / name, overrides, {"optimizer": {"lr": 1.0}, "trainer": {"epochs": epochs}},
-                {"optimizer": "adadelta"})
+        _record(
+            tmp_path / name,
+            overrides,
+            {"optimizer": {"lr": 1.0}, "trainer": {"epochs": epochs}},
+            {"optimizer": "adadelta"},
+        )
     runs = report.load_runs(tmp_path)
     assert report.swept_keys(runs) == ["trainer.epochs"]  # adadelta and its lr 1 (1.0) were every run's
     assert [report.label(run, ["trainer.epochs"]) for run in runs] == [
-        "(shared overrides only)", "(defaults)", "trainer.epochs=2"]
+        "(shared overrides only)",
+        "(defaults)",
+        "trainer.epochs=2",
+    ]
 
 
 def test_a_plot_shortens_long_labels_in_the_middle_maps_them_and_each_trial_in_a_legend(tmp_path):
     root = _parent_of_sweeps_and_a_search(tmp_path)
-    runs, search = report.load_runs(root / "search" / "digits"), {
-        "metric": "best_val_acc", "direction": "maximize", "best_trial": 1, "best_value": 0.6,
-        "trials": [{"number": 0, "state": "COMPLETE", "value": 0.5,
-                    "params": {"optimizer.lr": 0.03028525153605885, "trainer.batch_size": 128}},
-                   {"number": 1, "state": "COMPLETE", "value": 0.6,
-                    "params": {"optimizer.lr": 0.015171717849735478, "trainer.batch_size": 16}},
-                   {"number": 2, "state": "FAIL", "value": None, "params": {"optimizer.lr": 0.4, "trainer.batch_size": 16}}]}
+    runs, search = (
+        report.load_runs(root / "search" / "digits"),
+        {
+            "metric": "best_val_acc",
+            "direction": "maximize",
+            "best_trial": 1,
+            "best_value": 0.6,
+            "trials": [
+                {
+                    "number": 0,
+                    "state": "COMPLETE",
+                    "value": 0.5,
+                    "params": {"optimizer.lr": 0.03028525153605885, "trainer.batch_size": 128},
+                },
+                {
+                    "number": 1,
+                    "state": "COMPLETE",
+                    "value": 0.6,
+                    "params": {"optimizer.lr": 0.015171717849735478, "trainer.batch_size": 16},
+                },
+                {
+                    "number": 2,
+                    "state": "FAIL",
+                    "value": None,
+                    "params": {"optimizer.lr": 0.4, "trainer.batch_size": 16},
+                },
+            ],
+        },
+    )
     fig = report.figure(report.rows(runs), search)
     per_configuration, _, trials = fig.axes
     shown = [tick.get_text() for tick in per_configuration.get_yticklabels()]
@@ -133,8 +208,9 @@ def test_a_plot_shortens_long_labels_in_the_middle_maps_them_and_each_trial_in_a
 
 
 def _run(name="r", strategy="ddp", devices=1, batch_size=64, samples_per_s=100.0, overrides=()):
-    return report.Run(name, strategy, devices, "m", "d", batch_size, samples_per_s, 0.9, 0.95, 10.0, None,
-                      overrides=tuple(overrides))
+    return report.Run(
+        name, strategy, devices, "m", "d", batch_size, samples_per_s, 0.9, 0.95, 10.0, None, overrides=tuple(overrides)
+    )
 
 
 def test_speedup_is_the_throughput_ratio_and_efficiency_its_share_of_ideal():
@@ -169,33 +245,74 @@ def test_rows_compute_speedup_per_workload(tmp_path):
 def test_old_and_new_metrics_files_both_load(tmp_path, capsys):
     # Before devices/batch_size were recorded: devices from world_size, batch unknown.
     (tmp_path / "old").mkdir()
-    (tmp_path / "old" / "metrics.json").write_text(json.dumps(
-        {"val_acc": 0.5, "best_val_acc": 0.6, "train_samples_per_s": 10.0, "wall_s": 3.0, "world_size": 2,
-         "strategy": "ddp", "model": "m", "dataset": "d", "epochs": 1, "steps": 5}))
+    (tmp_path / "old" / "metrics.json").write_text(
+        json.dumps(
+            {
+                "val_acc": 0.5,
+                "best_val_acc": 0.6,
+                "train_samples_per_s": 10.0,
+                "wall_s": 3.0,
+                "world_size": 2,
+                "strategy": "ddp",
+                "model": "m",
+                "dataset": "d",
+                "epochs": 1,
+                "steps": 5,
+            }
+        )
+    )
     _write(tmp_path, "new", strategy="dp", devices=4, world_size=1, train_samples_per_s=1.0, peak_memory_mb=[900, 1200])
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "metrics.json").write_text('{"val_acc": 0.5}')
     (tmp_path / "evaluated").mkdir()  # trainer.test_only's metrics.json, as training/evaluation.py writes it
-    (tmp_path / "evaluated" / "metrics.json").write_text(json.dumps(
-        {"val_acc": 0.5, "val_acc5": 0.9, "val_loss": 1.0, "val_samples": 360, "weights": "model", "model": "m",
-         "dataset": "d", "world_size": 1, "batch_size": 64, "wall_s": 1.0}))
+    (tmp_path / "evaluated" / "metrics.json").write_text(
+        json.dumps(
+            {
+                "val_acc": 0.5,
+                "val_acc5": 0.9,
+                "val_loss": 1.0,
+                "val_samples": 360,
+                "weights": "model",
+                "model": "m",
+                "dataset": "d",
+                "world_size": 1,
+                "batch_size": 64,
+                "wall_s": 1.0,
+            }
+        )
+    )
     runs = {run.name: run for run in report.load_runs(tmp_path)}
     assert sorted(runs) == ["new", "old"]
     skipped = capsys.readouterr().err.splitlines()
-    assert skipped == [f"skipped {tmp_path / 'broken' / 'metrics.json'}: not a metrics.json written by train.py "
-                       "(KeyError: 'train_samples_per_s')",
-                       f"skipped {tmp_path / 'evaluated' / 'metrics.json'}: a trainer.test_only evaluation, not a "
-                       "training run"]
+    assert skipped == [
+        f"skipped {tmp_path / 'broken' / 'metrics.json'}: not a metrics.json written by train.py "
+        "(KeyError: 'train_samples_per_s')",
+        f"skipped {tmp_path / 'evaluated' / 'metrics.json'}: a trainer.test_only evaluation, not a training run",
+    ]
     assert (runs["old"].devices, runs["old"].batch_size, runs["old"].peak_memory_mb) == (2, None, None)
     assert (runs["new"].devices, runs["new"].batch_size, runs["new"].peak_memory_mb) == (4, 64, 1200)
 
 
 def test_the_fullest_ranks_training_state_is_reported_beside_ddps(tmp_path):
     """fsdp's per-rank bytes against ddp's: parameters + gradients + optimizer state, largest rank."""
-    _write(tmp_path, "ddp", strategy="ddp", devices=2, param_bytes_per_rank=[4e6, 4e6],
-           grad_bytes_per_rank=[4e6, 4e6], optimizer_bytes_per_rank=[4e6, 4e6])
-    _write(tmp_path, "fsdp", strategy="fsdp", devices=2, param_bytes_per_rank=[2e6, 2.5e6],
-           grad_bytes_per_rank=[2e6, 2.5e6], optimizer_bytes_per_rank=[2e6, 2.5e6])
+    _write(
+        tmp_path,
+        "ddp",
+        strategy="ddp",
+        devices=2,
+        param_bytes_per_rank=[4e6, 4e6],
+        grad_bytes_per_rank=[4e6, 4e6],
+        optimizer_bytes_per_rank=[4e6, 4e6],
+    )
+    _write(
+        tmp_path,
+        "fsdp",
+        strategy="fsdp",
+        devices=2,
+        param_bytes_per_rank=[2e6, 2.5e6],
+        grad_bytes_per_rank=[2e6, 2.5e6],
+        optimizer_bytes_per_rank=[2e6, 2.5e6],
+    )
     runs = {run.name: run for run in report.load_runs(tmp_path)}
     assert (runs["ddp"].state_mb_per_rank, runs["fsdp"].state_mb_per_rank) == (12.0, 7.5)
     table = report.markdown(report.rows(list(runs.values())))
@@ -203,8 +320,9 @@ def test_the_fullest_ranks_training_state_is_reported_beside_ddps(tmp_path):
 
 
 def test_markdown_shows_a_dash_where_there_is_no_figure():
-    table = report.markdown([report.Row(_run("0", devices=2, samples_per_s=1234.0), None, None),
-                             report.Row(_run("1"), 1.0, 1.0)])
+    table = report.markdown(
+        [report.Row(_run("0", devices=2, samples_per_s=1234.0), None, None), report.Row(_run("1"), 1.0, 1.0)]
+    )
     header, _, no_baseline, baseline = table.splitlines()
     assert header.count("|") == no_baseline.count("|") == 14
     assert "| 2 | m | d | 64 | 1,234 | — | — | 90.00% | 95.00% | — | — | 0 |" in no_baseline
@@ -212,9 +330,17 @@ def test_markdown_shows_a_dash_where_there_is_no_figure():
 
 
 def test_a_scaling_plot_names_each_line_by_what_it_is_apart_from_its_device_count():
-    table = report.rows([_run(f"{i}", devices=n, samples_per_s=100.0 * n,
-                              overrides=[("optimizer", optimizer), ("trainer.devices", str(n))])
-                         for i, (optimizer, n) in enumerate((o, n) for o in ("sgd", "adamw") for n in (1, 2))])
+    table = report.rows(
+        [
+            _run(
+                f"{i}",
+                devices=n,
+                samples_per_s=100.0 * n,
+                overrides=[("optimizer", optimizer), ("trainer.devices", str(n))],
+            )
+            for i, (optimizer, n) in enumerate((o, n) for o in ("sgd", "adamw") for n in (1, 2))
+        ]
+    )
     throughput = report.figure(table).axes[0]
     assert [text.get_text() for text in throughput.get_legend().get_texts()] == ["optimizer=sgd", "optimizer=adamw"]
 
@@ -229,10 +355,17 @@ def test_main_prints_the_table_and_writes_the_plot(tmp_path, capsys):
 
 
 def test_runs_are_named_by_the_overrides_that_differ(tmp_path):
-    for i, (model, optimizer) in enumerate([("simple_cnn", "sgd"), ("simple_cnn", "adamw"), ("mnist_net", "sgd"),
-                                            ("mnist_net", "adamw")]):
-        _write(tmp_path, f"{i}_x", [f"model={model}", f"optimizer={optimizer}", "trainer.epochs=2"], model=model,
-               devices=1, train_samples_per_s=100.0 + i)
+    for i, (model, optimizer) in enumerate(
+        [("simple_cnn", "sgd"), ("simple_cnn", "adamw"), ("mnist_net", "sgd"), ("mnist_net", "adamw")]
+    ):
+        _write(
+            tmp_path,
+            f"{i}_x",
+            [f"model={model}", f"optimizer={optimizer}", "trainer.epochs=2"],
+            model=model,
+            devices=1,
+            train_samples_per_s=100.0 + i,
+        )
     lr = "optimizer.lr=0.0031622776601683794"
     _write(tmp_path, "10_x", ["model=mnist_net", "optimizer=adamw", "trainer.epochs=2", lr], model="mnist_net")
     runs = report.load_runs(tmp_path)
@@ -253,10 +386,19 @@ def test_runs_are_named_by_the_overrides_that_differ(tmp_path):
 def test_a_search_report_takes_the_best_trial_from_the_sweepers_results(tmp_path, capsys):
     for i, lr in enumerate(["0.01", "0.1"]):
         _write(tmp_path, str(i), [f"optimizer.lr={lr}"], best_val_acc=0.5 + i / 10)
-    results = {"name": "optuna", "study_name": "digits", "metric": "best_val_acc", "direction": "maximize",
-               "n_trials": 2, "complete": 2, "best_trial": 0, "best_value": 0.75, "best_params": {"optimizer.lr": 0.01},
-               "best_job": "0", "trials": [{"number": 0, "state": "COMPLETE", "value": 0.75},
-                                           {"number": 1, "state": "COMPLETE", "value": 0.6}]}
+    results = {
+        "name": "optuna",
+        "study_name": "digits",
+        "metric": "best_val_acc",
+        "direction": "maximize",
+        "n_trials": 2,
+        "complete": 2,
+        "best_trial": 0,
+        "best_value": 0.75,
+        "best_params": {"optimizer.lr": 0.01},
+        "best_job": "0",
+        "trials": [{"number": 0, "state": "COMPLETE", "value": 0.75}, {"number": 1, "state": "COMPLETE", "value": 0.6}],
+    }
     (tmp_path / "optimization_results.yaml").write_text(yaml.safe_dump(results))
     assert report.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -300,7 +442,9 @@ def test_a_model_and_optimizer_sweep_reports_per_override_without_speedups(model
     # What each job used where it overrode nothing, from the .hydra/ files Hydra wrote.
     runs = report.load_runs(sweep)
     assert [(report.used(r, "optimizer.lr"), report.used(r, "scheduler")) for r in runs] == [
-        ("0.05", "cosine"), ("0.001", "cosine")] * 2
+        ("0.05", "cosine"),
+        ("0.001", "cosine"),
+    ] * 2
 
 
 @pytest.mark.slow
@@ -318,8 +462,11 @@ def test_tensorboard_names_each_sweep_run_by_its_overrides(model_optimizer_sweep
     for run, tags in runs.PluginRunToTagToContent("hparams").items():
         data = plugin_data_pb2.HParamsPluginData.FromString
         hparams = data(tags["_hparams_/session_start_info"]).session_start_info.hparams
-        assert (hparams["model"].string_value, hparams["optimizer"].string_value,
-                hparams["optimizer.lr"].string_value) == expected[run]
+        assert (
+            hparams["model"].string_value,
+            hparams["optimizer"].string_value,
+            hparams["optimizer.lr"].string_value,
+        ) == expected[run]
         assert hparams["trainer.epochs"].string_value == "1"  # as typed, not 1.0000
         # Differing: what the sweep varies and what its choices change (each optimizer's lr), not
         # trainer.epochs=1, which every job was given.

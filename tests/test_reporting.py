@@ -1,4 +1,5 @@
 """What TensorBoard shows: the per-epoch grid of validation samples, and the HParams tab's row per job."""
+
 from __future__ import annotations
 
 import io
@@ -19,7 +20,11 @@ from config.schema import LoggerConfig
 from config.setup import CONF_DIR
 from training.loggers import build_loggers
 from training.loggers.tensorboard import (
-    HPARAM_METRICS, TensorBoardLogger, hparam_values, image_summary, masked_crc32c,
+    HPARAM_METRICS,
+    TensorBoardLogger,
+    hparam_values,
+    image_summary,
+    masked_crc32c,
 )
 from training.samples import SampleGrid
 
@@ -34,14 +39,14 @@ def _caption(grid: np.ndarray, index: int) -> np.ndarray:
     row, column = divmod(index, SampleGrid.COLUMNS)
     top = SampleGrid.HEADER + row * (SampleGrid.CAPTION + SampleGrid.TILE)
     left = SampleGrid.MARGIN + column * (SampleGrid.TILE + SampleGrid.GAP)
-    return grid[top:top + SampleGrid.CAPTION, left:left + SampleGrid.TILE]
+    return grid[top : top + SampleGrid.CAPTION, left : left + SampleGrid.TILE]
 
 
 def _tile(grid: np.ndarray, index: int) -> np.ndarray:
     row, column = divmod(index, SampleGrid.COLUMNS)
     top = SampleGrid.HEADER + row * (SampleGrid.CAPTION + SampleGrid.TILE) + SampleGrid.CAPTION
     left = SampleGrid.MARGIN + column * (SampleGrid.TILE + SampleGrid.GAP)
-    return grid[top:top + SampleGrid.TILE, left:left + SampleGrid.TILE]
+    return grid[top : top + SampleGrid.TILE, left : left + SampleGrid.TILE]
 
 
 def _caption_hues(grid: np.ndarray, index: int) -> set[str]:
@@ -70,10 +75,12 @@ def test_grid_has_a_tile_per_sample_and_colours_right_and_wrong():
 def test_the_grid_is_shown_pixel_for_pixel_in_tensorboard_with_captions_tall_enough_to_read():
     # TensorBoard fits an image to its box by nearest pixel: the Images tab's is 350 px wide, the
     # Time Series card's 212 px tall, and the default 8 samples fit both.
-    default = yaml.safe_load((CONF_DIR / "logger" / "tensorboard.yaml").read_text())["sample_images"]  # logger's default
+    default = yaml.safe_load((CONF_DIR / "logger" / "tensorboard.yaml").read_text())[
+        "sample_images"
+    ]  # logger's default
     grid = SampleGrid(torch.randn(default, 1, 8, 8), torch.arange(default) * 61).draw(torch.arange(default) * 67)
     assert grid.shape[1] == 350 and grid.shape[0] <= 212
-    legend = grid[:SampleGrid.HEADER]
+    legend = grid[: SampleGrid.HEADER]
     assert [_text_height(_caption(grid, i)) >= 10 for i in range(default)] == [True] * default
     assert _text_height(legend) >= 10
 
@@ -106,8 +113,16 @@ def _hparams_plugin_data(events: EventAccumulator, tag: str) -> plugin_data_pb2.
 def test_hparams_read_as_the_config_spells_them_and_differ_where_the_sweep_varies_them(tmp_path):
     # The first job of `-m model=simple_cnn,mnist_net optimizer=sgd,adamw trainer.epochs=3`, as
     # preflight._hparams and preflight.varied_hparams give it: sgd's lr is 0.05, adamw's 0.001.
-    options = {"model": "simple_cnn", "dataset": "digits", "optimizer": "sgd", "optimizer.lr": 0.05,
-               "trainer.batch_size": 64, "trainer.epochs": 3, "trainer.precision": "32", "trainer.compile": False}
+    options = {
+        "model": "simple_cnn",
+        "dataset": "digits",
+        "optimizer": "sgd",
+        "optimizer.lr": 0.05,
+        "trainer.batch_size": 64,
+        "trainer.epochs": 3,
+        "trainer.precision": "32",
+        "trainer.compile": False,
+    }
     varied = {"model": ("simple_cnn", "mnist_net"), "optimizer": ("sgd", "adamw"), "optimizer.lr": (0.05, 0.001)}
     logger = _tensorboard(tmp_path, varied)
     logger.log_hparams(options, {"val_acc": 0.5, "steps": 10})
@@ -122,15 +137,24 @@ def test_hparams_read_as_the_config_spells_them_and_differ_where_the_sweep_varie
     # TensorBoard prints a number to 5 digits (64.000, 0.050000): a value goes as the text the config
     # spells (filtered by value), a flag as a flag; a text's filter offers the sweep's values, or its own.
     kinds = {name: api_pb2.DataType.Name(info.type) for name, info in infos.items()}
-    assert set(kinds.values()) == {"DATA_TYPE_STRING", "DATA_TYPE_BOOL"} and kinds["trainer.compile"] == "DATA_TYPE_BOOL"
+    assert (
+        set(kinds.values()) == {"DATA_TYPE_STRING", "DATA_TYPE_BOOL"} and kinds["trainer.compile"] == "DATA_TYPE_BOOL"
+    )
     assert list(infos["optimizer.lr"].domain_discrete) == ["0.001", "0.05"]
     assert list(infos["model"].domain_discrete) == ["mnist_net", "simple_cnn"]
     assert list(infos["trainer.batch_size"].domain_discrete) == ["64"]
     assert [(m.name.tag, m.display_name) for m in experiment.metric_infos] == list(HPARAM_METRICS.items())
     start = _hparams_plugin_data(events, metadata.SESSION_START_INFO_TAG).session_start_info.hparams
     assert {name: json_format.MessageToDict(value) for name, value in start.items()} == {
-        "model": "simple_cnn", "dataset": "digits", "optimizer": "sgd", "optimizer.lr": "0.05",
-        "trainer.batch_size": "64", "trainer.epochs": "3", "trainer.precision": "32", "trainer.compile": False}
+        "model": "simple_cnn",
+        "dataset": "digits",
+        "optimizer": "sgd",
+        "optimizer.lr": "0.05",
+        "trainer.batch_size": "64",
+        "trainer.epochs": "3",
+        "trainer.precision": "32",
+        "trainer.compile": False,
+    }
     # Every metric is read off a series the trainer writes each epoch: hparams adds no one-point chart.
     assert events.Tags()["scalars"] == []
 
@@ -143,12 +167,28 @@ def test_a_key_a_search_samples_from_an_interval_is_a_number_to_sort_and_plot():
 
 def test_a_sweep_record_gives_the_overrides_every_job_shares_and_those_it_sweeps():
     # multirun.yaml as hparams_search=digits writes it, run with a narrower lr and a fixed batch.
-    record = yaml.safe_dump({"hydra": {
-        "sweeper": {"params": {"optimizer.lr": "tag(log, interval(1e-3, 0.5))", "trainer.batch_size": "choice(16, 32)",
-                               "optimizer.weight_decay": "tag(log, interval(1e-6, 1e-2))"}},
-        "overrides": {"task": ["hparams_search=digits", "optimizer.lr=interval(0.01, 0.1)", "trainer.batch_size=64",
-                               "model=simple_cnn,mnist_net", "+model.width=8"]},
-    }})
+    record = yaml.safe_dump(
+        {
+            "hydra": {
+                "sweeper": {
+                    "params": {
+                        "optimizer.lr": "tag(log, interval(1e-3, 0.5))",
+                        "trainer.batch_size": "choice(16, 32)",
+                        "optimizer.weight_decay": "tag(log, interval(1e-6, 1e-2))",
+                    }
+                },
+                "overrides": {
+                    "task": [
+                        "hparams_search=digits",
+                        "optimizer.lr=interval(0.01, 0.1)",
+                        "trainer.batch_size=64",
+                        "model=simple_cnn,mnist_net",
+                        "+model.width=8",
+                    ]
+                },
+            }
+        }
+    )
     fixed, swept = sweep_grid(record)
     assert fixed == ["hparams_search=digits", "trainer.batch_size=64", "+model.width=8"]  # the command line wins
     assert swept == {"optimizer.weight_decay": [], "optimizer.lr": [], "model": ["model=simple_cnn", "model=mnist_net"]}

@@ -1,4 +1,5 @@
 """Killed, preempted and failing runs of `python train.py`: nothing lost, nothing left behind."""
+
 from __future__ import annotations
 
 import os
@@ -7,8 +8,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -38,9 +39,14 @@ class Run:
         if not background:
             self.proc = train_server.start(args, Path(self.out.name))
             return
-        self.proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, stdout=self.out,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        self.proc = subprocess.Popen(
+            [sys.executable, "train.py", *args],
+            cwd=ROOT,
+            stdout=self.out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
 
     def kill(self) -> None:
         """kill -9 the whole job at once, as a node failure or SLURM's step kill does: train.py and
@@ -92,7 +98,7 @@ class Run:
             try:
                 if entry.name.isdigit():
                     stat = (entry / "stat").read_text()
-                    if int(stat[stat.rindex(")") + 2:].split()[3]) == self.proc.pid:  # state ppid pgrp session
+                    if int(stat[stat.rindex(")") + 2 :].split()[3]) == self.proc.pid:  # state ppid pgrp session
                         found.append(int(entry.name))
             except OSError:  # gone since
                 pass
@@ -100,7 +106,10 @@ class Run:
 
 
 def kill_inside_a_checkpoint_write(
-    run_dir: Path, args: tuple[str, ...], whole: Callable[[], bool], tmp_name: str = ".last.pt.tmp",
+    run_dir: Path,
+    args: tuple[str, ...],
+    whole: Callable[[], bool],
+    tmp_name: str = ".last.pt.tmp",
 ) -> None:
     """SIGKILL runs of `args` until one dies while last.pt is being written (its temp file, left
     behind, proves it), checking after each kill that the previous last.pt is `whole()`."""
@@ -225,8 +234,12 @@ def test_a_failing_rank_ends_the_ddp_job_naming_it_and_leaves_no_process(tmp_pat
 
 # The recipe's stateful parts: mixing draws, the EMA (every 2 steps), per-step warmup, repeated augmentation.
 RECIPE = [
-    "trainer.mixup_alpha=0.2", "trainer.cutmix_alpha=1.0", "trainer.ema_decay=0.99", "trainer.ema_every_n_steps=2",
-    "scheduler.warmup_epochs=1", "data.repeated_augmentations=2",
+    "trainer.mixup_alpha=0.2",
+    "trainer.cutmix_alpha=1.0",
+    "trainer.ema_decay=0.99",
+    "trainer.ema_every_n_steps=2",
+    "scheduler.warmup_epochs=1",
+    "data.repeated_augmentations=2",
 ]
 
 

@@ -1,5 +1,6 @@
 """data.repeated_augmentations' sampler against its definition (torchvision's RASampler, DeiT), and
 on the edges: a set smaller than the world, no shuffle (test_recipes.py holds the common case)."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,10 @@ from data.sampler import RepeatedAugmentationSampler, train_sampler
 
 
 def _ranks(size: int, world: int, repetitions: int, **options) -> list[list[int]]:
-    return [list(RepeatedAugmentationSampler(list(range(size)), world, rank, repetitions, **options))
-            for rank in range(world)]
+    return [
+        list(RepeatedAugmentationSampler(list(range(size)), world, rank, repetitions, **options))
+        for rank in range(world)
+    ]
 
 
 def test_the_order_is_the_seeded_permutation_of_seed_plus_epoch_each_image_n_times_strided_over_the_ranks():

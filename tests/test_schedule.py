@@ -1,6 +1,7 @@
 """scheduler.warmup_epochs' Warmup on its edges: one warmup step, its exact end, a warmup that
 outlasts its epochs, its state without an epoch scheduler, and with_warmup's count of steps
 (test_recipes.py holds the common cases)."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,6 @@ from torch import nn
 
 from config.schema import ScheduleConfig, TrainerConfig
 from training.schedule import Warmup, with_warmup
-
 
 # These drive the schedule alone, with no optimizer step between, which torch's scheduler warns of.
 NO_STEPS = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before:UserWarning")
@@ -62,11 +62,14 @@ def test_a_warmup_without_an_epoch_scheduler_saves_and_restores_its_state():
     assert _lr(restored_optimizer) == _lr(optimizer) == pytest.approx(0.875)
 
 
-@pytest.mark.parametrize("settings, batches, steps", [
-    (TrainerConfig(limit_train_batches=3, accumulate_grad_batches=2), 10, 2 * 2),  # 3 micro-batches: 2 steps
-    (TrainerConfig(limit_train_batches=30), 10, 2 * 10),  # a limit above the loader's length cuts nothing
-    (TrainerConfig(overfit_batches=1, limit_train_batches=3), 10, 2 * 1),  # overfit_batches wins
-])
+@pytest.mark.parametrize(
+    "settings, batches, steps",
+    [
+        (TrainerConfig(limit_train_batches=3, accumulate_grad_batches=2), 10, 2 * 2),  # 3 micro-batches: 2 steps
+        (TrainerConfig(limit_train_batches=30), 10, 2 * 10),  # a limit above the loader's length cuts nothing
+        (TrainerConfig(overfit_batches=1, limit_train_batches=3), 10, 2 * 1),  # overfit_batches wins
+    ],
+)
 def test_with_warmup_counts_the_steps_the_trainer_takes(settings, batches, steps):
     optimizer = _sgd()
     warmup = with_warmup(optimizer, None, ScheduleConfig(warmup_epochs=2, warmup_start_factor=0.5), settings, batches)

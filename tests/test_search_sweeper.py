@@ -1,6 +1,7 @@
 """hydra/sweeper=optuna_study as Hydra runs it (`-m`), in this process, with a task function of
 our own: what a search does, seen only through Hydra's API, the study and its results file, so
 that it holds however the plugin's modules are laid out inside."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -30,8 +31,12 @@ def _search(sweep_dir: Path, n_trials: int) -> list[dict]:
     sweep.task_function, sweep.config_path, sweep.config_name = task, None, None
     sweep.temp_dir = str(sweep_dir)
     sweep.overrides = [
-        "hydra/sweeper=optuna_study", "hydra.job.chdir=false", "hydra.sweeper.study_name=s",
-        f"hydra.sweeper.n_trials={n_trials}", "hydra.sweeper.max_failure_rate=1.0", "+x=interval(0, 1)",
+        "hydra/sweeper=optuna_study",
+        "hydra.job.chdir=false",
+        "hydra.sweeper.study_name=s",
+        f"hydra.sweeper.n_trials={n_trials}",
+        "hydra.sweeper.max_failure_rate=1.0",
+        "+x=interval(0, 1)",
         "+z=range(0.5, 2.0, 0.5)",
     ]
     with warnings.catch_warnings(record=True) as warned:
@@ -57,7 +62,8 @@ def test_a_search_counts_complete_trials_only_and_its_rerun_counts_the_studys(tm
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
     assert study.metric_names == ["value"]  # hydra.sweeper.metric, as optuna-dashboard labels its plots
     assert study.trials[0].distributions == {
-        "+x": FloatDistribution(0.0, 1.0), "+z": FloatDistribution(0.5, 1.5, step=0.5),  # range's stop excluded
+        "+x": FloatDistribution(0.0, 1.0),
+        "+z": FloatDistribution(0.5, 1.5, step=0.5),  # range's stop excluded
     }
     results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert (results["n_trials"], results["complete"], len(results["trials"])) == (2, 2, 3)

@@ -5,6 +5,7 @@ test_slurm_requeue.py, on a rig of its own (its waits overlap this file's).
 Every path a node sees must lie inside the rig's dir: each node has a /tmp of its own. Runs go to
 `Rig.runs` (what the nodes see: shared, or each node's own) and are read back from `Rig.shared`.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -32,8 +33,14 @@ RIG = ROOT / "slurm" / "rig.sh"
 TINY = ["debug=ddp_cpu", "trainer.devices=1", "trainer.num_nodes=2"]  # one rank on each node
 # SlowNet sleeps 0.2 s in every forward: slow enough for a signal to land mid-training however long
 # a job takes to start. 16 steps an epoch, a checkpoint every 2: the first says training is under way.
-SLOW = ["trainer.accelerator=cpu", "trainer.limit_train_batches=16", "trainer.limit_val_batches=2",
-        "trainer.checkpoint_every_n_steps=2", "trainer.progress_bar=false", "strategy=ddp"]
+SLOW = [
+    "trainer.accelerator=cpu",
+    "trainer.limit_train_batches=16",
+    "trainer.limit_val_batches=2",
+    "trainer.checkpoint_every_n_steps=2",
+    "trainer.progress_bar=false",
+    "strategy=ddp",
+]
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
@@ -52,15 +59,34 @@ class Rig:
         """The same, as this machine sees it while the rig shares it."""
         return self.dir / "shared"
 
-    def on(self, node: str, cmd: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None,
-           timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", str(RIG), "on", str(self.dir), node, *cmd], cwd=cwd, env=env or self.env,
-                              capture_output=True, text=True, timeout=timeout)
+    def on(
+        self, node: str, cmd: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(RIG), "on", str(self.dir), node, *cmd],
+            cwd=cwd,
+            env=env or self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
-    def start(self, node: str, cmd: list[str], out: Path, cwd: Path = ROOT, env: dict[str, str] | None = None,
-              ) -> subprocess.Popen:
-        return subprocess.Popen(["bash", str(RIG), "on", str(self.dir), node, *cmd], cwd=cwd, env=env or self.env,
-                                stdout=open(out, "w"), stderr=subprocess.STDOUT, text=True)
+    def start(
+        self,
+        node: str,
+        cmd: list[str],
+        out: Path,
+        cwd: Path = ROOT,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen:
+        return subprocess.Popen(
+            ["bash", str(RIG), "on", str(self.dir), node, *cmd],
+            cwd=cwd,
+            env=env or self.env,
+            stdout=open(out, "w"),
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     def job(self, job: str) -> dict[str, str]:
         shown = self.on("a", ["scontrol", "show", "job", "-o", job]).stdout
@@ -76,8 +102,9 @@ def rig(tmp_path_factory) -> Rig:
     state = tmp_path_factory.mktemp("rig")
     # The nodes' CPUs come from the CPUs this process may use; the jobs' from what each asks for.
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    up = subprocess.run(["bash", str(RIG), "up", str(state), "--slurm"], env=env, capture_output=True, text=True,
-                        timeout=300)
+    up = subprocess.run(
+        ["bash", str(RIG), "up", str(state), "--slurm"], env=env, capture_output=True, text=True, timeout=300
+    )
     if up.returncode == 3:
         reason = f"cannot start the rig here: {up.stderr.strip().splitlines()[-1]}"
         if os.environ.get("CI") == "true":  # CI must run these tests, not report them skipped
@@ -122,12 +149,29 @@ def test_sbatch_template_on_two_nodes_binds_each_rank_to_the_cpus_it_asked_for(r
     threads or loader workers than the CPUs it is bound to (task/affinity binds them here)."""
     runs = rig.runs / "template"
     write_idx(rig.shared / "mnist")  # images decoded and erased one at a time: in loader workers
-    per_image = ["dataset=mnist", f"dataset.root={rig.runs / 'mnist'}", "dataset.download=false",
-                 "dataset.random_erase=0.1", "data.num_workers=null"]
-    cmd = ["sbatch", "--parsable", f"--output={runs}.out", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2",
-           "--gres=gpu:0", str(ROOT / "slurm" / "train.sbatch"), *TINY, *per_image,
-           f"hydra.run.dir='{runs}/${{run_name:${{launcher.name}},clock}}'"]
-    env = {k: v for k, v in rig.env.items() if k != "OMP_NUM_THREADS"} | {"SLURM_EXACT": "1"}  # threads: the rank's choice
+    per_image = [
+        "dataset=mnist",
+        f"dataset.root={rig.runs / 'mnist'}",
+        "dataset.download=false",
+        "dataset.random_erase=0.1",
+        "data.num_workers=null",
+    ]
+    cmd = [
+        "sbatch",
+        "--parsable",
+        f"--output={runs}.out",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=2",
+        "--gres=gpu:0",
+        str(ROOT / "slurm" / "train.sbatch"),
+        *TINY,
+        *per_image,
+        f"hydra.run.dir='{runs}/${{run_name:${{launcher.name}},clock}}'",
+    ]
+    env = {k: v for k, v in rig.env.items() if k != "OMP_NUM_THREADS"} | {
+        "SLURM_EXACT": "1"
+    }  # threads: the rank's choice
     submitted = rig.on("a", cmd, env=env)
     assert submitted.returncode == 0, submitted.stderr
     job, out = submitted.stdout.strip(), rig.shared / "template.out"
@@ -137,15 +181,27 @@ def test_sbatch_template_on_two_nodes_binds_each_rank_to_the_cpus_it_asked_for(r
     assert run_dir.name.startswith("slurm-")
     _assert_one_ddp_run(run_dir)
     for host, placement in _placements(run_dir).items():
-        cpus, threads, workers = re.fullmatch(r"\d+ cpu \(CPUs (\S+), (\d+) threads, (\d+) loader workers\)", placement).groups()
+        cpus, threads, workers = re.fullmatch(
+            r"\d+ cpu \(CPUs (\S+), (\d+) threads, (\d+) loader workers\)", placement
+        ).groups()
         bound = sum(int(b) - int(a) + 1 for a, _, b in (span.partition("-") for span in cpus.split(",")))
         assert bound == 2 and int(threads) <= bound and 0 < int(workers) <= bound, (host, placement)
 
 
 def test_srun_two_nodes_train_fsdp_like_spawn(rig, fsdp_reference):
     runs = rig.runs / "fsdp"
-    cmd = ["srun", "--nodes=2", "--ntasks=2", "--cpus-per-task=2", "--kill-on-bad-exit=1", sys.executable,
-           str(ROOT / "train.py"), *TINY, "strategy=fsdp", f"hydra.run.dir={runs}"]
+    cmd = [
+        "srun",
+        "--nodes=2",
+        "--ntasks=2",
+        "--cpus-per-task=2",
+        "--kill-on-bad-exit=1",
+        sys.executable,
+        str(ROOT / "train.py"),
+        *TINY,
+        "strategy=fsdp",
+        f"hydra.run.dir={runs}",
+    ]
     result = rig.on("a", cmd)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = rig.shared / "fsdp"
@@ -161,8 +217,17 @@ def _srun_fails(rig: Rig, *overrides: str, env: dict[str, str] | None = None, ti
     """A 2-node srun of train.py that must fail within launcher.timeout_s (start-up aside): its ranks'
     `error:` lines. Without train.sbatch's --kill-on-bad-exit, so that srun's kill neither hides a rank
     that would hang nor cuts off the line of the rank that exits second."""
-    cmd = ["srun", "--nodes=2", "--ntasks=2", "--cpus-per-task=2", sys.executable,
-           str(ROOT / "train.py"), *TINY, f"launcher.timeout_s={timeout_s}", *overrides]
+    cmd = [
+        "srun",
+        "--nodes=2",
+        "--ntasks=2",
+        "--cpus-per-task=2",
+        sys.executable,
+        str(ROOT / "train.py"),
+        *TINY,
+        f"launcher.timeout_s={timeout_s}",
+        *overrides,
+    ]
     started = time.monotonic()
     result = rig.on("a", cmd, env=env, timeout=4 * timeout_s + 60)
     assert result.returncode != 0
@@ -184,8 +249,9 @@ def test_a_run_dir_each_node_has_its_own_of_stops_every_rank_in_one_line(rig, dd
         errors = _srun_fails(rig, f"hydra.run.dir={rig.runs / 'local'}", "trainer.resume=auto")
     finally:
         subprocess.run(["bash", str(RIG), "runs", str(rig.dir), "shared"], check=True, timeout=60)
-    assert len(errors) == 2 and all("error: the run dir is not shared between nodes: rank 0 resumes from" in e
-                                    for e in errors), errors
+    assert len(errors) == 2 and all(
+        "error: the run dir is not shared between nodes: rank 0 resumes from" in e for e in errors
+    ), errors
     assert "but rank 1 on rig-b sees no checkpoint" in errors[0], errors
     log = rig.dir / "a" / "runs" / "local" / "train.log"
     assert not log.exists() or "epoch 1/1" not in log.read_text()
@@ -195,8 +261,9 @@ def test_a_run_dir_each_node_has_its_own_of_stops_every_rank_in_one_line(rig, dd
 def test_ranks_on_two_nodes_refuse_a_loopback_interface_in_one_line(rig):
     """GLOO_SOCKET_IFNAME=lo: each rank would tell its peers 127.0.0.1, a connection to its own node.
     The peer that connects fails at once; the one that listens would wait 5 x launcher.timeout_s."""
-    errors = _srun_fails(rig, "hydra.run.dir=/nonexistent/never", env={**rig.env, "GLOO_SOCKET_IFNAME": "lo"},
-                         timeout_s=20)
+    errors = _srun_fails(
+        rig, "hydra.run.dir=/nonexistent/never", env={**rig.env, "GLOO_SOCKET_IFNAME": "lo"}, timeout_s=20
+    )
     assert len(errors) == 2 and all(e.startswith("error: GLOO_SOCKET_IFNAME=lo is loopback") for e in errors), errors
 
 
@@ -207,17 +274,35 @@ def test_sigterm_to_torchrun_agents_saves_last_pt_at_the_step_the_ranks_stopped_
     ranks agree on one step inside trainer.preempt_grace_s, and rank 0 saves that step."""
     grace = 8
     runs = rig.runs / "torchrun"
-    rendezvous = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", "--rdzv-endpoint=10.250.0.1:29400",
-                  "--rdzv-id=rehearsal", f"--shutdown-timeout={grace}"]
+    rendezvous = [
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.250.0.1:29400",
+        "--rdzv-id=rehearsal",
+        f"--shutdown-timeout={grace}",
+    ]
     # Names resolve between the rig's nodes but each maps its own to 127.0.1.1: each node tells the
     # others its address (--local-addr), and node a, whose name is not the endpoint's, hosts the store.
     node_args = {"a": ["--local-addr=10.250.0.1", "--rdzv-conf=is_host=1"], "b": ["--local-addr=10.250.0.2"]}
-    train = [str(ROOT / "train.py"), *SLOW, *TINY[1:], "model._target_=tests.faults.SlowNet", "trainer.batch_size=16",
-             "trainer.limit_train_batches=60", "trainer.epochs=1", f"trainer.preempt_grace_s={grace}",
-             f"hydra.run.dir={runs}"]
+    train = [
+        str(ROOT / "train.py"),
+        *SLOW,
+        *TINY[1:],
+        "model._target_=tests.faults.SlowNet",
+        "trainer.batch_size=16",
+        "trainer.limit_train_batches=60",
+        "trainer.epochs=1",
+        f"trainer.preempt_grace_s={grace}",
+        f"hydra.run.dir={runs}",
+    ]
     out = {node: rig.shared / f"torchrun-{node}.out" for node in "ab"}
-    agents = {node: rig.start(node, [sys.executable, "-m", "torch.distributed.run", *rendezvous, *node_args[node], *train],
-                              out[node]) for node in "ab"}
+    agents = {
+        node: rig.start(
+            node, [sys.executable, "-m", "torch.distributed.run", *rendezvous, *node_args[node], *train], out[node]
+        )
+        for node in "ab"
+    }
     last = rig.shared / "torchrun" / "checkpoints" / "last.pt"
     try:
         _wait("checkpoint", last.exists, out["a"])
@@ -227,7 +312,9 @@ def test_sigterm_to_torchrun_agents_saves_last_pt_at_the_step_the_ranks_stopped_
         agents["b"].send_signal(signal.SIGTERM)
         for node in "ab":
             agents[node].wait(timeout=60)
-        _wait("ranks gone", lambda: not any(_alive(pid) for pids in ranks.values() for pid in pids), out["b"], timeout=60)
+        _wait(
+            "ranks gone", lambda: not any(_alive(pid) for pids in ranks.values() for pid in pids), out["b"], timeout=60
+        )
         took = time.monotonic() - sent
     finally:
         for agent in agents.values():
@@ -253,10 +340,21 @@ def _alive(pid: int) -> bool:
 
 def test_search_runs_two_trials_at_once_as_slurm_jobs(rig):
     sweep = rig.runs / "search"
-    cmd = [sys.executable, "train.py", "hparams_search=digits", "hydra/launcher=submitit_slurm",
-           "hydra.launcher.cpus_per_task=1", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=2",
-           "hydra.sweeper.n_jobs=2", "trainer.accelerator=cpu", "trainer.epochs=1", "trainer.limit_train_batches=3",
-           "trainer.limit_val_batches=1", "trainer.progress_bar=false"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "hparams_search=digits",
+        "hydra/launcher=submitit_slurm",
+        "hydra.launcher.cpus_per_task=1",
+        f"hydra.sweep.dir={sweep}",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.n_jobs=2",
+        "trainer.accelerator=cpu",
+        "trainer.epochs=1",
+        "trainer.limit_train_batches=3",
+        "trainer.limit_val_batches=1",
+        "trainer.progress_bar=false",
+    ]
     result = rig.on("a", cmd)
     assert result.returncode == 0, result.stderr[-3000:]
     import optuna

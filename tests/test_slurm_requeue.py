@@ -1,6 +1,7 @@
 """Requeues on the two-node rig (slurm/rig.sh, brought up by test_slurm.py's fixture, a rig for this
 module alone): the template's job sent USR1 over and over, and a submitit job sent USR2. Each is
 requeued by rank 0 and continues from its last.pt, to the weights of an unbroken run."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,11 @@ import pytest
 import torch
 
 from config.setup import ROOT
+from tests import test_slurm
 from tests.runs import run_train, same_weights
-from tests.test_slurm import ENDED, SLOW, TINY, _wait, rig  # noqa: F401  rig: this module's own
+from tests.test_slurm import ENDED, SLOW, TINY, _wait
+
+rig = test_slurm.rig  # a rig of this module's own (the fixture is module-scoped)
 
 pytestmark = pytest.mark.slow
 
@@ -38,10 +42,21 @@ def test_sigusr1_requeues_a_two_node_job_each_time_and_it_resumes_exactly(rig, s
     any rank leaves with a bad exit (which would make srun kill rank 0 first), and each requeued run
     continues from the last one's last.pt, to the weights of an unbroken run."""
     runs, out = rig.runs / "requeue", rig.shared / "requeue.out"
-    submit = ["sbatch", "--parsable", f"--output={rig.runs}/requeue.out", "--nodes=2", "--ntasks-per-node=1",
-              "--cpus-per-task=2", "--gres=gpu:0", str(ROOT / "slurm" / "train.sbatch"), *LONG, *TINY[1:],
-              "model._target_=tests.faults.SlowNet", "trainer.preempt_grace_s=1",  # a stop within ~2 steps
-              f"hydra.run.dir='{runs}/${{run_name:${{launcher.name}},clock}}'"]
+    submit = [
+        "sbatch",
+        "--parsable",
+        f"--output={rig.runs}/requeue.out",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=2",
+        "--gres=gpu:0",
+        str(ROOT / "slurm" / "train.sbatch"),
+        *LONG,
+        *TINY[1:],
+        "model._target_=tests.faults.SlowNet",
+        "trainer.preempt_grace_s=1",  # a stop within ~2 steps
+        f"hydra.run.dir='{runs}/${{run_name:${{launcher.name}},clock}}'",
+    ]
     submitted = rig.on("a", submit)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
@@ -49,6 +64,7 @@ def test_sigusr1_requeues_a_two_node_job_each_time_and_it_resumes_exactly(rig, s
     last = run_dir / "checkpoints" / "last.pt"
     steps = []
     for restarts in range(1, REQUEUES + 1):
+
         def progressed() -> bool:
             assert rig.job(job)["JobState"] not in ENDED, out.read_text()[-3000:]
             try:  # a checkpoint of this run's own, past the one it resumed from
@@ -59,7 +75,7 @@ def test_sigusr1_requeues_a_two_node_job_each_time_and_it_resumes_exactly(rig, s
         _wait("checkpoint", progressed, out)
         # To the job's steps (every rank), not its batch shell: what `#SBATCH --signal=USR1@90` does.
         assert rig.on("a", ["scancel", "--signal=USR1", job]).returncode == 0
-        _wait(f"requeue {restarts}", lambda: rig.job(job)["Restarts"] == str(restarts), out)
+        _wait(f"requeue {restarts}", lambda restarts=restarts: rig.job(job)["Restarts"] == str(restarts), out)
         steps.append(torch.load(last, weights_only=True)["step"])
         # The attempt's steps may still be ending: start the next only once the nodes are idle.
         _wait("nodes idle", rig.idle, out)
@@ -67,12 +83,18 @@ def test_sigusr1_requeues_a_two_node_job_each_time_and_it_resumes_exactly(rig, s
         # within the second the last run's credential was revoked in (slurmd refuses that start).
         assert rig.on("a", ["scontrol", "update", f"JobId={job}", "StartTime=now+2"]).returncode == 0
     _wait("end", lambda: rig.job(job)["JobState"] in ENDED, out, timeout=240)
-    assert rig.job(job) == {"JobState": "COMPLETED", "Restarts": str(REQUEUES), "ExitCode": "0:0"}, out.read_text()[-3000:]
+    assert rig.job(job) == {"JobState": "COMPLETED", "Restarts": str(REQUEUES), "ExitCode": "0:0"}, out.read_text()[
+        -3000:
+    ]
     assert len(re.findall(rf"JOB {job} ON \S+ CANCELLED AT \S+ DUE TO JOB REQUEUE", out.read_text())) == REQUEUES
     assert [p.name for p in (rig.shared / "requeue").iterdir()] == [run_dir.name]  # every run found the first one's dir
-    starts = re.findall(r"from epoch (\d+)(?: batch (\d+) \((.*)\))?$", (run_dir / "train.log").read_text(), re.MULTILINE)
+    starts = re.findall(
+        r"from epoch (\d+)(?: batch (\d+) \((.*)\))?$", (run_dir / "train.log").read_text(), re.MULTILINE
+    )
     assert len(starts) == REQUEUES + 1 and starts[0] == ("1", "", ""), starts
-    assert all(resumed == str(rig.runs / "requeue" / run_dir.name / "checkpoints" / "last.pt") for *_, resumed in starts[1:])
+    assert all(
+        resumed == str(rig.runs / "requeue" / run_dir.name / "checkpoints" / "last.pt") for *_, resumed in starts[1:]
+    )
     assert same_weights(run_dir, slow_whole)
 
 
@@ -81,9 +103,18 @@ def test_a_preempted_submitit_job_requeues_and_resumes_exactly(rig, slow_whole):
     preemption sends it too. The ranks save last.pt, rank 0 requeues the job, and submitit's second
     run of the same sweep job continues from it (trainer.resume=null is auto in a restarted job)."""
     sweep, out = rig.runs / "submitit", rig.shared / "submitit.out"
-    cmd = [sys.executable, "train.py", "-m", "hydra/launcher=submitit_slurm", "hydra.launcher.nodes=2",
-           "hydra.launcher.cpus_per_task=2", f"hydra.sweep.dir={sweep}", *LONG, *TINY[1:],
-           "model._target_=tests.faults.SlowNet"]
+    cmd = [
+        sys.executable,
+        "train.py",
+        "-m",
+        "hydra/launcher=submitit_slurm",
+        "hydra.launcher.nodes=2",
+        "hydra.launcher.cpus_per_task=2",
+        f"hydra.sweep.dir={sweep}",
+        *LONG,
+        *TINY[1:],
+        "model._target_=tests.faults.SlowNet",
+    ]
     sweeping = rig.start("a", cmd, out)
     try:
         _wait("checkpoint", lambda: any((rig.shared / "submitit").glob("0_*/checkpoints/last.pt")), out)
@@ -96,7 +127,9 @@ def test_a_preempted_submitit_job_requeues_and_resumes_exactly(rig, slow_whole):
     finally:
         sweeping.kill()
     (run_dir,) = (rig.shared / "submitit").glob("0_*")  # named by its overrides
-    starts = re.findall(r"from epoch (\d+)(?: batch (\d+) \((.*)\))?$", (run_dir / "train.log").read_text(), re.MULTILINE)
+    starts = re.findall(
+        r"from epoch (\d+)(?: batch (\d+) \((.*)\))?$", (run_dir / "train.log").read_text(), re.MULTILINE
+    )
     assert len(starts) == 2 and starts[1][2] == str(sweep / run_dir.name / "checkpoints" / "last.pt"), starts
     assert "SIGUSR2: every rank stops after step" in (run_dir / "train.log").read_text()
     assert same_weights(run_dir, slow_whole)

@@ -9,6 +9,7 @@ Every run here goes through training.run.train, the worker `python train.py` sta
 FSDP runs are 2 gloo processes started by the real launcher. Each rank keeps the model's whole
 state (FSDP's gathered from every rank's shards).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,16 +24,16 @@ from torch.optim.swa_utils import AveragedModel
 from data import build_loaders
 from distributed import context, sharded_state
 from distributed.context import DistContext
-from preflight import check_and_plan
 from distributed.launch import launch
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from models.simple_cnn import SimpleCNN
-from training import run as run_job
-from training.metrics import Averages
-from training.trainer import Batches, evaluate
+from preflight import check_and_plan
 from tests import train_server
 from tests.configs import job_config, typed_config
 from tests.runs import last_weights, relative_error, run_train
+from training import run as run_job
+from training.metrics import Averages
+from training.trainer import Batches, evaluate
 
 pytestmark = pytest.mark.slow
 
@@ -40,8 +41,14 @@ STEPS = 20  # digits' 1,437 images make 44 steps of 2B = 32: every run below sta
 B = 16
 # simple_cnn has no dropout and digits no augmentation: the runs differ only in how they split work.
 EQUIVALENCE = (
-    "model=simple_cnn", "dataset=digits", "scheduler=none", "trainer.accelerator=cpu", "trainer.epochs=1",
-    f"trainer.max_steps={STEPS}", "trainer.limit_val_batches=1", "trainer.progress_bar=false",
+    "model=simple_cnn",
+    "dataset=digits",
+    "scheduler=none",
+    "trainer.accelerator=cpu",
+    "trainer.epochs=1",
+    f"trainer.max_steps={STEPS}",
+    "trainer.limit_val_batches=1",
+    "trainer.progress_bar=false",
 )
 # Label smoothing, an EMA (decay 0.984 per step after torchvision's adjustment) and repeated augmentation.
 RECIPE = ("trainer.label_smoothing=0.1", "trainer.ema_decay=0.999", "data.repeated_augmentations=2")
@@ -51,7 +58,12 @@ RUNS = {  # name: overrides; the ddp and fsdp runs use 2 processes of B/2
     "dp": ("strategy=dp", f"trainer.batch_size={B}"),
     "ddp": ("strategy=ddp", "trainer.devices=2", f"trainer.batch_size={B}"),
     "fsdp": ("strategy=fsdp", "trainer.devices=2", f"trainer.batch_size={B}"),
-    "fsdp_zero2": ("strategy=fsdp", "strategy.reshard_after_forward=false", "trainer.devices=2", f"trainer.batch_size={B}"),
+    "fsdp_zero2": (
+        "strategy=fsdp",
+        "strategy.reshard_after_forward=false",
+        "trainer.devices=2",
+        f"trainer.batch_size={B}",
+    ),
     "single_2B": ("strategy=single", f"trainer.batch_size={2 * B}"),
     "single_acc2": ("strategy=single", f"trainer.batch_size={B}", "trainer.accumulate_grad_batches=2"),
     "dp_acc2": ("strategy=dp", f"trainer.batch_size={B}", "trainer.accumulate_grad_batches=2"),
@@ -177,8 +189,13 @@ def test_label_smoothing_ema_and_repeated_augmentation_train_the_same_under_ddp(
 def test_every_strategy_reports_the_training_figures_of_the_whole_global_batch(equivalence):
     # Each rank of 2 trains on half the batch: its own loss and accuracy alone would be half the story.
     out, _ = equivalence
-    for name, reference in (("dp", "single"), ("ddp", "single"), ("fsdp", "single"), ("ddp_acc2", "single_acc2"),
-                            ("ddp_recipe", "single_recipe")):
+    for name, reference in (
+        ("dp", "single"),
+        ("ddp", "single"),
+        ("fsdp", "single"),
+        ("ddp_acc2", "single_acc2"),
+        ("ddp_recipe", "single_recipe"),
+    ):
         ran, expected = _metrics(out / name), _metrics(out / reference)
         assert ran["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-5), name
         assert ran["train_acc"] == pytest.approx(expected["train_acc"], abs=1e-9), name
@@ -190,8 +207,15 @@ def test_the_tolerance_tells_different_training_apart(weights):
 
 
 SYNC_BN = (
-    "model=resnet18", "dataset=digits", "strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
-    "trainer.batch_size=16", "trainer.epochs=1", "trainer.max_steps=2", "trainer.limit_val_batches=1",
+    "model=resnet18",
+    "dataset=digits",
+    "strategy=ddp",
+    "trainer.accelerator=cpu",
+    "trainer.devices=2",
+    "trainer.batch_size=16",
+    "trainer.epochs=1",
+    "trainer.max_steps=2",
+    "trainer.limit_val_batches=1",
     "trainer.progress_bar=false",
 )
 
@@ -203,7 +227,11 @@ def _bn_statistics(state: dict) -> dict:
 SYNC_BN_RUNS = {
     "sync": ("strategy.sync_batchnorm=true",),
     "local": ("strategy.sync_batchnorm=false", "trainer.ema_decay=0.999"),
-    "local_unsynced": ("strategy.sync_batchnorm=false", "trainer.ema_decay=0.999", "strategy.forward_sync_buffers=false"),
+    "local_unsynced": (
+        "strategy.sync_batchnorm=false",
+        "trainer.ema_decay=0.999",
+        "strategy.forward_sync_buffers=false",
+    ),
     "single": ("strategy=single", "trainer.devices=1"),  # the whole batch of 16 in one BatchNorm
 }
 
@@ -316,9 +344,14 @@ def test_fp16_on_cpu_is_a_one_line_error(run_dir):
 
 def test_bf16_channels_last_run_finishes_on_cpu(run_dir):
     result = run_train(
-        run_dir, *TINY, "trainer.precision=bf16-mixed", "trainer.channels_last=true", "trainer.max_steps=3",
+        run_dir,
+        *TINY,
+        "trainer.precision=bf16-mixed",
+        "trainer.channels_last=true",
+        "trainer.max_steps=3",
         "trainer.limit_train_batches=6",
-        "trainer.accumulate_grad_batches=2", "trainer.grad_clip=1.0",
+        "trainer.accumulate_grad_batches=2",
+        "trainer.grad_clip=1.0",
     )
     assert result.returncode == 0, result.stderr
     metrics = _metrics(run_dir)
@@ -332,7 +365,9 @@ def test_bf16_channels_last_run_finishes_on_cpu(run_dir):
 # clone's) costs many times a later one, and two workers compiling at once would both pay it.
 @pytest.mark.parametrize("strategy", ["debug=fdr", "debug=fsdp_cpu"], ids=["single", "fsdp"])
 def test_compiled_model_trains_a_step_and_saves_plain_keys(run_dir, strategy):
-    result = run_train(run_dir, strategy, "model=simple_cnn", "trainer.compile=true", "trainer.max_steps=1", timeout=280)
+    result = run_train(
+        run_dir, strategy, "model=simple_cnn", "trainer.compile=true", "trainer.max_steps=1", timeout=280
+    )
     assert result.returncode == 0, result.stderr
     assert _metrics(run_dir)["steps"] == 1
     assert last_weights(run_dir).keys() == SimpleCNN(1, 10, 8).state_dict().keys()  # no _orig_mod. prefix
@@ -341,8 +376,14 @@ def test_compiled_model_trains_a_step_and_saves_plain_keys(run_dir, strategy):
 def test_a_ddp_checkpoint_resumes_under_dp(equivalence, run_dir):
     ddp = equivalence[0] / "ddp" / "checkpoints" / "last.pt"  # epoch 1 stopped at STEPS (max_steps) by 2 ranks
     result = run_train(
-        run_dir, *TINY, "strategy=dp", f"trainer.batch_size={B}", "trainer.epochs=2",
-        "trainer.limit_train_batches=3", "scheduler=none", f"trainer.resume={ddp}",
+        run_dir,
+        *TINY,
+        "strategy=dp",
+        f"trainer.batch_size={B}",
+        "trainer.epochs=2",
+        "trainer.limit_train_batches=3",
+        "scheduler=none",
+        f"trainer.resume={ddp}",
     )
     assert result.returncode == 0, result.stderr
     # A mid-epoch checkpoint, past this run's 3 batches an epoch: epoch 1 has none left to train.
@@ -353,8 +394,16 @@ def test_a_ddp_checkpoint_resumes_under_dp(equivalence, run_dir):
 def test_a_ddp_checkpoint_resumes_under_fsdp(equivalence, run_dir):
     ddp = equivalence[0] / "ddp" / "checkpoints" / "last.pt"  # a whole file: each fsdp rank keeps its shards of it
     result = run_train(
-        run_dir, *TINY, "strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", f"trainer.batch_size={B}",
-        "trainer.epochs=2", "trainer.limit_train_batches=3", "scheduler=none", f"trainer.resume={ddp}",
+        run_dir,
+        *TINY,
+        "strategy=fsdp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        f"trainer.batch_size={B}",
+        "trainer.epochs=2",
+        "trainer.limit_train_batches=3",
+        "scheduler=none",
+        f"trainer.resume={ddp}",
     )
     assert result.returncode == 0, result.stderr
     assert f"from epoch 1 batch {STEPS + 1}" in (run_dir / "train.log").read_text()
@@ -365,11 +414,19 @@ def test_an_fsdp_run_resumes_under_single_and_its_best_pt_loads_anywhere(equival
     fsdp = equivalence[0] / "fsdp" / "checkpoints"
     assert (fsdp / "last.pt" / ".metadata").is_file()  # sharded: a torch.distributed.checkpoint directory
     best = torch.load(fsdp / "best.pt", weights_only=True)  # whole: the plain model's keys and shapes
-    assert {k: v.shape for k, v in best["model"].items()} == {k: v.shape for k, v in SimpleCNN(1, 10, 8).state_dict().items()}
+    assert {k: v.shape for k, v in best["model"].items()} == {
+        k: v.shape for k, v in SimpleCNN(1, 10, 8).state_dict().items()
+    }
     assert set(best["optimizer"]["state"]) == set(range(len(best["model"])))  # indexed as optimizer.state_dict() does
     result = run_train(
-        run_dir, *TINY, "strategy=single", f"trainer.batch_size={B}", "trainer.epochs=2",
-        "trainer.limit_train_batches=3", "scheduler=none", f"trainer.resume={fsdp / 'last.pt'}",
+        run_dir,
+        *TINY,
+        "strategy=single",
+        f"trainer.batch_size={B}",
+        "trainer.epochs=2",
+        "trainer.limit_train_batches=3",
+        "scheduler=none",
+        f"trainer.resume={fsdp / 'last.pt'}",
     )
     assert result.returncode == 0, result.stderr
     assert (_checkpoint(run_dir)["epoch"], _checkpoint(run_dir)["step"]) == (2, STEPS + 3)

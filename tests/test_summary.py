@@ -1,4 +1,5 @@
 """models.summary: parameters, size and FLOPs per sample, counted on the meta device."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,7 +20,9 @@ def test_a_linear_layer_is_2_in_out_flops_a_sample_and_its_parameters_and_bytes_
 
 def test_a_convolution_counts_every_output_position_and_buffers_count_in_the_size():
     # BatchNorm1d refuses one sample in training mode: the count runs the forward in evaluation mode
-    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8 * 6 * 6, 10), nn.BatchNorm1d(10))
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8 * 6 * 6, 10), nn.BatchNorm1d(10)
+    )
     net.train()
     summary = summarize(net, (3, 8, 8))
     assert summary.flops_per_sample == 2 * (8 * 3 * 3 * 3) * 6 * 6 + 2 * 8 * 6 * 6 * 10
@@ -35,8 +38,12 @@ def test_a_forward_that_needs_values_has_no_flop_count():
             return x * x.sum().item()
 
     assert forward_flops(ReadsAValue(), (4,)) is None
-    assert summarize(ReadsAValue(), (4,)).metrics() == {"parameters": 0, "trainable_parameters": 0, "model_mb": 0.0,
-                                                         "flops_per_sample": None}
+    assert summarize(ReadsAValue(), (4,)).metrics() == {
+        "parameters": 0,
+        "trainable_parameters": 0,
+        "model_mb": 0.0,
+        "flops_per_sample": None,
+    }
     assert str(summarize(ReadsAValue(), (4,))) == "0 parameters (0 trainable), 0.00 MB, FLOPs not counted"
 
 

@@ -1,4 +1,5 @@
 """`python train.py -m ...` sweeps: a dir per job with metrics and TensorBoard, then bench.report on them."""
+
 from __future__ import annotations
 
 import itertools
@@ -14,12 +15,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from bench import report
-from preflight import check_and_plan, typed
 from config.schema import StrategyName
-from config.setup import compose, job_dir
+from config.setup import ROOT, compose, job_dir
 from errors import ConfigError
+from preflight import check_and_plan, typed
 from tests import train_server
-from config.setup import ROOT
 from tests.runs import FORK_RANKS, wandb_records
 from training.loggers.tensorboard import HPARAM_METRICS
 
@@ -49,8 +49,9 @@ SWEEP_JOBS = {
 def _sweep_jobs(*overrides: str) -> list[tuple[str, ...]]:
     """The overrides of each job `python train.py -m *overrides` runs, as the basic sweeper makes them."""
     params = compose(*overrides, hydra=True).hydra.sweeper.params
-    return list(itertools.product(*([f"{key}={value}" for value in str(values).split(",")]
-                                    for key, values in params.items())))
+    return list(
+        itertools.product(*([f"{key}={value}" for value in str(values).split(",")] for key, values in params.items()))
+    )
 
 
 @pytest.mark.parametrize("sweep", SWEEP_JOBS)
@@ -79,15 +80,19 @@ def test_a_job_dir_is_named_by_its_overrides_with_floats_to_4_digits_and_stays_a
     def name(num, *overrides):
         return job_dir(num, overrides, naming.exclude_keys, naming.kv_sep, naming.item_sep)
 
-    assert name(3, "optimizer=sgd", "trainer.progress_bar=false", "model=simple_cnn") == "3_model-simple_cnn+optimizer-sgd"
+    assert (
+        name(3, "optimizer=sgd", "trainer.progress_bar=false", "model=simple_cnn") == "3_model-simple_cnn+optimizer-sgd"
+    )
     assert name(0) == "0"
     # A search's sampled floats to 4 significant digits (the exact value stays in .hydra/); the job's
     # number keeps two that round alike apart. A float as typed stays as typed.
     assert name(0, "optimizer.lr=0.03028525153605885", "trainer.batch_size=64") == (
-        "0_optimizer.lr-0.03029+trainer.batch_size-64")
+        "0_optimizer.lr-0.03029+trainer.batch_size-64"
+    )
     assert name(1, "optimizer.lr=0.030287") == "1_optimizer.lr-0.03029"
     assert name(2, "optimizer.weight_decay=1.2345678e-05", "optimizer.lr=1e-3", "trainer.label_smoothing=0.1") == (
-        "2_optimizer.lr-1e-3+optimizer.weight_decay-1.235e-05+trainer.label_smoothing-0.1")
+        "2_optimizer.lr-1e-3+optimizer.weight_decay-1.235e-05+trainer.label_smoothing-0.1"
+    )
     # What conf/config.yaml's ${job_dir:} resolves to; outside a sweep (--cfg all --resolve) it says what goes first.
     assert OmegaConf.select(cfg, "hydra.sweep.subdir") == "<job number>_model-simple_cnn+optimizer.lr-0.03029"
     long = [f"model.key{i}=a_value_longer_than_twenty_bytes_{i}" for i in range(8)]  # > 255 bytes
@@ -107,13 +112,26 @@ def test_the_report_of_sweep_strategies_compares_each_strategy_with_its_own_one_
         (run / ".hydra").mkdir(parents=True)
         (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["sweep=strategies", *job]))
         speed = {"single": 100.0, "ddp": 90.0 * devices, "fsdp": 60.0 * devices}[strategy]
-        (run / "metrics.json").write_text(json.dumps({
-            "strategy": strategy, "devices": devices, "model": "m", "dataset": "d", "batch_size": 64,
-            "train_samples_per_s": speed, "val_acc": 0.9, "best_val_acc": 0.9, "wall_s": 1.0}))
+        (run / "metrics.json").write_text(
+            json.dumps(
+                {
+                    "strategy": strategy,
+                    "devices": devices,
+                    "model": "m",
+                    "dataset": "d",
+                    "batch_size": 64,
+                    "train_samples_per_s": speed,
+                    "val_acc": 0.9,
+                    "best_val_acc": 0.9,
+                    "wall_s": 1.0,
+                }
+            )
+        )
     rows = report.rows(report.load_runs(tmp_path))
     speedups = {(row.run.strategy, row.run.devices): row.speedup for row in rows}
     assert speedups == pytest.approx(
-        {("single", 1): None, **{(s, n): float(n) for s in ("ddp", "fsdp") for n in (1, 2, 4)}})
+        {("single", 1): None, **{(s, n): float(n) for s in ("ddp", "fsdp") for n in (1, 2, 4)}}
+    )
     table = report.markdown(rows)
     assert "parallelism" not in table.splitlines()[0]  # the strategy and devices columns say it
 
@@ -131,11 +149,14 @@ def test_scaling_sweep_runs_ddp_per_job_logs_each_as_a_run_of_the_sweep_and_repo
     # The command line narrows 1,2,4,8
     jobs = _multirun(sweep, "sweep=scaling", "trainer.devices=1,2", "logger=[tensorboard,wandb,mlflow]")
     # Each job's dir, and so its TensorBoard run, is named by the overrides that tell it apart.
-    assert [job.name for job in jobs] == [f"{i}_logger-[tensorboard,wandb,mlflow]+strategy-ddp+trainer.devices-{i + 1}"
-                                          for i in range(2)]
+    assert [job.name for job in jobs] == [
+        f"{i}_logger-[tensorboard,wandb,mlflow]+strategy-ddp+trainer.devices-{i + 1}" for i in range(2)
+    ]
     metrics = [json.loads((job / "metrics.json").read_text()) for job in jobs]
     assert [(m["strategy"], m["devices"], m["world_size"], m["batch_size"]) for m in metrics] == [
-        ("ddp", 1, 1, 64), ("ddp", 2, 2, 64)]
+        ("ddp", 1, 1, 64),
+        ("ddp", 2, 2, 64),
+    ]
     for job, m in zip(jobs, metrics):
         (events_file,) = (job / "tb").iterdir()  # rank 0 alone writes, hparams included: one file
         events = EventAccumulator(str(job / "tb"), size_guidance={"images": 0})
@@ -143,15 +164,23 @@ def test_scaling_sweep_runs_ddp_per_job_logs_each_as_a_run_of_the_sweep_and_repo
         # Each HParams metric is the last point of a per-epoch series: no one-point final/* charts.
         assert {"train/loss", *HPARAM_METRICS} <= set(events.Tags()["scalars"])
         assert not any(tag.startswith("final/") for tag in events.Tags()["scalars"])
-        assert [e.value for e in events.Scalars("val/best_acc")] == sorted(e.value for e in events.Scalars("val/best_acc"))
+        assert [e.value for e in events.Scalars("val/best_acc")] == sorted(
+            e.value for e in events.Scalars("val/best_acc")
+        )
         assert events.Scalars("val/best_acc")[-1].value == pytest.approx(m["best_val_acc"])
         hparams = _hparams(events)
-        assert (hparams["strategy"], hparams["trainer.devices"], hparams["model"]) == ("ddp", str(m["devices"]), "mnist_net")
+        assert (hparams["strategy"], hparams["trainer.devices"], hparams["model"]) == (
+            "ddp",
+            str(m["devices"]),
+            "mnist_net",
+        )
         # sweep=scaling's params set strategy=ddp for every job and trainer.devices=1,2,4,8, narrowed here.
         experiment = plugin_data_pb2.HParamsPluginData.FromString(
-            events.PluginTagToContent("hparams")["_hparams_/experiment"]).experiment
+            events.PluginTagToContent("hparams")["_hparams_/experiment"]
+        ).experiment
         assert [(info.name, list(info.domain_discrete)) for info in experiment.hparam_infos if info.differs] == [
-            ("trainer.devices", ["1", "2"])]
+            ("trainer.devices", ["1", "2"])
+        ]
         images = events.Images("val/samples")
         assert len(images) == 3 and images[-1].width > 0  # one grid per epoch
         assert images[-1].encoded_image_string[:4] == b"\x89PNG"
@@ -159,17 +188,25 @@ def test_scaling_sweep_runs_ddp_per_job_logs_each_as_a_run_of_the_sweep_and_repo
     # W&B and MLflow: a run per job, named by its overrides, grouped by the sweep (its dir's last two parts)
     names = [f"strategy=ddp trainer.devices={n} logger=['tensorboard', 'wandb', 'mlflow']" for n in (1, 2)]
     group = f"{sweep.parent.name}/sweep"
-    runs = [r.run for job in jobs for r in wandb_records(next(job.glob("wandb/offline-run-*/run-*.wandb")))
-            if r.HasField("run")]
+    runs = [
+        r.run
+        for job in jobs
+        for r in wandb_records(next(job.glob("wandb/offline-run-*/run-*.wandb")))
+        if r.HasField("run")
+    ]
     assert [(run.display_name, run.run_group) for run in runs] == [(name, group) for name in names]
     client = MlflowClient(f"sqlite:///{sweep / 'mlflow.db'}")  # the sweep's one store
-    logged = client.search_runs([client.get_experiment_by_name(group).experiment_id], order_by=["attributes.start_time"])
+    logged = client.search_runs(
+        [client.get_experiment_by_name(group).experiment_id], order_by=["attributes.start_time"]
+    )
     assert [(run.info.run_name, run.info.status, run.data.tags["sweep"]) for run in logged] == [
-        (name, "FINISHED", group) for name in names]
+        (name, "FINISHED", group) for name in names
+    ]
     assert [run.data.metrics["best_val_acc"] for run in logged] == [m["best_val_acc"] for m in metrics]
 
-    result = subprocess.run([sys.executable, "-m", "bench.report", str(sweep)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.report", str(sweep)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ddp |")]
     speedup = metrics[1]["train_samples_per_s"] / metrics[0]["train_samples_per_s"]

@@ -1,4 +1,5 @@
 """`python train.py` as people run it: the default job, DDP on CPU, resume."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,19 @@ from tests.runs import run_train
 
 pytestmark = pytest.mark.slow
 
-SCALARS = {"train/loss", "train/acc", "val/loss", "val/acc", "val/acc5", "val/best_acc", "lr", "throughput/samples_per_s",
-           "throughput/median_samples_per_s", "time/train_s", "time/data_s"}  # the README's table
+SCALARS = {
+    "train/loss",
+    "train/acc",
+    "val/loss",
+    "val/acc",
+    "val/acc5",
+    "val/best_acc",
+    "lr",
+    "throughput/samples_per_s",
+    "throughput/median_samples_per_s",
+    "time/train_s",
+    "time/data_s",
+}  # the README's table
 
 
 def _metrics(run_dir):
@@ -31,7 +43,11 @@ def test_default_job_learns_digits(run_dir):
     metrics = _metrics(run_dir)
     assert metrics["val_acc"] >= 0.95, metrics
     assert (metrics["model"], metrics["dataset"], metrics["strategy"], metrics["world_size"]) == (
-        "mnist_net", "digits", "single", 1)
+        "mnist_net",
+        "digits",
+        "single",
+        1,
+    )
     assert "epoch 15/15" in (run_dir / "train.log").read_text()
     events = EventAccumulator(str(run_dir / "tb"))
     events.Reload()
@@ -55,7 +71,10 @@ def test_ddp_on_cpu_writes_from_rank_zero_only(tmp_path):
     outputs = tmp_path / "outputs"
     result = run_train(
         outputs / "${now:%H-%M-%S-%f}",  # each process that made its own dir would show here
-        "strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.epochs=2",
+        "strategy=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.epochs=2",
     )
     assert result.returncode == 0, result.stderr
     (run_dir,) = outputs.iterdir()

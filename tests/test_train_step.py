@@ -1,5 +1,6 @@
 """The train step's knobs (precision, channels_last, accumulation with no_sync, clipping), the
 dp checks, and checkpoints that load under every strategy."""
+
 from __future__ import annotations
 
 import io
@@ -17,20 +18,20 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from preflight import check_and_plan
 from config.schema import NonFinite, StrategyConfig, StrategyName, TrainerConfig
 from data import Loaders
 from distributed import strategies
 from distributed.context import DistContext, make_context
 from distributed.sync_batchnorm import GlooSyncBatchNorm
 from errors import ConfigError
+from preflight import check_and_plan
+from tests.configs import typed_config
 from training.checkpoint import Checkpointer, TrainState
 from training.loss import CrossEntropy
 from training.metrics import Averages
 from training.precision import Precision
 from training.run import configure_kernels
 from training.trainer import Batches, Optimization, Reporting, Trainer
-from tests.configs import typed_config
 
 CPU = torch.device("cpu")
 
@@ -52,9 +53,16 @@ def _batch(n: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _trainer(
-    model: nn.Module, tmp_path, ctx: DistContext | None = None, strategy: StrategyConfig | None = None,
-    loaders: Loaders | None = None, scaler: torch.amp.GradScaler | None = None, step_lr: bool = False,
-    resume: bool = False, reporting: Reporting = Reporting(), **settings,
+    model: nn.Module,
+    tmp_path,
+    ctx: DistContext | None = None,
+    strategy: StrategyConfig | None = None,
+    loaders: Loaders | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    step_lr: bool = False,
+    resume: bool = False,
+    reporting: Reporting = Reporting(),
+    **settings,
 ) -> Trainer:
     """A Trainer around `model` (wrapped by `strategy`, default single), reporting to `reporting`; with
     `step_lr` the learning rate halves every epoch; with `resume`, from tmp_path's last.pt."""
@@ -68,9 +76,15 @@ def _trainer(
     checkpointer = Checkpointer(ctx, tmp_path, wrapped, optimizer, scheduler, "", scaler)
     state = checkpointer.restore(tmp_path / "last.pt") if resume else None
     return Trainer(
-        model=wrapped, strategy=chosen, loaders=loaders, checkpointer=checkpointer, state=state, ctx=ctx,
+        model=wrapped,
+        strategy=chosen,
+        loaders=loaders,
+        checkpointer=checkpointer,
+        state=state,
+        ctx=ctx,
         optimization=Optimization(CrossEntropy(options.label_smoothing), optimizer, scheduler, scaler),
-        settings=options, reporting=reporting,
+        settings=options,
+        reporting=reporting,
     )
 
 
@@ -118,8 +132,13 @@ def test_accumulation_all_reduces_once_per_optimizer_step(process_group, tmp_pat
     sampler = DistributedSampler(data, num_replicas=1, rank=0)
     loaders = Loaders(DataLoader(data, batch_size=4, sampler=sampler), DataLoader(data), sampler)
     trainer = _trainer(
-        TinyNet(), tmp_path, process_group, StrategyConfig(StrategyName.ddp), loaders,
-        accumulate_grad_batches=2, limit_train_batches=5,
+        TinyNet(),
+        tmp_path,
+        process_group,
+        StrategyConfig(StrategyName.ddp),
+        loaders,
+        accumulate_grad_batches=2,
+        limit_train_batches=5,
     )
     calls = []
     trainer.model.register_comm_hook(None, lambda state, bucket: calls.append(1) or allreduce_hook(None, bucket))
@@ -128,7 +147,9 @@ def test_accumulation_all_reduces_once_per_optimizer_step(process_group, tmp_pat
 
 
 @pytest.mark.parametrize("terminal", [True, False])
-def test_the_progress_bar_draws_on_a_terminal_only_and_lines_are_logged_elsewhere(tmp_path, monkeypatch, caplog, terminal):
+def test_the_progress_bar_draws_on_a_terminal_only_and_lines_are_logged_elsewhere(
+    tmp_path, monkeypatch, caplog, terminal
+):
     """A SLURM log or a pipe would fill with the bar's redraws: it gets a line per report instead."""
     stderr = io.StringIO()
     stderr.isatty = lambda: terminal
@@ -180,7 +201,9 @@ def test_a_checkpoint_saved_under_any_strategy_loads_under_any_other(process_gro
             torch.manual_seed(1)
             target = wrap_loaded(TinyNet())
             optimizer = torch.optim.SGD(target.parameters(), lr=0.1)
-            Checkpointer(process_group, tmp_path, target, optimizer, None, "", None).restore(tmp_path / saved_by / "last.pt")
+            Checkpointer(process_group, tmp_path, target, optimizer, None, "", None).restore(
+                tmp_path / saved_by / "last.pt"
+            )
             for name, value in target.state_dict().items():
                 key = name.replace("module.", "").replace("_orig_mod.", "")
                 assert torch.equal(value, saved[key]), (saved_by, loaded_by, name)
@@ -217,8 +240,9 @@ def test_deterministic_turns_on_deterministic_kernels_and_off_cudnn_benchmark(mo
 
 def test_an_fp16_overflow_is_the_scalers_to_skip_not_a_nonfinite_skip(tmp_path, caplog):
     # The GradScaler overflows as it calibrates its scale in the first steps: nothing diverged.
-    trainer = _trainer(TinyNet(), tmp_path, scaler=torch.amp.GradScaler("cpu", init_scale=1024.0),
-                       nonfinite=NonFinite.skip)
+    trainer = _trainer(
+        TinyNet(), tmp_path, scaler=torch.amp.GradScaler("cpu", init_scale=1024.0), nonfinite=NonFinite.skip
+    )
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.scaler.scale(trainer.model(_batch()[0]).sum() * float("inf")).backward()
     with caplog.at_level(logging.WARNING, logger="train"):
@@ -235,7 +259,9 @@ def test_the_grad_scaler_state_is_checkpointed(tmp_path):
     trainer.checkpointer.save(TrainState())
     trainer.checkpointer.close()
     restored = torch.amp.GradScaler("cpu")
-    Checkpointer(trainer.ctx, tmp_path, trainer.model, trainer.optimizer, None, "", restored).restore(tmp_path / "last.pt")
+    Checkpointer(trainer.ctx, tmp_path, trainer.model, trainer.optimizer, None, "", restored).restore(
+        tmp_path / "last.pt"
+    )
     assert restored.get_scale() == 512.0
 
 
@@ -247,8 +273,10 @@ def test_the_best_weights_are_the_emas_when_its_accuracy_beats_the_models(tmp_pa
         (Averages(1.0, 0.6, 10, acc5=0.8), Averages(0.9, 0.5, 10, acc5=0.8)),  # the model beats the EMA, not the best
         (Averages(0.8, 0.8, 10, acc5=1.0), Averages(0.9, 0.75, 10, acc5=0.9)),  # the model's is the best
     ]
-    seen = [(trainer._note_best(val, ema), state.best_val_acc, state.best_val_acc5, state.best_weights)
-            for val, ema in epochs]
+    seen = [
+        (trainer._note_best(val, ema), state.best_val_acc, state.best_val_acc5, state.best_weights)
+        for val, ema in epochs
+    ]
     assert seen == [(True, 0.7, 0.9, "ema"), (False, 0.7, 0.9, "ema"), (True, 0.8, 1.0, "model")]
 
 
@@ -274,7 +302,8 @@ def _loaders(dataset: TensorDataset, workers: int) -> Loaders:
 
 
 @pytest.mark.parametrize(
-    "data, workers", [(TensorDataset, 0), (_Jittered, 0), (_Jittered, 1)],
+    "data, workers",
+    [(TensorDataset, 0), (_Jittered, 0), (_Jittered, 1)],
     ids=["tensors", "augmented", "augmented_worker"],
 )
 def test_a_max_steps_stop_mid_epoch_then_resume_trains_as_one_run(tmp_path, caplog, data, workers):
@@ -286,8 +315,14 @@ def test_a_max_steps_stop_mid_epoch_then_resume_trains_as_one_run(tmp_path, capl
         model = _dropout_net()
         model.load_state_dict(init)
         trainer = _trainer(
-            model, tmp_path / name, loaders=_loaders(dataset, workers), step_lr=True, resume=resume, epochs=2,
-            max_steps=max_steps, log_every_n_steps=1,
+            model,
+            tmp_path / name,
+            loaders=_loaders(dataset, workers),
+            step_lr=True,
+            resume=resume,
+            epochs=2,
+            max_steps=max_steps,
+            log_every_n_steps=1,
         )
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="train"):
@@ -309,7 +344,9 @@ def test_a_max_steps_stop_mid_epoch_then_resume_trains_as_one_run(tmp_path, capl
 
 def test_ddp_options_reach_distributed_data_parallel(process_group):
     strategy = typed_config(
-        "strategy=ddp", "strategy.find_unused_parameters=true", "strategy.bucket_cap_mb=1",
+        "strategy=ddp",
+        "strategy.find_unused_parameters=true",
+        "strategy.bucket_cap_mb=1",
         "strategy.gradient_as_bucket_view=false",
     ).strategy
     model = _wrap(TinyNet(), strategy, process_group)

@@ -13,6 +13,7 @@ What this cannot show, a cold interpreter's imports, the tests that start `sys.e
 train.py` themselves still do: the default job, the background launch, torchrun, SLURM and the
 benchmarks that time whole processes (start-up, peers, time to accuracy).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -34,8 +35,8 @@ import torch._dynamo  # noqa: F401
 import torch.utils.tensorboard  # noqa: F401
 import torchvision  # noqa: F401
 
-import preflight  # noqa: F401
 import distributed.launch  # noqa: F401
+import preflight  # noqa: F401
 import training.preemption  # noqa: F401
 import training.run  # noqa: F401
 from config.setup import ROOT

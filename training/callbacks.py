@@ -6,9 +6,11 @@ keep `__init__` light); the sample grid (training/samples.py) is one the run mak
 loop's own figures go to the loggers without a callback; the EMA (which needs the weights after
 each update) and the preemption check (which stops the loop) stay in the loop.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn

@@ -1,4 +1,5 @@
 """Checkpoints: plain tensors and primitives, written atomically by rank 0 only."""
+
 from __future__ import annotations
 
 import logging
@@ -6,10 +7,11 @@ import os
 import re
 import shutil
 import socket
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 import yaml
@@ -147,8 +149,11 @@ def _check_schedule(resume: str | None, trained: Mapping[str, Any] | None, sched
     if key is None:
         return
     epochs = (trained.get("trainer") or {}).get("epochs")
-    fix = (f"resume with trainer.epochs={epochs}, which T_max follows," if key == "T_max" and epochs is not None
-           else "resume with the scheduler it trained with")
+    fix = (
+        f"resume with trainer.epochs={epochs}, which T_max follows,"
+        if key == "T_max" and epochs is not None
+        else "resume with the scheduler it trained with"
+    )
     raise ConfigError(
         f"trainer.resume={resume} trained with scheduler.{key}={before.get(key, 'none')}, and this run asks for "
         f"{scheduler.get(key, 'none')}: a resume continues the saved schedule; {fix} or train afresh in a new run dir"
@@ -156,8 +161,13 @@ def _check_schedule(resume: str | None, trained: Mapping[str, Any] | None, sched
 
 
 def check_resume(
-    trainer: TrainerConfig, run_dir: Path | None, *, model: Callable[[], nn.Module], scheduler: Mapping[str, Any],
-    warmup_epochs: int, weights: str | None,
+    trainer: TrainerConfig,
+    run_dir: Path | None,
+    *,
+    model: Callable[[], nn.Module],
+    scheduler: Mapping[str, Any],
+    warmup_epochs: int,
+    weights: str | None,
 ) -> None:
     """Refuse a checkpoint that cannot continue this run, and never overwrite a run's last.pt. `model`
     builds the run's model (called only to compare a checkpoint with it); `scheduler`: the scheduler
@@ -234,7 +244,9 @@ def confirm_shared(made_by_main: Path, ctx: DistContext) -> None:
     seen = all_gather_object((socket.gethostname(), _listed(made_by_main)), ctx)
     for rank, (host, listed) in enumerate(seen):
         if not listed:
-            raise ConfigError(f"{NOT_SHARED}: rank 0 made {made_by_main} but rank {rank} on {host} cannot see it; {_SHARE_FIX}")
+            raise ConfigError(
+                f"{NOT_SHARED}: rank 0 made {made_by_main} but rank {rank} on {host} cannot see it; {_SHARE_FIX}"
+            )
 
 
 def _listed(path: Path) -> bool:
@@ -284,8 +296,15 @@ class Checkpointer:
     """
 
     def __init__(
-        self, ctx: DistContext, directory: Path, model: nn.Module, optimizer, scheduler, config_yaml: str,
-        scaler: torch.amp.GradScaler | None = None, ema: nn.Module | None = None,
+        self,
+        ctx: DistContext,
+        directory: Path,
+        model: nn.Module,
+        optimizer,
+        scheduler,
+        config_yaml: str,
+        scaler: torch.amp.GradScaler | None = None,
+        ema: nn.Module | None = None,
     ):
         self.ctx, self.directory = ctx, directory
         self.model, self.optimizer, self.scheduler = unwrap(model), optimizer, scheduler
@@ -305,7 +324,11 @@ class Checkpointer:
             return
         names = ["best.pt"] if best and self._better_than_on_disk(state) else []
         snapshot = _host_copy(
-            {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **self._train_state(state, rng)}
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                **self._train_state(state, rng),
+            }
         )
         # One writer thread writes the files in order, each atomically; with the write in flight
         # and this one queued, a third save waits: at most two snapshots are held at once.
@@ -372,8 +395,12 @@ class Checkpointer:
         elif self.ema is not None:
             log.warning("%s holds no EMA weights: the average starts afresh from the restored model", path)
         state = TrainState(
-            checkpoint["epoch"], checkpoint["step"], checkpoint["best"], checkpoint.get("batch", 0),
-            best_val_acc5=checkpoint.get("best_acc5", -1.0), best_weights=checkpoint.get("best_weights", "model"),
+            checkpoint["epoch"],
+            checkpoint["step"],
+            checkpoint["best"],
+            checkpoint.get("batch", 0),
+            best_val_acc5=checkpoint.get("best_acc5", -1.0),
+            best_weights=checkpoint.get("best_weights", "model"),
         )
         rng = checkpoint.get("rng")
         if rng is not None and len(rng) == self.ctx.world_size:

@@ -1,5 +1,6 @@
 """trainer.ema_decay: an exponential moving average of the weights and buffers (torchvision's
 ExponentialMovingAverage: torch.optim.swa_utils.AveragedModel with use_buffers=True)."""
+
 from __future__ import annotations
 
 from collections import defaultdict

@@ -3,6 +3,7 @@
 Built from `loss._target_` by Hydra (a factory in RunConfig.loss, called once per rank). Validation
 also reports plain cross-entropy (`val/ce`), so runs trained with different losses stay comparable.
 """
+
 from __future__ import annotations
 
 from typing import Protocol

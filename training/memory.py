@@ -7,6 +7,7 @@ exists. The gathered parameters of the block being computed (FSDP), activations 
 communication buffers come on top; on CUDA, peak_memory_mb has all that torch's allocator gave out
 (not the CUDA context, nor NCCL's own buffers).
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,10 @@ class MemoryProbe:
         self.params = sum(local_bytes(p) for p in model.parameters())
         self.grads: int | None = None
         self.optimizer_state: int | None = None
-        self._hooks = [optimizer.register_step_pre_hook(self._measure_grads),
-                       optimizer.register_step_post_hook(self._measure_state)]
+        self._hooks = [
+            optimizer.register_step_pre_hook(self._measure_grads),
+            optimizer.register_step_post_hook(self._measure_state),
+        ]
 
     def _measure_grads(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
@@ -37,7 +40,9 @@ class MemoryProbe:
 
     def _measure_state(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.optimizer_state = sum(
-            local_bytes(value) for state in optimizer.state.values() for value in state.values()
+            local_bytes(value)
+            for state in optimizer.state.values()
+            for value in state.values()
             if isinstance(value, torch.Tensor)
         )
         self._hooks[1].remove()
@@ -53,7 +58,8 @@ class MemoryProbe:
         peak = f", CUDA peak {max(peak_memory_mb):,.0f} MB" if peak_memory_mb else ""
         log.info(
             "memory per rank (largest): parameters %s, gradients %s, optimizer state %s%s",
-            *(_mb(values) for values in figures.values()), peak,
+            *(_mb(values) for values in figures.values()),
+            peak,
         )
         return figures
 

@@ -1,5 +1,6 @@
 """Loss/accuracy sums kept on the device: no host sync per step, one all-reduce per report; the
 run's samples/s."""
+
 from __future__ import annotations
 
 import statistics
@@ -38,12 +39,12 @@ class Accumulator:
         self.sums[3] += (top == targets[:, None]).any(dim=1).sum()
         self.sums[4] += F.cross_entropy(logits, targets, reduction="none").double().sum()
 
-    def all_reduce(self, ctx: DistContext) -> "Accumulator":
+    def all_reduce(self, ctx: DistContext) -> Accumulator:
         """Sum over ranks in place: afterwards every rank holds the global figures."""
         all_reduce_sum(self.sums, ctx)
         return self
 
-    def add(self, other: "Accumulator") -> None:
+    def add(self, other: Accumulator) -> None:
         self.sums += other.sums
 
     def averages(self) -> Averages:
@@ -114,7 +115,7 @@ def peak_memory_mb(ctx: DistContext) -> list[float] | None:
         return None
     local = [torch.cuda.max_memory_allocated(device) for device in ctx.devices]
     slots = torch.zeros(ctx.world_size * len(local), dtype=torch.float64, device=ctx.device)
-    slots[ctx.rank * len(local):(ctx.rank + 1) * len(local)] = torch.tensor(local, dtype=torch.float64)
+    slots[ctx.rank * len(local) : (ctx.rank + 1) * len(local)] = torch.tensor(local, dtype=torch.float64)
     return (all_reduce_sum(slots, ctx) / 1e6).tolist()
 
 

@@ -1,5 +1,6 @@
 """trainer.mixup_alpha / cutmix_alpha: torchvision.transforms.v2's MixUp and CutMix on a training
 batch already on its device (both loaders), one of the two per batch when both are on."""
+
 from __future__ import annotations
 
 import torch
@@ -23,7 +24,7 @@ class Mixing:
         self._epoch, self._epoch_seed = -1, 0
 
     @classmethod
-    def of(cls, settings: TrainerConfig, num_classes: int, rank: int) -> "Mixing | None":
+    def of(cls, settings: TrainerConfig, num_classes: int, rank: int) -> Mixing | None:
         if settings.mixup_alpha <= 0 and settings.cutmix_alpha <= 0:
             return None
         return cls(settings.mixup_alpha, settings.cutmix_alpha, num_classes, settings.seed, rank)

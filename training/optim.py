@@ -1,7 +1,9 @@
 """The optimizer's side of a recipe: the lr scaled to the batch, and weight-decay groups."""
+
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -53,7 +55,9 @@ def check_arguments(optimizer: Callable[..., Any], scheduler: Callable[..., Any]
     try:
         probe = optimizer([nn.Parameter(torch.zeros(1))])
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"optimizer: {_name(optimizer)} refuses these options ({e}); fix the optimizer.* keys") from None
+        raise ConfigError(
+            f"optimizer: {_name(optimizer)} refuses these options ({e}); fix the optimizer.* keys"
+        ) from None
     if scheduler is None:
         return
     try:
@@ -61,7 +65,9 @@ def check_arguments(optimizer: Callable[..., Any], scheduler: Callable[..., Any]
         probe.step()
         schedule.step()
     except (TypeError, ValueError, ZeroDivisionError) as e:
-        raise ConfigError(f"scheduler: {_name(scheduler)} refuses these options ({e}); fix the scheduler.* keys") from None
+        raise ConfigError(
+            f"scheduler: {_name(scheduler)} refuses these options ({e}); fix the scheduler.* keys"
+        ) from None
 
 
 def _name(factory: Callable[..., Any]) -> str:

@@ -1,4 +1,5 @@
 """trainer.precision: the dtype autocast computes in, and whether gradients need loss scaling."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +18,7 @@ class Precision:
     device_type: str
 
     @classmethod
-    def of(cls, precision: str, device: torch.device) -> "Precision":
+    def of(cls, precision: str, device: torch.device) -> Precision:
         return cls(AUTOCAST_DTYPES[precision], device.type)
 
     def autocast(self) -> contextlib.AbstractContextManager:

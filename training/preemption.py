@@ -10,6 +10,7 @@ checks are spaced in seconds too: at each one the ranks all-reduce the flag toge
 seconds per step each measured since the last check, and from the slowest rank's all pick the same
 next check step, a quarter of the grace period ahead. The rest of it is for saving last.pt.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,7 +50,10 @@ class PreemptionWatch:
     ranks have left the group)."""
 
     def __init__(
-        self, ctx: DistContext, signals: list[signal.Signals], grace_s: float,
+        self,
+        ctx: DistContext,
+        signals: list[signal.Signals],
+        grace_s: float,
         requeue_on: list[signal.Signals] | tuple = (),
     ) -> None:
         self.ctx, self.grace_s, self.requeue_on = ctx, grace_s, tuple(requeue_on)
@@ -82,7 +86,9 @@ class PreemptionWatch:
         return True
 
     def preempted(self) -> Preempted:
-        return Preempted(self.received, self.ctx.is_main, requeued=self.received in self.requeue_on and _slurm_job_id() is not None)
+        return Preempted(
+            self.received, self.ctx.is_main, requeued=self.received in self.requeue_on and _slurm_job_id() is not None
+        )
 
     def close(self) -> None:
         for sig, handler in self._previous.items():

@@ -7,12 +7,13 @@ first graphs), the next WARMUP are traced and thrown away (the profiler's own st
 The trace opens in Perfetto (ui.perfetto.dev) and chrome://tracing; the table of the top operators,
 by self time, goes to the log.
 """
+
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
@@ -30,8 +31,9 @@ class StepProfiler:
     `wait` + `warmup` are recorded it writes `trace` (if given) and sets `table`; the profiler then
     records nothing more, and the steps after it run as fast as unprofiled ones."""
 
-    def __init__(self, steps: int, device: torch.device, trace: Path | None = None,
-                 wait: int = WAIT, warmup: int = WARMUP) -> None:
+    def __init__(
+        self, steps: int, device: torch.device, trace: Path | None = None, wait: int = WAIT, warmup: int = WARMUP
+    ) -> None:
         if steps < 1:
             raise ValueError(f"profile {steps} steps: give at least 1")
         self.device, self.trace_path, self.steps = device, trace, steps
@@ -67,8 +69,13 @@ class StepProfiler:
             prof.export_chrome_trace(str(self.trace_path))
         self.table = top_operators(prof, self.cuda)
         where = f"; trace: {self.trace_path} (ui.perfetto.dev or chrome://tracing)" if self.trace_path else ""
-        log.info("profiled %d steps, top operators by self %s time%s\n%s",
-                 self.steps, "device" if self.cuda else "CPU", where, self.table)
+        log.info(
+            "profiled %d steps, top operators by self %s time%s\n%s",
+            self.steps,
+            "device" if self.cuda else "CPU",
+            where,
+            self.table,
+        )
 
 
 class ProfiledSteps(Callback):
@@ -90,9 +97,14 @@ class ProfiledSteps(Callback):
         profiler = self.profiler
         if profiler is not None:  # the run was shorter than the pre-flight could tell (a resume, a full epoch)
             warmup = profiler.total - profiler.steps
-            log.warning("trainer.profile=%d: training ended after %d optimizer steps, %d of them recorded after the "
-                        "profiler's %d of warm-up; train longer, or profile fewer steps", profiler.steps,
-                        profiler.stepped, max(0, profiler.stepped - warmup), warmup)
+            log.warning(
+                "trainer.profile=%d: training ended after %d optimizer steps, %d of them recorded after the "
+                "profiler's %d of warm-up; train longer, or profile fewer steps",
+                profiler.steps,
+                profiler.stepped,
+                max(0, profiler.stepped - warmup),
+                warmup,
+            )
         self.close()
 
     def close(self) -> None:
@@ -105,12 +117,19 @@ class ProfiledSteps(Callback):
 def top_operators(prof: profile, cuda: bool, rows: int = TOP_OPERATORS) -> str:
     """torch.profiler's table of the operators with the most self time: on CUDA by their kernels'
     time, with the memory they allocate."""
-    return prof.key_averages().table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
-                                     row_limit=rows)
+    return prof.key_averages().table(
+        sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=rows
+    )
 
 
-def profile_steps(step: Callable[[], None], steps: int, device: torch.device, trace: Path | None = None,
-                  wait: int = WAIT, warmup: int = WARMUP) -> StepProfiler:
+def profile_steps(
+    step: Callable[[], None],
+    steps: int,
+    device: torch.device,
+    trace: Path | None = None,
+    wait: int = WAIT,
+    warmup: int = WARMUP,
+) -> StepProfiler:
     """Run `step` wait + warmup + steps times under a StepProfiler; the profiler, done."""
     with StepProfiler(steps, device, trace, wait, warmup) as profiler:
         for _ in range(profiler.total):

@@ -1,11 +1,13 @@
 """What the run tells people besides its loggers: the console and train.log, metrics.json. Rank 0 speaks."""
+
 from __future__ import annotations
 
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from distributed.context import DistContext
 

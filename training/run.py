@@ -1,4 +1,5 @@
 """One rank's whole life: join the group, build data, model and Trainer, train, leave (also on error)."""
+
 from __future__ import annotations
 
 import logging
@@ -95,7 +96,11 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     preemption = PreemptionWatch(ctx, list(job.preempt_signals), settings.preempt_grace_s, list(job.requeue_signals))
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     loaders = build_loaders(
-        job.dataset, job.data, ctx, settings.batch_size, settings.seed,
+        job.dataset,
+        job.data,
+        ctx,
+        settings.batch_size,
+        settings.seed,
         shuffle=settings.overfit_batches is None,
         drop_last=settings.compile,  # a partial last batch would make torch.compile compile again
         global_val_batch=settings.val_batch_size,
@@ -127,8 +132,14 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     log_placement(ctx, getattr(loaders.train, "num_workers", 0))
     log.info(
         "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d%s",
-        job.labels["model"], job.labels["dataset"], job.labels["strategy"], ctx.world_size, ctx.device.type,
-        settings.batch_size, state.epoch + 1, f" batch {state.batch + 1} ({resume})" if resume else "",
+        job.labels["model"],
+        job.labels["dataset"],
+        job.labels["strategy"],
+        ctx.world_size,
+        ctx.device.type,
+        settings.batch_size,
+        state.epoch + 1,
+        f" batch {state.batch + 1} ({resume})" if resume else "",
     )
     loggers = build_loggers(job.logger, job) if ctx.is_main else []
     callbacks = [build() for build in job.callbacks]
@@ -139,18 +150,31 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         profiler = ProfiledSteps(settings.profile, ctx.device, job.run_dir / "profile" / "trace.json")
         callbacks.append(profiler)
     trainer = Trainer(
-        model=model, strategy=strategy, ema=ema, mixing=Mixing.of(settings, job.dataset.num_classes, ctx.rank),
+        model=model,
+        strategy=strategy,
+        ema=ema,
+        mixing=Mixing.of(settings, job.dataset.num_classes, ctx.rank),
         optimization=Optimization(job.loss(), optimizer, scheduler, scaler),
-        loaders=loaders, checkpointer=checkpointer, state=state, preemption=preemption,
-        reporting=Reporting(loggers, callbacks), ctx=ctx, settings=settings,
+        loaders=loaders,
+        checkpointer=checkpointer,
+        state=state,
+        preemption=preemption,
+        reporting=Reporting(loggers, callbacks),
+        ctx=ctx,
+        settings=settings,
     )
     try:
         metrics = trainer.fit()
         if metrics:
             final = {
-                **metrics, **job.labels, "world_size": ctx.world_size, "devices": len(ctx.devices) * ctx.world_size,
-                "batch_size": settings.batch_size, "wall_s": time.perf_counter() - start,
-                **memory.per_rank(ctx, metrics["peak_memory_mb"]), **model_figures,
+                **metrics,
+                **job.labels,
+                "world_size": ctx.world_size,
+                "devices": len(ctx.devices) * ctx.world_size,
+                "batch_size": settings.batch_size,
+                "wall_s": time.perf_counter() - start,
+                **memory.per_rank(ctx, metrics["peak_memory_mb"]),
+                **model_figures,
             }
             if ctx.is_main:
                 write_metrics(job.run_dir, final)

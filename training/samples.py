@@ -1,9 +1,11 @@
 """logger.sample_images: a grid of the same validation images each epoch, captioned with the
 model's predictions, to every logger (a Callback)."""
+
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,7 +27,12 @@ class SampleImages(Callback):
     parameters from every rank."""
 
     def __init__(
-        self, count: int, model: nn.Module, loader: Any, loggers: Sequence[Logger], device: torch.device,
+        self,
+        count: int,
+        model: nn.Module,
+        loader: Any,
+        loggers: Sequence[Logger],
+        device: torch.device,
     ) -> None:
         self.count, self.model, self.loader, self.loggers, self.device = count, model, loader, loggers, device
         self.joins = gathers_in_forward(model)

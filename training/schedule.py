@@ -1,6 +1,7 @@
 """scheduler.warmup_epochs: a linear warmup stepped every optimizer step, in front of any epoch
 scheduler (cosine, step, or none), which starts when warmup ends: torchvision's
 SequentialLR([LinearLR, main], milestones=[warmup_epochs]), but smooth within the epochs."""
+
 from __future__ import annotations
 
 import math
@@ -53,7 +54,9 @@ class Warmup:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "target": self.target, "epoch": self.epoch, "last_step": self.last_step,
+            "target": self.target,
+            "epoch": self.epoch,
+            "last_step": self.last_step,
             "after": self.after.state_dict() if self.after is not None else None,
         }
 

@@ -16,6 +16,7 @@ one: a kill at any moment leaves last.pt naming a whole checkpoint, so trainer.r
 reads a half-written one. best.pt costs a gather of the whole model and optimizer state to rank
 0's host memory, once per epoch that improves.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,14 +30,26 @@ from torch import nn
 from distributed.collectives import all_gather_object, barrier
 from distributed.context import DistContext
 from training.checkpoint import (
-    Checkpointer, TrainState, _gather_rng, confirm_shared, drop_unnamed_versions, save_checkpoint,
+    Checkpointer,
+    TrainState,
+    _gather_rng,
+    confirm_shared,
+    drop_unnamed_versions,
+    save_checkpoint,
 )
 
 
 class ShardedCheckpointer(Checkpointer):
     def __init__(
-        self, ctx: DistContext, directory: Path, model: nn.Module, optimizer, scheduler, config_yaml: str,
-        scaler: torch.amp.GradScaler | None = None, ema: nn.Module | None = None,
+        self,
+        ctx: DistContext,
+        directory: Path,
+        model: nn.Module,
+        optimizer,
+        scheduler,
+        config_yaml: str,
+        scaler: torch.amp.GradScaler | None = None,
+        ema: nn.Module | None = None,
     ):
         super().__init__(ctx, directory, model, optimizer, scheduler, config_yaml, scaler, ema)
         # Gathering best.pt takes every rank, so every rank must agree on whether to save it.

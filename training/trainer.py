@@ -1,12 +1,14 @@
 """The Trainer: the model and everything it trains with, as one object; fit -> train_epoch ->
 step, and evaluate. Metrics are all-reduced; only rank 0 reports and saves."""
+
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -44,7 +46,10 @@ class Batches:
     waited: float = 0.0
 
     def take(
-        self, loader: Iterable, skip: int = 0, skipped: Callable[[], None] | None = None,
+        self,
+        loader: Iterable,
+        skip: int = 0,
+        skipped: Callable[[], None] | None = None,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """`skipped` runs once the first `skip` batches are drawn, before the next one is: a
         DataLoader without workers draws its augmentations from the stream the steps draw from."""
@@ -163,12 +168,20 @@ class Trainer:
             improved = self._note_best(val, ema)
             memory = peak_memory_mb(self.ctx)  # per device: DP's first card holds more
             scalars = {
-                "val/loss": val.loss, "val/ce": val.ce, "val/acc": val.acc, "val/acc5": val.acc5,
-                "val/best_acc": state.best_val_acc, "throughput/samples_per_s": speed,
+                "val/loss": val.loss,
+                "val/ce": val.ce,
+                "val/acc": val.acc,
+                "val/acc5": val.acc5,
+                "val/best_acc": state.best_val_acc,
+                "throughput/samples_per_s": speed,
                 "throughput/median_samples_per_s": samples_per_s(speeds),
-                "time/train_s": time.perf_counter() - started, "time/data_s": data_s,
-                **({"val_ema/loss": ema.loss, "val_ema/ce": ema.ce, "val_ema/acc": ema.acc, "val_ema/acc5": ema.acc5}
-                   if ema else {}),
+                "time/train_s": time.perf_counter() - started,
+                "time/data_s": data_s,
+                **(
+                    {"val_ema/loss": ema.loss, "val_ema/ce": ema.ce, "val_ema/acc": ema.acc, "val_ema/acc5": ema.acc5}
+                    if ema
+                    else {}
+                ),
                 **{f"memory/peak_mb/device{i}": mb for i, mb in enumerate(memory or [])},
             }
             with self._random_stream_kept():  # the sample grid's first batches come from a DataLoader
@@ -176,24 +189,36 @@ class Trainer:
                     callback.on_epoch_end(epoch, state.step, scalars)
             self._log(state.step, scalars)
             where = (
-                f"epoch {epoch + 1}/{settings.epochs}" if finished else
-                f"stopped at step {state.step} (trainer.max_steps) in epoch {epoch + 1} of {settings.epochs}, "
+                f"epoch {epoch + 1}/{settings.epochs}"
+                if finished
+                else f"stopped at step {state.step} (trainer.max_steps) in epoch {epoch + 1} of {settings.epochs}, "
                 f"after batch {state.batch} of {batches}"
             )
             log.info(
                 "%s  train loss %.4f acc %.4f  val loss %.4f acc %.4f acc5 %.4f%s  best acc %.4f acc5 %.4f"
                 "  %.0f samples/s  data wait %.2f s",
-                where, train.loss, train.acc, val.loss, val.acc, val.acc5,
+                where,
+                train.loss,
+                train.acc,
+                val.loss,
+                val.acc,
+                val.acc5,
                 f"  ema loss {ema.loss:.4f} acc {ema.acc:.4f} acc5 {ema.acc5:.4f}" if ema else "",
-                state.best_val_acc, state.best_val_acc5, speed, data_s,
+                state.best_val_acc,
+                state.best_val_acc5,
+                speed,
+                data_s,
             )
             self.checkpointer.save(state, best=improved)  # mid-epoch: every rank's random stream as training left it
             more = state.epoch < settings.epochs and not self._done()
             if more and self.preemption is not None and self.preemption.should_stop(state.step, force=True):
                 raise self.preemption.preempted()  # last.pt, just saved, holds this epoch's end
         if val is None:
-            where = (f"is at step {state.step}, trainer.max_steps={settings.max_steps}" if self._done() else
-                     f"already finished epoch {state.epoch} of {settings.epochs}")
+            where = (
+                f"is at step {state.step}, trainer.max_steps={settings.max_steps}"
+                if self._done()
+                else f"already finished epoch {state.epoch} of {settings.epochs}"
+            )
             log.info("nothing to train: the checkpoint %s", where)
             return {}
         metrics = {
@@ -201,8 +226,11 @@ class Trainer:
             "val_acc5": val.acc5,
             "val_loss": val.loss,
             "val_ce": val.ce,
-            **({"val_ema_acc": ema.acc, "val_ema_acc5": ema.acc5, "val_ema_loss": ema.loss, "val_ema_ce": ema.ce}
-               if ema else {}),
+            **(
+                {"val_ema_acc": ema.acc, "val_ema_acc5": ema.acc5, "val_ema_loss": ema.loss, "val_ema_ce": ema.ce}
+                if ema
+                else {}
+            ),
             "best_val_acc": state.best_val_acc,
             "best_val_acc5": state.best_val_acc5,
             "best_weights": state.best_weights,
@@ -272,8 +300,14 @@ class Trainer:
                 steps_in_window = 0
                 if bar.disable and ctx.is_main:  # no bar (trainer.progress_bar=false, or no terminal): a line
                     log.info(
-                        "step %d  epoch %d batch %d/%d  loss %.4f acc %.4f  lr %.4g", state.step, state.epoch + 1,
-                        i + 1, num_batches, window.loss, window.acc, self.optimizer.param_groups[0]["lr"],
+                        "step %d  epoch %d batch %d/%d  loss %.4f acc %.4f  lr %.4g",
+                        state.step,
+                        state.epoch + 1,
+                        i + 1,
+                        num_batches,
+                        window.loss,
+                        window.acc,
+                        self.optimizer.param_groups[0]["lr"],
                     )
             if self._done():
                 break

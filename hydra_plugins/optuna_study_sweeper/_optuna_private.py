@@ -1,5 +1,6 @@
 """Everything the sweeper takes from Optuna's private API, and only that: what to read again when
 requirements.txt's optuna pin moves. Each use names the release it was read from."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta

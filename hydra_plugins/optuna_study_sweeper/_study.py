@@ -6,6 +6,7 @@ carries on. Trials a killed sweep left RUNNING stop getting heartbeats (or never
 they are older than the grace period any sweeper of the study fails them and runs their parameters
 again. What this takes from Optuna's private API is in _optuna_private.py, and nowhere else.
 """
+
 from __future__ import annotations
 
 import logging
@@ -120,12 +121,16 @@ def open_study(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeats: experimental since Optuna 2.9
-            rdb = _optuna_private.HeartbeatStorage(
-                storage,
-                heartbeat_interval=heartbeat_interval,
-                grace_period=grace_period,
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
-            ) if storage else None
+            rdb = (
+                _optuna_private.HeartbeatStorage(
+                    storage,
+                    heartbeat_interval=heartbeat_interval,
+                    grace_period=grace_period,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
+                )
+                if storage
+                else None
+            )
     except Exception as e:  # SQLAlchemy's errors, a missing database driver, Optuna's own checks
         raise SearchError(f"hydra.sweeper.storage={storage}: {type(e).__name__}: {first_line(e)}") from None
     earlier = _trial_count(rdb, name)
@@ -238,7 +243,8 @@ def run(
             if running != waiting_for:
                 log.info(
                     "%d trial(s) RUNNING elsewhere: another sweeper's, or left by a killed one (rerun once it "
-                    "misses its heartbeats)", running,
+                    "misses its heartbeats)",
+                    running,
                 )
                 waiting_for = running
             time.sleep(poll_s)
@@ -260,8 +266,13 @@ def run(
 
 
 def _run_batch(
-    study: optuna.Study, trials: list[Trial], fixed: list[str], launch: Launch, sweep_dir: Path,
-    heartbeat: RDBStorage | None, parallel: bool,
+    study: optuna.Study,
+    trials: list[Trial],
+    fixed: list[str],
+    launch: Launch,
+    sweep_dir: Path,
+    heartbeat: RDBStorage | None,
+    parallel: bool,
 ) -> list[str]:
     """Launch the trials, tell the study how each went as it ends; what went wrong in those that failed."""
     overrides = [[*fixed, *(override_of(k, v) for k, v in trial.params.items())] for trial in trials]
@@ -339,7 +350,9 @@ def _tell(study: optuna.Study, trial: Trial, ret: JobReturn | Exception, sweep_d
         log.warning("trial %d failed: %s: %s", trial.number, type(e).__name__, e)
         study.tell(trial, state=TrialState.FAIL)
         said = " ".join(str(e).split())  # submitit's messages run over lines
-        return f"(trial {trial.number}) with {type(e).__name__}: {said}" + (f"; its log: {job / 'train.log'}" if job else "")
+        return f"(trial {trial.number}) with {type(e).__name__}: {said}" + (
+            f"; its log: {job / 'train.log'}" if job else ""
+        )
     study.tell(trial, value)
     return None
 
@@ -412,8 +425,13 @@ def results(study: optuna.Study, metric: str, n_trials: int) -> dict[str, Any]:
             best_trial=best.number, best_params=best.params, best_value=best.value, best_job=best.user_attrs.get("job")
         )
     summary["trials"] = [
-        {"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
-         "job": t.user_attrs.get("job")}
+        {
+            "number": t.number,
+            "state": t.state.name,
+            "value": t.value,
+            "params": t.params,
+            "job": t.user_attrs.get("job"),
+        }
         for t in trials
     ]
     return summary
@@ -454,8 +472,13 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
     command = {"overrides": sorted(fixed), "search_space": {k: repr(d) for k, d in sorted(space.items())}}
     sweep_dir.mkdir(parents=True, exist_ok=True)  # the default storage's database is in it
     study, storage = open_study(
-        sweeper.study_name, sweeper.storage, sweeper.direction, sweeper.sampler, command,
-        sweeper.heartbeat_interval, sweeper.grace_period,
+        sweeper.study_name,
+        sweeper.storage,
+        sweeper.direction,
+        sweeper.sampler,
+        command,
+        sweeper.heartbeat_interval,
+        sweeper.grace_period,
     )
     check_new_study_has_its_own_dir(study, sweeper.storage, sweep_dir)
     with warnings.catch_warnings():
@@ -466,7 +489,12 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     log.info(
         "Study %s (%s %s) in %s: %d of %d trials complete; after a kill, run the same command again to go on",
-        study.study_name, sweeper.direction, sweeper.metric, sweeper.storage or "memory", done, sweeper.n_trials,
+        study.study_name,
+        sweeper.direction,
+        sweeper.metric,
+        sweeper.storage or "memory",
+        done,
+        sweeper.n_trials,
     )
 
     def launch(batch: list[list[str]], first: int) -> Sequence[JobReturn]:
@@ -475,8 +503,16 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
 
     path = sweep_dir / RESULTS
     run(
-        study, space, fixed, launch, sweep_dir, n_trials=sweeper.n_trials, n_jobs=sweeper.n_jobs, heartbeat=storage,
-        max_failure_rate=sweeper.max_failure_rate, poll_s=sweeper.heartbeat_interval,
+        study,
+        space,
+        fixed,
+        launch,
+        sweep_dir,
+        n_trials=sweeper.n_trials,
+        n_jobs=sweeper.n_jobs,
+        heartbeat=storage,
+        max_failure_rate=sweeper.max_failure_rate,
+        poll_s=sweeper.heartbeat_interval,
         after_batch=lambda: write_results(path, results(study, sweeper.metric, sweeper.n_trials)),
         # Hydra's basic launcher runs each job in this process: one at a time.
         parallel=not isinstance(sweeper.launcher, BasicLauncher),
@@ -486,7 +522,10 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
     if "best_params" in summary:
         log.info("Best parameters: %s", " ".join(override_of(k, v) for k, v in summary["best_params"].items()))
         log.info(
-            "Best %s: %s (trial %d, %s)", sweeper.metric, summary["best_value"], summary["best_trial"],
+            "Best %s: %s (trial %d, %s)",
+            sweeper.metric,
+            summary["best_value"],
+            summary["best_trial"],
             sweep_dir / str(summary["best_job"]),
         )
     log.info("Results: %s", path)

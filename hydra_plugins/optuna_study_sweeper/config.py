@@ -1,4 +1,5 @@
 """The sweeper's options: hydra.sweeper.* once `hydra/sweeper=optuna_study` is chosen."""
+
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 

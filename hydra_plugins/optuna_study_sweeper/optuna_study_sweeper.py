@@ -1,9 +1,10 @@
 """The Sweeper Hydra instantiates. Hydra's plugin scan imports this module at every start of
 train.py, so Optuna is imported only when a sweep runs (in _study.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 from hydra.core.plugins import Plugins
 from hydra.plugins.launcher import Launcher
@@ -36,14 +37,14 @@ class OptunaStudySweeper(Sweeper):
         metric: str,
         direction: str,
         study_name: str,
-        storage: Optional[str],
+        storage: str | None,
         n_trials: int,
         n_jobs: int,
         max_failure_rate: float,
         heartbeat_interval: int,
-        grace_period: Optional[int],
+        grace_period: int | None,
         sampler: DictConfig,
-        params: Optional[DictConfig],
+        params: DictConfig | None,
     ) -> None:
         self.metric = metric
         self.direction = direction
@@ -56,9 +57,9 @@ class OptunaStudySweeper(Sweeper):
         self.grace_period = grace_period
         self.sampler = sampler
         self.params = {str(k): str(v) for k, v in (params or {}).items()}
-        self.config: Optional[DictConfig] = None
-        self.hydra_context: Optional[HydraContext] = None
-        self.launcher: Optional[Launcher] = None
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.launcher: Launcher | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
@@ -67,7 +68,7 @@ class OptunaStudySweeper(Sweeper):
             hydra_context=hydra_context, task_function=ExitIsFailure(task_function), config=config
         )
 
-    def sweep(self, arguments: List[str]) -> Any:
+    def sweep(self, arguments: list[str]) -> Any:
         from hydra_plugins.optuna_study_sweeper import _study
 
         assert self.config is not None and self.launcher is not None

@@ -1,4 +1,5 @@
 """The run's loggers (conf/logger/): each a Logger (training/loggers/base.py), made on rank 0 only."""
+
 from __future__ import annotations
 
 from config.schema import LoggerConfig, RunConfig
@@ -10,7 +11,10 @@ from training.loggers.wandb import WandbLogger
 
 # logger.<option> -> its backend; an option is on when set (conf/logger/<option>.yaml sets it).
 BACKENDS: dict[str, type[Logger]] = {
-    "tensorboard": TensorBoardLogger, "csv": CsvLogger, "wandb": WandbLogger, "mlflow": MlflowLogger,
+    "tensorboard": TensorBoardLogger,
+    "csv": CsvLogger,
+    "wandb": WandbLogger,
+    "mlflow": MlflowLogger,
 }
 
 

@@ -1,11 +1,13 @@
 """A backend's slow start (TensorBoard's imports, MLflow creating its store) on a thread of its own,
 beside the first training steps, whose kernels release the GIL (see BENCHMARKS.md: Default job, time
 to accuracy); the backend's first write waits for it."""
+
 from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

@@ -1,7 +1,9 @@
 """The Logger seam: what a backend implements to receive the run's figures (training/loggers/)."""
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     import numpy as np

@@ -10,13 +10,15 @@ rewrite, but pandas would have to pivot it before the first plot.)
 hparams.csv is one header and one row, so that a sweep's concatenate into its table:
 `pd.concat(map(pd.read_csv, Path("multirun/...").glob("*/hparams.csv")))`.
 """
+
 from __future__ import annotations
 
 import csv
 import io
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -5,12 +5,14 @@ else SQLite: mlflow.db in the sweep's dir, or a single run's own dir, with the r
 config, images, final_metrics.json) in mlartifacts/ beside it. MLflow 3 refuses its older file store.
 Browse it with `mlflow ui --backend-store-uri sqlite:///<dir>/mlflow.db` (the full `mlflow` package).
 """
+
 from __future__ import annotations
 
 import math
 import os
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -76,8 +78,11 @@ class MlflowLogger:
         client = self._opened()
         self._log_params(hparams)
         now, step = int(time.time() * 1000), int(metrics.get("steps") or 0)
-        numbers = [Metric(key, float(value), now, step) for key, value in metrics.items()
-                   if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)]
+        numbers = [
+            Metric(key, float(value), now, step)
+            for key, value in metrics.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ]
         client.log_batch(self.run_id, metrics=numbers)
         # Not named metrics.json: bench.report takes each metrics.json under a sweep's dir for a job's.
         client.log_dict(self.run_id, dict(metrics), "final_metrics.json")

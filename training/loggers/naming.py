@@ -1,5 +1,6 @@
 """What a job is called where several runs sit side by side (W&B, MLflow): its overrides, its sweep,
 and the id that keeps a resumed job in the run it started."""
+
 from __future__ import annotations
 
 from pathlib import Path

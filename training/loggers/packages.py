@@ -1,5 +1,6 @@
 """The loggers that need a package training does not (requirements-extras.txt): checked before
 launch, imported only by the backend that uses it (wandb's and mlflow's imports would slow every start-up)."""
+
 from __future__ import annotations
 
 import importlib
@@ -28,5 +29,7 @@ def import_for(option: str) -> ModuleType:
 
 
 def _missing(option: str, module: str) -> ConfigError:
-    return ConfigError(f"logger={option} needs {module}, which is not installed: "
-                       "pip install -r requirements-extras.txt (or leave it out of logger=)")
+    return ConfigError(
+        f"logger={option} needs {module}, which is not installed: "
+        "pip install -r requirements-extras.txt (or leave it out of logger=)"
+    )

@@ -1,8 +1,10 @@
 """logger.tensorboard: scalars, images and the HParams row under <run dir>/tb (a Logger)."""
+
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import google_crc32c
 import numpy as np
@@ -117,6 +119,7 @@ def hparam_values(hparams: Mapping[str, Any], varied: Mapping[str, Sequence[Any]
     (sgd, 3, 0.05), which the tab prints as it is and filters by value, where it would print a number
     to 5 digits (3.0000, 0.050000). A key a search samples from an interval (listing no values) is a
     number, which the tab sorts, filters by range and plots on a numeric axis."""
+
     def shown(key: str, value: Any) -> bool | float | str:
         if isinstance(value, bool):
             return value
@@ -147,8 +150,10 @@ def experiment_summary(values: Mapping[str, Any], varied: Mapping[str, Sequence[
 
     experiment = api_pb2.Experiment(
         hparam_infos=[info(name, value) for name, value in values.items()],
-        metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=title)
-                      for tag, title in HPARAM_METRICS.items()],
+        metric_infos=[
+            api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=title)
+            for tag, title in HPARAM_METRICS.items()
+        ],
     )
     content = plugin_data_pb2.HParamsPluginData(experiment=experiment, version=metadata.PLUGIN_DATA_VERSION)
     plugin_data = SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME, content=content.SerializeToString())

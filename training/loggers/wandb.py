@@ -2,11 +2,13 @@
 until `wandb sync`). Named by the job's overrides, grouped by its sweep, its config the composed one.
 A resumed job continues its run: the run's id is kept in <run dir>/wandb/run_id, and each process
 of the job writes an offline-run-*-<id> dir that `wandb sync` uploads into that one run, in order."""
+
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import yaml
