@@ -39,7 +39,7 @@ def test_a_failed_save_leaves_the_previous_file_intact(tmp_path):
     path = tmp_path / "last.pt"
     save_checkpoint({"epoch": 1}, path)
     before = path.read_bytes()
-    with pytest.raises(pickle.PicklingError):
+    with pytest.raises((pickle.PicklingError, AttributeError)):  # what pickle raises for a local lambda
         save_checkpoint({"epoch": 2, "bad": lambda: None}, path)  # lambdas cannot be pickled
     assert path.read_bytes() == before
 
@@ -248,7 +248,7 @@ def test_a_whole_file_last_pt_deletes_the_sharded_one_it_replaces(tmp_path):
         (directory / ".last.pt.shards.tmp" / ".metadata").write_bytes(b"shards")
         _commit(directory / ".last.pt.shards.tmp", directory / "last.pt", f"last.pt.step{step}.abc123")
     assert sorted(p.name for p in directory.iterdir()) == ["last.pt", "last.pt.step6.abc123"]
-    with pytest.raises(pickle.PicklingError):
+    with pytest.raises((pickle.PicklingError, AttributeError)):  # what pickle raises for a local lambda
         save_checkpoint({"bad": lambda: None}, directory / "last.pt")
     assert (directory / "last.pt" / ".metadata").read_bytes() == b"shards"
     save_checkpoint({"epoch": 2}, directory / "best.pt")
