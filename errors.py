@@ -6,8 +6,8 @@ import re
 import signal
 
 
-def first_line(e: BaseException) -> str:
-    """An exception's message cut to its first line, for a one-line error that quotes it."""
+def first_line(e: BaseException | str) -> str:
+    """An exception's message (or a message) cut to its first line, for a one-line error that quotes it."""
     lines = str(e).strip().splitlines()
     return lines[0] if lines else type(e).__name__
 

@@ -27,10 +27,11 @@ from omegaconf import DictConfig
 
 from config import setup
 from config.callbacks import restore_run_record
-from config.overrides import check_override_keys, swept_overrides
+from config.overrides import check_overrides, swept_overrides
+from config.typed import Composition, run_config, typed
 from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
-from preflight import check_and_plan, check_logger_options, run_config, typed, varied_hparams
+from preflight import check_and_plan, hparams, varied_hparams
 from training.preemption import requeue_or_explain, resume_command
 from training.run import run
 
@@ -44,27 +45,22 @@ log = logging.getLogger("train")
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir, overrides = Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task)
-    settings = typed(cfg)
     swept = swept_overrides(overrides, hydra_cfg.job.config.override_dirname.exclude_keys)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    varied = varied_hparams(Path(hydra_cfg.sweep.dir) / "multirun.yaml") if multirun else {}
+    sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
+    choices = dict(hydra_cfg.runtime.choices)
+    composition = Composition(
+        run_dir=run_dir,
+        choices=choices,
+        swept=swept,
+        hparams=hparams(cfg, choices, swept),
+        sweep_dir=sweep_dir,
+        varied=varied_hparams(sweep_dir / "multirun.yaml") if multirun else {},
+    )
     try:
+        settings = typed(cfg)
         plan = check_and_plan(settings, run_dir, multirun=multirun)
-        launch(
-            plan,
-            run,
-            run_config(
-                cfg,
-                settings,
-                run_dir,
-                hydra_cfg.runtime.choices,
-                swept,
-                plan.forward_signals,
-                plan.requeue_signals,
-                sweep_dir=Path(hydra_cfg.sweep.dir) if multirun else None,
-                varied=varied,
-            ),
-        )
+        launch(plan.launch, run, run_config(settings, composition, num_classes=plan.num_classes, resume=plan.resume))
     except ConfigError as e:
         restore_run_record()
         print(f"error: {e}", file=sys.stderr)
@@ -74,7 +70,7 @@ def main(cfg: DictConfig) -> float | None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     except Preempted as e:
-        requeue_or_explain(e, list(plan.requeue_signals), resume_command(overrides, str(run_dir)))
+        requeue_or_explain(e, list(plan.launch.requeue_signals), resume_command(overrides, str(run_dir)))
         sys.exit(e.exit_code)
     # A sweeper (hydra/sweeper, hparams_search) optimises what the task function returns.
     metrics = run_dir / "metrics.json"  # rank 0's; other torchrun/SLURM ranks return None
@@ -86,8 +82,7 @@ if __name__ == "__main__":
     # refuse as an override: the rank reads LOCAL_RANK from its environment, as under torchrun.
     sys.argv = [arg for arg in sys.argv if not arg.startswith(("--local-rank=", "--local_rank="))]
     try:
-        check_override_keys(sys.argv[1:])
-        check_logger_options(sys.argv[1:])
+        check_overrides(sys.argv[1:])
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

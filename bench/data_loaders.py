@@ -60,8 +60,8 @@ def epoch_rate(loaders, epoch: int, device: torch.device, step=None) -> float:
 
 
 def measure(composed, ctx, epochs: int) -> dict[str, float]:
+    from config.typed import factory, typed
     from data import build_loaders
-    from preflight import factory, typed
 
     cfg = typed(composed)
     loaders = build_loaders(cfg.dataset, cfg.data, ctx, cfg.trainer.batch_size, cfg.trainer.seed)

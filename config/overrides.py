@@ -1,6 +1,6 @@
-"""The command line's overrides, read as Hydra reads them: a key the schema lacks in one line
-before Hydra composes, a job's overrides as {key: value} for its record, and the keys its sweep
-varies."""
+"""The command line's overrides, read as Hydra reads them: a key the schema lacks, or a logger
+option the run does not choose, in one line before Hydra composes; a job's overrides as
+{key: value} for its record; and the keys its sweep varies."""
 
 from __future__ import annotations
 
@@ -11,17 +11,21 @@ from dataclasses import is_dataclass
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from config.schema import Config
+from config.setup import compose
 from errors import ConfigError
 
 
-def check_override_keys(overrides: Sequence[str]) -> None:
-    """A key the config lacks, in one line with the nearest one it has. Hydra says it in five lines
-    and suggests `+key=value`, which the typed config drops unread; a free-form node (model,
-    optimizer, scheduler) takes new keys with `+`: its class judges them (check, check_arguments)."""
+def check_overrides(overrides: Sequence[str]) -> None:
+    """The command line's overrides, parsed once, before Hydra composes: a key the config lacks, in
+    one line with the nearest one it has (Hydra says it in five lines and suggests `+key=value`, which
+    the typed config drops unread); an option of a logger backend the run does not choose. A
+    free-form node (model, optimizer, scheduler, a callback) takes new keys with `+`: its class
+    judges them. The config is composed at most once, and only for commands that need it."""
     overrides = [o for o in overrides if "=" in o]  # not the flags (-m, --cfg job)
     if not overrides:
         return
@@ -29,11 +33,40 @@ def check_override_keys(overrides: Sequence[str]) -> None:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception:  # bad syntax: Hydra's own message names it
         return
+    free_form = _check_schema_keys(parsed)
+    loggers = _unchosen_logger_options(parsed)
+    if not free_form and not loggers:
+        return
+    theirs = tuple(f"logger.{backend}." for backend in loggers)
+    kept = [
+        o.input_line
+        for o in parsed
+        if not o.is_sweep_override()
+        and o.key_or_group.split(".") not in free_form
+        and not o.key_or_group.startswith(theirs)
+    ]
+    try:
+        cfg = compose(*kept)
+    except Exception:  # Hydra's to report
+        return
+    if free_form and not any(o.is_sweep_override() and "." not in o.key_or_group for o in parsed):
+        # A sweep of values leaves the nodes as the fixed overrides compose them; one of group
+        # choices (model=a,b) changes them from job to job, and is left to Hydra.
+        _check_free_form_keys(free_form, cfg)
+    for backend, line in loggers.items():
+        if cfg.logger[backend] is None:
+            raise ConfigError(
+                f"{line} sets an option of logger={backend}, which this run does not choose; add it: "
+                f"logger={backend}, or a list such as 'logger=[tensorboard,{backend}]'"
+            )
+
+
+def _check_schema_keys(parsed: list[Override]) -> list[list[str]]:
+    """The typed sections' keys, against the schema; returns the free-form nodes' keys set without `+`."""
     sections = typing.get_type_hints(Config)
     free_form = []
     for override in parsed:
-        key = override.key_or_group
-        path = key.split(".")
+        path = override.key_or_group.split(".")
         if override.is_delete() or len(path) < 2 or path[0] not in sections:
             continue  # group choices (a group's path, a/b, has no dot), ~ and hydra.* are Hydra's to judge
         if not is_dataclass(sections[path[0]]):
@@ -48,26 +81,31 @@ def check_override_keys(overrides: Sequence[str]) -> None:
             if part not in names:
                 raise _no_such_key(path, depth, names)
             cls = names[part]
-    if free_form and not any(o.is_sweep_override() and "." not in o.key_or_group for o in parsed):
-        # Composed with the command's fixed overrides: a sweep of values leaves the nodes as they are;
-        # one of group choices (model=a,b) changes them from job to job, and is left to Hydra.
-        kept = [
-            o.input_line for o in parsed if not o.is_sweep_override() and o.key_or_group.split(".") not in free_form
-        ]
-        _check_free_form_keys(free_form, kept)
+    return free_form
 
 
-def _check_free_form_keys(paths: list[list[str]], others: list[str]) -> None:
-    """model.*, optimizer.*, scheduler.* set without +: keys the node composed from its group's
-    option (and any experiment) holds. Composed here only for commands that set one: it costs a
-    second composition."""
-    from config.setup import compose
+def _unchosen_logger_options(parsed: list[Override]) -> dict[str, str]:
+    """logger.wandb.* or logger.mlflow.* set for a backend no logger= of the command chooses (a
+    preset may still choose it): {backend: the first override that sets its keys}."""
+    chosen: set[str] = set()  # the backends every job's logger= names
+    for override in parsed:
+        if override.key_or_group == "logger" and not override.is_delete():
+            jobs = override.value().list if override.is_sweep_override() else [override.value()]
+            chosen = set.intersection(*({*job} if isinstance(job, list) else {job} for job in jobs))
+    setting: dict[str, str] = {}
+    for override in parsed:
+        path = override.key_or_group.split(".")
+        if len(path) > 2 and path[0] == "logger" and path[1] in ("wandb", "mlflow") and path[1] not in chosen:
+            setting.setdefault(path[1], override.input_line)
+    return setting
 
-    try:
-        cfg = compose(*[o for o in others if o is not None])
-    except Exception:  # Hydra's to report
-        return
+
+def _check_free_form_keys(paths: list[list[str]], cfg: DictConfig) -> None:
+    """model.*, optimizer.*, scheduler.*, callbacks.<name>.* set without +: keys the node composed from
+    its group's option (and any experiment) holds."""
     for path in paths:
+        if path[0] == "callbacks" and path[1] not in cfg.callbacks:
+            raise _no_such_callback(path, cfg.callbacks)
         node = cfg
         for depth, part in enumerate(path):
             if not isinstance(node, DictConfig):
@@ -75,6 +113,19 @@ def _check_free_form_keys(paths: list[list[str]], others: list[str]) -> None:
             if part not in node:
                 raise _no_such_key(path, depth, list(node), add=depth == 1)
             node = node[part]
+
+
+def _no_such_callback(path: list[str], callbacks: DictConfig) -> ConfigError:
+    """callbacks.patience=2: a callback's option given without the callback's name."""
+    key, option = ".".join(path), path[1]
+    having = [name for name, node in callbacks.items() if isinstance(node, DictConfig) and option in node]
+    if having:
+        return ConfigError(f"{key}: no such key; did you mean callbacks.{having[0]}.{'.'.join(path[1:])}?")
+    chosen = ", ".join(callbacks) or "none"
+    return ConfigError(
+        f"{key}: no such key; a callback's option is callbacks.<name>.{'.'.join(path[1:])}, and this run's "
+        f"callbacks are: {chosen} (choose one with callbacks=<name>, conf/callbacks/)"
+    )
 
 
 def _no_such_key(path: list[str], depth: int, names: Sequence[str], add: bool = False) -> ConfigError:

@@ -1,10 +1,13 @@
 """Every config key the code reads, with its one default, as plain dataclasses.
 
 Registered in Hydra's ConfigStore (config.setup), so a typo'd key or a wrong type fails at
-composition; converted once with OmegaConf.to_object, so everything below train.py receives these
-types and never a DictConfig. Closed choices are Enums matched by name (OmegaConf 2.3 rejects
-Literal and matches Enums by member name); trainer.precision stays a string, because its
-names ("32", "bf16-mixed") are not identifiers, and the pre-flight (preflight.py) validates it.
+composition; converted once with OmegaConf.to_object (config.typed), so everything below train.py
+receives these types and never a DictConfig. Each dataclass checks its own values in
+`__post_init__`, which that conversion runs: a value no machine could train with is a one-line
+ConfigError naming its key before anything else is looked at. What depends on this machine or the
+data (the world, the devices, the files) is the pre-flight's (preflight.py). Closed choices are
+Enums matched by name (OmegaConf 2.3 rejects Literal and matches Enums by member name);
+trainer.precision stays a string, because its names ("32", "bf16-mixed") are not identifiers.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from errors import ConfigError
 
 MISSING = "???"  # OmegaConf's mark for a value the YAML must give (its own MISSING, without importing it)
 
@@ -85,6 +90,29 @@ def devices_per_node(gpus: Optional[int], devices: int) -> int:
     return int(gpus if gpus is not None else devices)
 
 
+def parse_signals(names: List[str], key: str) -> List[signal.Signals]:
+    """`[SIGTERM, USR1]` -> signals; a ConfigError naming `key` for anything else."""
+    parsed = []
+    for name in names or []:
+        full = str(name).upper() if str(name).upper().startswith("SIG") else f"SIG{str(name).upper()}"
+        if full not in signal.Signals.__members__ or full in ("SIGKILL", "SIGSTOP"):
+            raise ConfigError(f"{key}: {name} is not a signal a process can catch; use e.g. [SIGTERM, SIGUSR1]")
+        parsed.append(signal.Signals[full])
+    return parsed
+
+
+def check_ranges(section: str, ranges: List[Tuple[str, Any, bool, str]]) -> None:
+    """(key, value, whether it is allowed, what is): the first value not allowed, as one line."""
+    for key, value, allowed, what in ranges:
+        if not allowed:
+            shown = value.name if isinstance(value, Enum) else value
+            raise ConfigError(f"{section}.{key}={shown}: use {what}")
+
+
+def _at_least_1_or_null(value: Optional[int]) -> bool:
+    return value is None or value >= 1
+
+
 @dataclass
 class TrainerConfig:
     accelerator: Accelerator = Accelerator.auto
@@ -143,6 +171,63 @@ class TrainerConfig:
     def devices_per_node(self) -> int:
         return devices_per_node(self.gpus, self.devices)
 
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"trainer.precision={self.precision}: choose 32, bf16-mixed or 16-mixed")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ConfigError(f"trainer.compile_mode={self.compile_mode}: choose {', '.join(COMPILE_MODES)}")
+        if self.compile_mode != "default" and not self.compile:
+            raise ConfigError(
+                f"trainer.compile_mode={self.compile_mode} compiles nothing alone; add trainer.compile=true"
+            )
+        positive = "a positive number, or null"
+        check_ranges(
+            "trainer",
+            [
+                ("epochs", self.epochs, self.epochs >= 1, "at least 1 epoch"),
+                (
+                    "accumulate_grad_batches",
+                    self.accumulate_grad_batches,
+                    self.accumulate_grad_batches >= 1,
+                    "1 (no accumulation) or more",
+                ),
+                (
+                    "grad_clip",
+                    self.grad_clip,
+                    self.grad_clip is None or self.grad_clip > 0,
+                    "a positive max norm, or null for none",
+                ),
+                (
+                    "limit_train_batches",
+                    self.limit_train_batches,
+                    _at_least_1_or_null(self.limit_train_batches),
+                    positive,
+                ),
+                ("limit_val_batches", self.limit_val_batches, _at_least_1_or_null(self.limit_val_batches), positive),
+                (
+                    "checkpoint_every_n_steps",
+                    self.checkpoint_every_n_steps,
+                    _at_least_1_or_null(self.checkpoint_every_n_steps),
+                    positive,
+                ),
+                ("overfit_batches", self.overfit_batches, _at_least_1_or_null(self.overfit_batches), positive),
+                ("label_smoothing", self.label_smoothing, 0 <= self.label_smoothing < 1, "0 (off) up to below 1"),
+                ("mixup_alpha", self.mixup_alpha, self.mixup_alpha >= 0, "0 (off) or a Beta(alpha, alpha)"),
+                ("cutmix_alpha", self.cutmix_alpha, self.cutmix_alpha >= 0, "0 (off) or a Beta(alpha, alpha)"),
+                (
+                    "ema_decay",
+                    self.ema_decay,
+                    self.ema_decay is None or 0 < self.ema_decay < 1,
+                    "a decay in (0, 1), e.g. 0.99998, or null",
+                ),
+                ("ema_every_n_steps", self.ema_every_n_steps, self.ema_every_n_steps >= 1, "1 or more"),
+            ],
+        )
+        if not _at_least_1_or_null(self.profile):
+            raise ConfigError(f"trainer.profile={self.profile}: profile 1 or more optimizer steps, or null for none")
+        parse_signals(self.preempt_signals, "trainer.preempt_signals")
+        parse_signals(self.requeue_signals, "trainer.requeue_signals")
+
 
 @dataclass
 class StrategyConfig:
@@ -185,6 +270,26 @@ class DataConfig:
     repeated_augmentations: int = 1  # N > 1: each drawn image N times, differently augmented (RASampler)
     decode: Decode = Decode.auto  # image files: decode in workers (cpu) or a batch at a time on the device (gpu)
 
+    def __post_init__(self) -> None:
+        check_ranges(
+            "data",
+            [
+                (
+                    "repeated_augmentations",
+                    self.repeated_augmentations,
+                    self.repeated_augmentations >= 1,
+                    "1 (off) or more",
+                ),
+                (
+                    "num_workers",
+                    self.num_workers,
+                    self.num_workers is None or self.num_workers >= 0,
+                    "0 (load in the training process), a number of worker processes, or null (this task's CPUs "
+                    "shared among its ranks)",
+                ),
+            ],
+        )
+
 
 @dataclass
 class AugmentConfig:  # training only
@@ -214,6 +319,12 @@ class DatasetConfig:
     train_size: int = 2048  # synthetic: samples per split
     val_size: int = 512
     seed: int = 0  # synthetic: the random images
+
+    def __post_init__(self) -> None:
+        check_ranges(
+            "dataset",
+            [("random_erase", self.random_erase, 0 <= self.random_erase <= 1, "a probability, 0 (off) to 1")],
+        )
 
 
 @dataclass
@@ -267,6 +378,16 @@ class OptimConfig:
     reference_batch: int = 256  # lr_scaling=linear: the batch optimizer.lr was tuned for
     norm_weight_decay: Optional[float] = None  # normalisation layers and biases; None: weight_decay as the rest
 
+    def __post_init__(self) -> None:
+        decay = self.norm_weight_decay
+        check_ranges(
+            "optimizer",
+            [
+                ("reference_batch", self.reference_batch, self.reference_batch >= 1, "the batch lr was tuned for"),
+                ("norm_weight_decay", decay, decay is None or decay >= 0, "null (as weight_decay) or 0 and up"),
+            ],
+        )
+
 
 @dataclass
 class ScheduleConfig:
@@ -274,6 +395,16 @@ class ScheduleConfig:
 
     warmup_epochs: int = 0  # linear warmup in front of the scheduler, stepped every optimizer step
     warmup_start_factor: float = 0.01  # the first step's lr, as a fraction of the lr warmup leads to
+
+    def __post_init__(self) -> None:
+        factor = self.warmup_start_factor
+        check_ranges(
+            "scheduler",
+            [
+                ("warmup_epochs", self.warmup_epochs, self.warmup_epochs >= 0, "0 (off) or more"),
+                ("warmup_start_factor", factor, 0 < factor <= 1, "a fraction of the lr in (0, 1]"),
+            ],
+        )
 
 
 def defaults_of(cls: type) -> Callable[[], Dict[str, Any]]:
@@ -298,6 +429,16 @@ class Config:
     loss: Any = None
     callbacks: Dict[str, Any] = field(default_factory=dict)  # name -> `_target_` node (conf/callbacks/)
     optimized_metric: str = "best_val_acc"  # the metrics.json figure main() returns to a sweeper
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a run continues, as the pre-flight found it: every rank must see this very file
+    (its step and size), or the run stops in one line (training.checkpoint.resume)."""
+
+    path: Path  # a last.pt or best.pt file, or strategy=fsdp's sharded last.pt (a directory)
+    step: int  # the optimizer steps it holds
+    size: int  # its bytes (a sharded one's: its files' together)
 
 
 @dataclass(frozen=True)
@@ -329,3 +470,4 @@ class RunConfig:
     # The keys the sweep gives more than one value, each with the values it lists (preflight.varied_hparams):
     # the HParams tab's differing ones. {}: a single run.
     varied: Dict[str, Tuple[Any, ...]] = field(default_factory=dict)
+    resume: Optional[ResumePoint] = None  # the checkpoint to continue, decided once before launch; None: afresh

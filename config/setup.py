@@ -19,8 +19,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf
 
+from config import launcher_env
 from config.schema import Config, devices_per_node
-from distributed import environment
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
@@ -95,8 +95,8 @@ _NAME_BYTES = 200  # file systems take 255 bytes a name: room to spare
 # conf/config.yaml names the run dir with run_name and rank_zero_only, so every torchrun/SLURM
 # rank picks the same dir and only rank 0 writes .hydra/ (Hydra #2070).
 RESOLVERS = {
-    "run_name": lambda launcher, default: environment.run_name(_name(launcher), os.environ, default),
-    "rank_zero_only": lambda launcher, value: value if environment.is_rank_zero(_name(launcher), os.environ) else None,
+    "run_name": lambda launcher, default: launcher_env.run_name(_name(launcher), os.environ, default),
+    "rank_zero_only": lambda launcher, value: value if launcher_env.is_rank_zero(_name(launcher), os.environ) else None,
     "per_device": _per_device,
     "per_node": _per_node,
     "job_dir": _job_dir,

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from config import launcher_env
 from distributed import environment
 from errors import ConfigError, first_line
 
@@ -88,7 +89,7 @@ def cpus_per_rank(local_world_size: int, env: Mapping[str, str] = os.environ) ->
     that started them may use, an equal part each."""
     mine = len(os.sched_getaffinity(0))
     asked = int(env.get("SLURM_CPUS_PER_TASK") or 0)
-    if environment.detect(env) == "slurm":
+    if launcher_env.detect(env) == "slurm":
         return max(1, min(mine, asked or int(env.get("SLURM_CPUS_ON_NODE") or mine) // local_world_size))
     return max(1, min(mine, asked or mine) // local_world_size)
 

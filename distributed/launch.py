@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
+from config import launcher_env
 from config.schema import Accelerator, Backend, LauncherConfig, StartMethod, TrainerConfig
 from distributed import environment
 from distributed.context import OPTIMIZER_IMPORT, DistContext, make_context
@@ -62,6 +63,11 @@ class LaunchPlan:
         return self.env_rank.world_size if self.env_rank else self.processes_per_node * self.num_nodes
 
     @property
+    def in_process(self) -> bool:
+        """This process is the run's one rank (a single run, dp), or one of torchrun's or SLURM's."""
+        return self.env_rank is not None or (self.processes_per_node == 1 and not self.own_process)
+
+    @property
     def devices_per_process(self) -> int:
         return self.devices // self.processes_per_node
 
@@ -93,7 +99,7 @@ def plan_launch(
     """
     name = launcher.name.value
     if name == "auto":
-        name = environment.detect(env)
+        name = launcher_env.detect(env)
     env_rank = None
     if name == "torchrun":
         env_rank = environment.from_torchrun(env)
@@ -224,7 +230,7 @@ def launch(plan: LaunchPlan, worker: Callable[..., Any], *args: Any) -> None:
         worker(plan.context(plan.env_rank.rank, plan.env_rank.local_rank), *args)
         return
     with _store(plan):
-        if plan.processes_per_node == 1 and not plan.own_process:  # CPU, or a single run: in this process
+        if plan.in_process:  # CPU, or a single run
             _run_rank(0, plan, worker, args)
         else:
             _spawn(plan, worker, args)

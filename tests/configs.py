@@ -9,8 +9,9 @@ from omegaconf import DictConfig, open_dict
 from config.overrides import swept_overrides
 from config.schema import Config, RunConfig
 from config.setup import compose
-from preflight import run_config, typed
-from training.preemption import parse_signals
+from config.typed import Composition, run_config, typed
+from data import num_classes
+from preflight import hparams
 
 
 def compose_config(*overrides: str) -> DictConfig:
@@ -23,12 +24,12 @@ def typed_config(*overrides: str) -> Config:
 
 
 def job_config(run_dir: Path, *overrides: str) -> RunConfig:
-    """What train.py hands each worker for `python train.py *overrides`, run in `run_dir`."""
+    """What train.py hands each worker for `python train.py *overrides`, run in `run_dir` (no resume)."""
     cfg = compose(*overrides, hydra=True)
     choices = dict(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]
     settings = typed(cfg)
-    signals = tuple(parse_signals(settings.trainer.preempt_signals, "trainer.preempt_signals"))
-    requeue = tuple(parse_signals(settings.trainer.requeue_signals, "trainer.requeue_signals"))
-    return run_config(cfg, settings, run_dir, choices, swept_overrides(overrides), signals, requeue)
+    swept = swept_overrides(overrides)
+    composition = Composition(run_dir, choices, swept, hparams(cfg, choices, swept))
+    return run_config(settings, composition, num_classes=settings.dataset.num_classes or num_classes(settings.dataset))

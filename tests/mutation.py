@@ -42,7 +42,7 @@ PARTS = {
         "_check_built",
         "_check_forward",
     ],
-    "config/overrides.py": ["check_override_keys", "_check_free_form_keys", "_no_such_key"],
+    "config/overrides.py": ["check_overrides", "_check_free_form_keys", "_no_such_key"],
 }
 KILLED = {1, 3, 24, -24, 36, 152, 255}  # a failing test, or a test timed out (mutmut's exit codes)
 

@@ -8,7 +8,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from config.overrides import check_override_keys
+from config.overrides import check_overrides
 from errors import ConfigError
 from preflight import check_and_plan
 from tests.configs import compose_config, typed_config
@@ -78,14 +78,14 @@ def test_gpus_shorthand_means_gpu_accelerator():
 
 
 def test_cpu_ddp_plan():
-    plan = check_and_plan(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"))
+    plan = check_and_plan(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2")).launch
     assert (plan.accelerator, plan.processes_per_node, plan.process_group) == ("cpu", 2, True)
     assert set(plan.forward_signals) == {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}  # passed on to spawned ranks
     assert plan.requeue_signals == (signal.SIGUSR1, signal.SIGUSR2)  # parsed with them, for the ranks and train.py
 
 
 def test_resume_auto_starts_fresh_but_a_plain_run_never_overwrites_last_pt(tmp_path):
-    assert check_and_plan(typed_config("trainer.resume=auto"), tmp_path).world_size == 1  # no last.pt yet: fresh
+    assert check_and_plan(typed_config("trainer.resume=auto"), tmp_path).launch.world_size == 1  # no last.pt yet: fresh
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.pt").write_bytes(b"a previous attempt")
     with pytest.raises(ConfigError, match="already holds checkpoints/last.pt; continue it with trainer.resume=auto"):
@@ -135,7 +135,7 @@ def test_train_py_rejects_an_unknown_key_in_one_line_naming_the_nearest(run_dir)
     ],
 )
 def test_keys_the_typed_config_has_or_does_not_type_pass_the_key_check(overrides):
-    check_override_keys(overrides)  # model and optimizer keys are the builder's; ~ and groups Hydra's
+    check_overrides(overrides)  # model and optimizer keys are the builder's; ~ and groups Hydra's
 
 
 @pytest.mark.parametrize(
@@ -149,7 +149,7 @@ def test_keys_the_typed_config_has_or_does_not_type_pass_the_key_check(overrides
 )
 def test_an_unknown_key_names_the_nearest_in_its_section(override, error):
     with pytest.raises(ConfigError, match=error):
-        check_override_keys([override])
+        check_overrides([override])
 
 
 @pytest.mark.parametrize(
@@ -168,20 +168,20 @@ def test_an_unknown_key_names_the_nearest_in_its_section(override, error):
 )
 def test_a_model_optimizer_or_scheduler_key_its_file_lacks_names_the_nearest(overrides, error):
     with pytest.raises(ConfigError, match=error):
-        check_override_keys(overrides)
+        check_overrides(overrides)
 
 
 def test_keys_an_experiment_or_group_choice_brings_pass_the_key_check():
     # An experiment picks its own model (conf/experiment/cifar10_resnet18_finetune_dp.yaml): its keys are the node's.
-    check_override_keys(
+    check_overrides(
         ["experiment=cifar10_resnet18_finetune_dp", "model.arch=resnet18", "optimizer.lr=0.1", "scheduler.step_size=3"]
     )
-    check_override_keys(["model=simple_cnn,mnist_net", "model.nope=1"])  # a sweep of choices: Hydra's to judge
+    check_overrides(["model=simple_cnn,mnist_net", "model.nope=1"])  # a sweep of choices: Hydra's to judge
 
 
 def _key_refusal(*overrides: str) -> str:
     with pytest.raises(ConfigError) as refused:
-        check_override_keys(overrides)
+        check_overrides(overrides)
     return str(refused.value)
 
 
@@ -198,9 +198,9 @@ def test_every_override_is_checked_past_a_free_form_key_a_leaf_or_a_value_that_i
 
 
 def test_hydras_own_keys_a_deletion_and_a_forced_add_in_a_free_form_node_are_left_to_hydra():
-    check_override_keys(["optimizer._partial_=true"])
-    check_override_keys(["callbacks=grad_norm", "callbacks.grad_norm._partial_=true"])
-    check_override_keys(["~trainer.nope=3", "++optimizer.fused=true"])
+    check_overrides(["optimizer._partial_=true"])
+    check_overrides(["callbacks=grad_norm", "callbacks.grad_norm._partial_=true"])
+    check_overrides(["~trainer.nope=3", "++optimizer.fused=true"])
 
 
 def test_a_model_key_its_builder_does_not_take_is_one_line():
@@ -233,12 +233,12 @@ def test_launcher_backend_picks_the_process_groups_backend(monkeypatch):
     monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
     backends = {}
     for backend in ("null", "nccl", "gloo"):
-        plan = check_and_plan(typed_config("strategy=ddp", "trainer.gpus=2", f"launcher.backend={backend}"))
+        plan = check_and_plan(typed_config("strategy=ddp", "trainer.gpus=2", f"launcher.backend={backend}")).launch
         backends[backend] = plan.context(1, 1).backend
     assert backends == {"null": "nccl", "nccl": "nccl", "gloo": "gloo"}
     cpu = check_and_plan(
         typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "launcher.backend=gloo")
-    )
+    ).launch
     assert cpu.context(1, 1).backend == "gloo"
 
 

@@ -13,9 +13,9 @@ from omegaconf import OmegaConf
 
 from config.schema import Config, Loader
 from config.setup import ROOT
+from config.typed import factory
 from data import build_loaders, cifar10
 from distributed.context import make_context
-from preflight import factory
 from tests.dataset_files import write_cifar, write_idx, write_image_folder, write_odd_images
 from tests.runs import run_train
 from training.loss import CrossEntropy

@@ -40,7 +40,8 @@ from omegaconf import OmegaConf
 from config.overrides import sweep_grid
 from config.schema import Accelerator
 from config.setup import CONF_DIR, ROOT, compose
-from preflight import check_and_plan, typed
+from config.typed import typed
+from preflight import check_and_plan
 from tests import train_server
 from tests.runs import FORK_RANKS
 from training.profiling import WAIT, WARMUP

@@ -10,6 +10,7 @@ import struct
 
 import pytest
 
+from config import launcher_env
 from distributed import environment
 from errors import ConfigError
 
@@ -46,7 +47,7 @@ def _error(call, *args) -> str:
     ],
 )
 def test_srun_is_the_launcher_from_two_tasks_on(env, found):
-    assert environment.detect(env) == found
+    assert launcher_env.detect(env) == found
 
 
 @pytest.mark.parametrize(
@@ -57,13 +58,13 @@ def test_srun_is_the_launcher_from_two_tasks_on(env, found):
     ],
 )
 def test_a_run_dir_name_from_a_partial_environment(launcher, env, name):
-    assert environment.run_name(launcher, env, "clock") == name
+    assert launcher_env.run_name(launcher, env, "clock") == name
 
 
 def test_torchrun_in_a_batch_script_without_a_run_id_is_refused_not_named_by_the_job():
     # SLURM_JOB_ID alone (no srun step): several such torchruns in one job would share the name.
     env = TORCHRUN | {"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "77"}
-    assert _error(environment.run_name, "auto", env, "clock") == (
+    assert _error(launcher_env.run_name, "auto", env, "clock") == (
         "TORCHELASTIC_RUN_ID=none: torchrun got no --rdzv-id, so every such run would share one run dir; "
         "start torchrun with --standalone (one node) or --rdzv-id=<a name for this run>, "
         "or set hydra.run.dir=<a dir for this run>"
@@ -71,15 +72,15 @@ def test_torchrun_in_a_batch_script_without_a_run_id_is_refused_not_named_by_the
 
 
 def test_a_hand_set_world_size_is_refused_in_one_line():
-    assert _error(environment.run_name, "auto", TORCHRUN, "clock") == (
+    assert _error(launcher_env.run_name, "auto", TORCHRUN, "clock") == (
         "WORLD_SIZE=2 set by hand (not by torchrun): each process would name its run dir by its own clock and the "
         "ranks could split over two dirs; set hydra.run.dir=<one dir for all ranks>"
     )
 
 
 def test_rank_zero_is_read_from_the_named_launchers_variable():
-    assert environment.is_rank_zero("torchrun", {})  # no RANK: the one process
-    assert not environment.is_rank_zero("slurm", {"SLURM_PROCID": "1"})  # named, not detected (no step id here)
+    assert launcher_env.is_rank_zero("torchrun", {})  # no RANK: the one process
+    assert not launcher_env.is_rank_zero("slurm", {"SLURM_PROCID": "1"})  # named, not detected (no step id here)
 
 
 def test_a_missing_torchrun_or_srun_variable_is_one_line_naming_the_fix():

@@ -11,7 +11,7 @@ import yaml
 
 from config.schema import LauncherName, LrScaling, OptimConfig, ScheduleConfig, StrategyName
 from config.setup import CONF_DIR
-from preflight import optim_config, schedule_config
+from config.typed import optim_config, schedule_config
 from tests.configs import compose_config
 from tests.dataset_files import write_cifar, write_idx, write_image_folder
 from tests.runs import run_train

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from config import launcher_env
 from config.setup import ROOT
 from distributed import collectives, context, environment, strategies
 from distributed import launch as launching
@@ -78,14 +79,14 @@ def _plan(env: dict[str, str], *overrides: str):
     ],
 )
 def test_auto_detects_the_launcher_from_the_environment(env, found):
-    assert environment.detect(env) == found
+    assert launcher_env.detect(env) == found
 
 
 def test_torchrun_env_gives_rank_world_and_nodes():
     r = environment.from_torchrun(TORCHRUN_ENV)
     assert (r.rank, r.local_rank, r.world_size, r.local_world_size, r.num_nodes) == (3, 1, 4, 2, 2)
     assert r.master_addr is None  # torchrun exported MASTER_ADDR/PORT; we leave them alone
-    assert environment.run_name("auto", TORCHRUN_ENV, "clock") == "torchrun-abc"
+    assert launcher_env.run_name("auto", TORCHRUN_ENV, "clock") == "torchrun-abc"
 
 
 def test_torchrun_without_group_world_size_counts_nodes_from_the_local_world():
@@ -103,8 +104,8 @@ def test_slurm_env_gives_ranks_master_and_port():
     r = environment.from_slurm(SLURM_ENV, _hosts)
     assert (r.rank, r.local_rank, r.world_size, r.local_world_size, r.num_nodes) == (3, 1, 4, 2, 2)
     assert (r.master_addr, r.master_port) == ("gpu07", 21230)  # 10000 + 4567123 % 2000 * 10 + step 0
-    assert environment.run_name("auto", SLURM_ENV, "clock") == "slurm-4567123.0"
-    assert environment.run_name("spawn", SLURM_ENV, "clock") == "clock"
+    assert launcher_env.run_name("auto", SLURM_ENV, "clock") == "slurm-4567123.0"
+    assert launcher_env.run_name("spawn", SLURM_ENV, "clock") == "clock"
 
 
 def test_slurm_local_rank_falls_back_to_seed_002():
@@ -152,7 +153,7 @@ def test_slurm_port_is_a_valid_one_apart_for_each_step_and_the_config_wins():
     ],
 )
 def test_torchrun_ranks_name_their_run_dir_by_the_job(env, name):
-    assert environment.run_name("auto", env, "clock") == name
+    assert launcher_env.run_name("auto", env, "clock") == name
 
 
 @pytest.mark.parametrize(
@@ -173,7 +174,7 @@ def test_torchrun_ranks_name_their_run_dir_by_the_job(env, name):
 )
 def test_ranks_without_a_shared_run_name_stop_in_one_line(env, expected):
     with pytest.raises(ConfigError) as e:
-        environment.run_name("auto", env, "clock")
+        launcher_env.run_name("auto", env, "clock")
     assert all(part in str(e.value) for part in expected) and "\n" not in str(e.value), str(e.value)
 
 
@@ -183,15 +184,15 @@ def test_slurm_tasks_per_node_expands(spec, counts):
 
 
 def test_only_rank_zero_writes_hydra_files():
-    assert environment.is_rank_zero("auto", {})
-    assert not environment.is_rank_zero("auto", TORCHRUN_ENV)
-    assert environment.is_rank_zero("auto", TORCHRUN_ENV | {"RANK": "0"})
-    assert not environment.is_rank_zero("slurm", SLURM_ENV)
+    assert launcher_env.is_rank_zero("auto", {})
+    assert not launcher_env.is_rank_zero("auto", TORCHRUN_ENV)
+    assert launcher_env.is_rank_zero("auto", TORCHRUN_ENV | {"RANK": "0"})
+    assert not launcher_env.is_rank_zero("slurm", SLURM_ENV)
 
 
 def test_the_first_task_of_a_later_slurm_node_is_not_rank_zero():
     # SLURM_LOCALID is 0 on every node: only the global SLURM_PROCID picks the one writer.
-    assert not environment.is_rank_zero("auto", SLURM_ENV | {"SLURM_PROCID": "2", "SLURM_LOCALID": "0"})
+    assert not launcher_env.is_rank_zero("auto", SLURM_ENV | {"SLURM_PROCID": "2", "SLURM_LOCALID": "0"})
 
 
 def test_plan_takes_the_world_from_torchrun():
@@ -367,7 +368,7 @@ def test_a_gpu_sweep_job_runs_even_one_process_in_a_child(monkeypatch, strategy)
     }
     for (accelerator, multirun), where in expected.items():
         cfg = typed_config(f"strategy={strategy}", f"trainer.accelerator={accelerator}")
-        launch(check_and_plan(cfg, multirun=multirun), lambda ctx: in_process.append(ctx.device.type))
+        launch(check_and_plan(cfg, multirun=multirun).launch, lambda ctx: in_process.append(ctx.device.type))
         assert (spawned, in_process) == where, (accelerator, multirun)
         spawned.clear()
         in_process.clear()
@@ -640,7 +641,7 @@ def test_the_start_method_and_port_reach_the_ranks(monkeypatch, start_method):
     cfg = typed_config(
         "debug=ddp_cpu", "strategy=ddp", f"launcher.start_method={start_method}", f"launcher.master_port={port}"
     )
-    launch(check_and_plan(cfg), print)
+    launch(check_and_plan(cfg).launch, print)
     assert started == [(start_method, str(port))]
 
 
@@ -705,6 +706,6 @@ def test_each_launch_hands_its_forkserver_ranks_its_own_environment(monkeypatch,
     )
     for job in ("first", "second"):
         (tmp_path / job).mkdir()
-        launch(check_and_plan(cfg), _record_master_port, str(tmp_path / job))
+        launch(check_and_plan(cfg).launch, _record_master_port, str(tmp_path / job))
         ports = [(tmp_path / job / f"rank{r}").read_text() for r in range(2)]
         assert ports[0] == ports[1] != "", ports  # the launch's store, not the server's empty MASTER_PORT

@@ -13,9 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from config.overrides import check_overrides
 from config.schema import LoggerConfig, MlflowConfig, WandbConfig
 from errors import ConfigError
-from preflight import check_and_plan, check_logger_options
+from preflight import check_and_plan
 from tests.configs import job_config, typed_config
 from tests.runs import run_train, wandb_records
 
@@ -223,7 +224,7 @@ def test_the_sample_grid_is_drawn_only_for_a_logger_that_takes_images():
 def test_options_of_a_logger_the_run_does_not_choose_are_one_line_naming_the_choice():
     def refusal(*overrides):
         with pytest.raises(ConfigError) as error:
-            check_logger_options(overrides)
+            check_overrides(overrides)
         return str(error.value)
 
     assert refusal("logger.wandb.project=p") == (
@@ -232,8 +233,8 @@ def test_options_of_a_logger_the_run_does_not_choose_are_one_line_naming_the_cho
     )
     assert refusal("debug=default", "logger.mlflow.experiment=e").startswith("logger.mlflow.experiment=e sets")
     assert refusal("-m", "logger=wandb,csv", "logger.wandb.tags=[a]").startswith("logger.wandb.tags=[a] sets")
-    check_logger_options(["logger=wandb", "logger.wandb.project=p"])
-    check_logger_options(["-m", "logger=[csv,mlflow],[mlflow]", "logger.mlflow.experiment=e", "trainer.epochs=2"])
+    check_overrides(["logger=wandb", "logger.wandb.project=p"])
+    check_overrides(["-m", "logger=[csv,mlflow],[mlflow]", "logger.mlflow.experiment=e", "trainer.epochs=2"])
 
 
 @pytest.mark.slow

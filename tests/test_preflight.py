@@ -13,10 +13,11 @@ import pytest
 import torch
 import yaml
 
+from config.overrides import check_overrides
 from config.schema import COMPILE_MODES
 from errors import ConfigError
 from models.mnist_net import MnistNet
-from preflight import _check_forward, _check_recipe, check_logger_options
+from preflight import _check_forward
 from preflight import check_and_plan as check
 from tests.configs import typed_config
 from training.checkpoint import save_checkpoint
@@ -42,7 +43,10 @@ def _last_pt(run_dir: Path, scheduler_config: dict | None = None) -> Path:
 
 
 def _refusal(*overrides: str, run_dir: Path | None = None) -> str:
-    return _refusal_of(typed_config(*overrides), run_dir)
+    """The one line that refuses `python train.py *overrides`: as the config is typed, or in the check."""
+    with pytest.raises(ConfigError) as refused:
+        check(typed_config(*overrides), run_dir)
+    return str(refused.value)
 
 
 def _refusal_of(cfg, run_dir: Path | None = None) -> str:
@@ -53,8 +57,8 @@ def _refusal_of(cfg, run_dir: Path | None = None) -> str:
 
 def test_resume_auto_continues_the_run_dirs_last_pt_and_without_a_run_dir_starts_fresh(tmp_path):
     _last_pt(tmp_path)
-    assert check(typed_config("trainer.resume=auto"), tmp_path).world_size == 1
-    assert check(typed_config("trainer.resume=auto")).world_size == 1  # no run dir yet (a -m job's parent)
+    assert check(typed_config("trainer.resume=auto"), tmp_path).launch.world_size == 1
+    assert check(typed_config("trainer.resume=auto")).launch.world_size == 1  # no run dir yet (a -m job's parent)
 
 
 def test_a_plain_run_over_a_run_dirs_last_pt_is_refused_in_one_line(tmp_path):
@@ -87,8 +91,8 @@ def test_a_scheduler_key_the_checkpoint_lacks_is_named_as_none(tmp_path):
     )
 
 
-# A recipe key outside its range (set on one composed config: the check refuses it before any model
-# is built), and the whole line that refuses it.
+# A recipe key outside its range (refused as the config is typed, before any model is built), and
+# the whole line that refuses it.
 RANGES = [
     ("trainer", "label_smoothing", 1.0, "0 (off) up to below 1"),
     ("dataset", "random_erase", 1.5, "a probability, 0 (off) to 1"),
@@ -112,20 +116,12 @@ def composed():
 
 
 @pytest.mark.parametrize("section, key, value, allowed", RANGES)
-def test_a_recipe_key_out_of_its_range_is_one_line_naming_what_it_takes(composed, section, key, value, allowed):
-    cfg = copy.deepcopy(composed)
-    node = getattr(cfg, section)
-    if isinstance(node, dict):  # the _target_ nodes: optimizer, scheduler
-        node[key] = value
-    else:
-        setattr(node, key, value)
-    assert _refusal_of(cfg) == f"{section}.{key}={value}: use {allowed}"
+def test_a_recipe_key_out_of_its_range_is_one_line_naming_what_it_takes(section, key, value, allowed):
+    assert _refusal(f"{section}.{key}={value}") == f"{section}.{key}={value}: use {allowed}"
 
 
-def test_a_warmup_may_start_at_the_full_lr(composed):
-    cfg = copy.deepcopy(composed)
-    cfg.scheduler["warmup_start_factor"] = 1.0
-    check(cfg)
+def test_a_warmup_may_start_at_the_full_lr():
+    check(typed_config("scheduler.warmup_start_factor=1.0"))
 
 
 @pytest.mark.parametrize(
@@ -137,24 +133,17 @@ def test_a_warmup_may_start_at_the_full_lr(composed):
         ("optimizer", "norm_weight_decay", 0.5),
     ],
 )
-def test_a_recipe_key_at_the_end_of_its_range_passes(composed, section, key, value):
-    cfg = copy.deepcopy(composed)
-    node = getattr(cfg, section)
-    if isinstance(node, dict):
-        node[key] = value
-    else:
-        setattr(node, key, value)
-    _check_recipe(cfg)  # the range alone (digits refuses random_erase: its images are ready tensors)
+def test_a_recipe_key_at_the_end_of_its_range_passes(section, key, value):
+    typed_config(
+        f"{section}.{key}={value}"
+    )  # the range alone (digits refuses random_erase: its images are ready tensors)
 
 
-def test_linear_lr_scaling_needs_optimizer_lr_and_only_it_does(composed):
-    cfg = copy.deepcopy(composed)
-    cfg.optimizer["lr_scaling"] = "linear"
-    _check_recipe(cfg)
-    del cfg.optimizer["lr"]
-    assert _refusal_of(cfg).startswith("optimizer.lr_scaling=linear scales optimizer.lr, which is not set")
-    cfg.optimizer["lr_scaling"] = "none"
-    check(cfg)  # the optimizer's own default lr
+def test_linear_lr_scaling_needs_optimizer_lr_and_only_it_does():
+    typed_config("optimizer.lr_scaling=linear")
+    refusal = _refusal("optimizer.lr_scaling=linear", "~optimizer.lr")
+    assert refusal.startswith("optimizer.lr_scaling=linear scales optimizer.lr, which is not set")
+    check(typed_config("~optimizer.lr"))  # the optimizer's own default lr
 
 
 def test_the_model_modules_own_check_runs_before_launch():
@@ -192,8 +181,8 @@ def test_trainer_profile_passes_where_no_key_bounds_the_runs_steps(composed):
 
 
 def test_logger_options_pass_where_every_job_of_a_sweep_chooses_that_logger_or_none_is_set():
-    check_logger_options(["-m", "logger=wandb,[wandb,csv]", "logger.wandb.project=p"])
-    check_logger_options(["logger.wandb=null"])  # the node itself, not an option of it
+    check_overrides(["-m", "logger=wandb,[wandb,csv]", "logger.wandb.project=p"])
+    check_overrides(["logger.wandb=null"])  # the node itself, not an option of it
 
 
 def test_a_test_only_run_of_model_weights_passes_and_the_forward_check_builds_without_them(tmp_path, recwarn):
@@ -236,54 +225,61 @@ def reads_a_value():
 def _sized(composed, model, train_crop, val_crop):
     cfg = copy.deepcopy(composed)
     cfg.model, cfg.dataset.train_crop, cfg.dataset.val_crop = model, train_crop, val_crop
-    return cfg
+    return cfg, 10
 
 
 def test_the_forward_check_runs_the_train_size_in_training_mode_and_the_val_size_in_evaluation(composed):
     model = {"_target_": f"{__name__}.FlattensInTraining"}
-    _check_forward(_sized(composed, model, 8, 16))
+    _check_forward(*_sized(composed, model, 8, 16))
     with pytest.raises(ConfigError, match=r"^the model cannot take dataset=digits's train images \(1x16x16\)"):
-        _check_forward(_sized(composed, model, 16, 8))
-    refusal = str(pytest.raises(ConfigError, _check_forward, _sized(composed, composed.model, None, 16)).value)
+        _check_forward(*_sized(composed, model, 16, 8))
+    refusal = str(pytest.raises(ConfigError, _check_forward, *_sized(composed, composed.model, None, 16)).value)
     assert refusal.startswith("the model cannot take dataset=digits's val images (1x16x16): ")
-    assert "[2, 2304] X [256, 128]" in refusal  # torch's own line: the features it got, and those it takes
-    assert refusal.endswith("; set dataset.image_size (or train_crop / val_crop) to the size the model takes")
+    # The layer and the shapes, then torch's own line: the features it got, and those it takes.
+    assert "layer fc1 (Linear(in_features=256, out_features=128, bias=True)) got input (2, 2304): " in refusal
+    assert "[2, 2304] X [256, 128]" in refusal
+    assert refusal.endswith(
+        "; build the model for these images, or set dataset.image_size (or train_crop / val_crop) to the size it "
+        "is built for"
+    )
 
 
 def test_a_builder_that_reads_a_tensors_value_is_left_to_the_first_step(composed):
-    _check_forward(_sized(composed, {"_target_": f"{__name__}.reads_a_value"}, None, None))
+    _check_forward(*_sized(composed, {"_target_": f"{__name__}.reads_a_value"}, None, None))
 
 
 def test_a_model_that_returns_more_than_logits_is_one_line_naming_what_it_returns(composed):
     cfg = _sized(composed, {"_target_": f"{__name__}.ReturnsAuxInTraining"}, None, None)
-    refusal = str(pytest.raises(ConfigError, _check_forward, cfg).value)
+    refusal = str(pytest.raises(ConfigError, _check_forward, *cfg).value)
     assert refusal.startswith("the model returns tuple for a batch of 2, not logits (2, 10)")
     assert refusal.endswith("; build it to return one row of class scores per image")
 
 
 def test_a_forward_that_reads_a_tensors_value_is_left_to_the_first_step(composed):
-    _check_forward(_sized(composed, {"_target_": f"{__name__}.ReadsAValueInForward"}, None, None))
+    _check_forward(*_sized(composed, {"_target_": f"{__name__}.ReadsAValueInForward"}, None, None))
 
 
-@pytest.mark.parametrize("key", ["loss", "callbacks.grad_norm"])
-def test_a_loss_or_callback_without_a_target_is_one_line_naming_the_group_to_copy(composed, key):
-    cfg = copy.deepcopy(composed)
-    if key == "loss":
-        cfg.loss = {"label_smoothing": 0.1}
-    else:
-        cfg.callbacks = {"grad_norm": {"every": 1}}
+@pytest.mark.parametrize("key", ["model", "loss", "callbacks.grad_norm"])
+def test_a_model_loss_or_callback_without_a_target_is_one_line_naming_the_group_to_copy(key):
+    refusal = _refusal("callbacks=grad_norm", f"~{key}._target_")
     group = key.split(".")[0]
-    refusal = _refusal_of(cfg)
     assert refusal.startswith(f"{key}: no _target_") and refusal.endswith(f"as the files in conf/{group}/ do")
 
 
-def test_the_trainer_keys_least_values_pass(composed):
-    cfg = copy.deepcopy(composed)
-    trainer = cfg.trainer
-    trainer.epochs, trainer.batch_size, trainer.grad_clip = 1, 1, 0.5  # a sample per process, a norm below 1
-    trainer.limit_train_batches = trainer.limit_val_batches = trainer.checkpoint_every_n_steps = 1
-    trainer.overfit_batches = 1
-    check(cfg)
+@pytest.mark.parametrize("key", ["model", "loss", "callbacks.grad_norm"])
+def test_a_model_loss_or_callback_that_does_not_import_is_one_line_naming_the_key(key):
+    refusal = _refusal("callbacks=grad_norm", f"{key}._target_=models.nowhere.Net")
+    assert refusal.startswith(f"{key}._target_=models.nowhere.Net does not import (ModuleNotFoundError: ")
+    assert refusal.endswith(
+        "name a class importable from this repo, as the files in conf/" + key.split(".")[0] + "/ do"
+    )
+
+
+def test_the_trainer_keys_least_values_pass():
+    # a sample per process, a norm below 1
+    least = ["trainer.epochs=1", "trainer.batch_size=1", "trainer.grad_clip=0.5", "trainer.overfit_batches=1"]
+    ones = ["trainer.limit_train_batches=1", "trainer.limit_val_batches=1", "trainer.checkpoint_every_n_steps=1"]
+    check(typed_config(*least, *ones))
 
 
 def test_a_bad_signal_names_its_key():
@@ -294,7 +290,7 @@ def test_a_bad_signal_names_its_key():
 def test_only_a_multirun_job_on_a_gpu_runs_in_a_process_of_its_own(monkeypatch):
     monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
     cfg = typed_config("trainer.gpus=1")
-    assert not check(cfg).own_process and check(cfg, multirun=True).own_process
+    assert not check(cfg).launch.own_process and check(cfg, multirun=True).launch.own_process
 
 
 def test_fp16_on_cpu_and_an_unknown_compile_mode_name_their_fixes():

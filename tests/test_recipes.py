@@ -14,13 +14,14 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from config.schema import LrScaling, OptimConfig, ScheduleConfig, TrainerConfig
+from config.typed import factory, model_factory, scaled_lr, target_arguments
 from data import Loaders
 from data.sampler import RepeatedAugmentationSampler
 from data.transforms import sample_transform
 from errors import ConfigError
 from models.zoo import check as check_torchvision
 from models.zoo import torchvision_classifier
-from preflight import check_and_plan, factory, target_arguments
+from preflight import check_and_plan
 from tests.configs import compose_config, typed_config
 from tests.dataset_files import write_image_folder
 from tests.test_train_step import _trainer
@@ -28,7 +29,7 @@ from training.ema import EMA, adjusted_decay
 from training.loss import CrossEntropy
 from training.metrics import Accumulator
 from training.mixing import Mixing
-from training.optim import check_arguments, parameter_groups, scaled_lr
+from training.optim import check_arguments, parameter_groups
 from training.schedule import Warmup, with_warmup
 
 
@@ -338,8 +339,9 @@ def test_torchvision_weights_load_all_but_a_head_sized_for_other_classes(tmp_pat
 def test_an_image_folder_counts_its_classes_for_the_model(tmp_path):
     root = write_image_folder(tmp_path, classes=3, per_class=1, size=8)
     cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "model=simple_cnn")
-    check_and_plan(cfg)
-    assert cfg.dataset.num_classes == cfg.model["num_classes"] == 3
+    plan = check_and_plan(cfg)
+    assert plan.num_classes == 3
+    assert model_factory(cfg, plan.num_classes)().classifier[-1].out_features == 3
 
 
 def test_recipe_sizes_and_augmentations_reach_the_transforms(tmp_path):

@@ -98,7 +98,7 @@ def _run_all(runs: dict[str, tuple], base: tuple, out: Path, check_sync_bn: bool
     # The ranks fork from this worker's train server (tests/train_server.py): nothing left to import.
     train_server.ensure_running()
     base = (*base, "launcher.start_method=forkserver")
-    plans = {name: check_and_plan(typed_config(*base, *overrides)) for name, overrides in runs.items()}
+    plans = {name: check_and_plan(typed_config(*base, *overrides)).launch for name, overrides in runs.items()}
     by_processes: dict[int, list] = {}
     for name, overrides in runs.items():
         job = job_config(out / name, *base, *overrides)

@@ -17,8 +17,9 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from bench import report
 from config.schema import StrategyName
 from config.setup import ROOT, compose, job_dir
+from config.typed import typed
 from errors import ConfigError
-from preflight import check_and_plan, typed
+from preflight import check_and_plan
 from tests import train_server
 from tests.runs import FORK_RANKS, wandb_records
 from training.loggers.tensorboard import HPARAM_METRICS
@@ -70,7 +71,7 @@ def test_ready_made_sweeps_compose_job_by_job(sweep):
                 check_and_plan(cfg)
             continue
         processes = 1 if dp else cfg.trainer.devices  # DP: one process
-        assert check_and_plan(cfg).processes_per_node == processes, job
+        assert check_and_plan(cfg).launch.processes_per_node == processes, job
 
 
 def test_a_job_dir_is_named_by_its_overrides_with_floats_to_4_digits_and_stays_apart_from_its_neighbours():

@@ -174,7 +174,7 @@ def test_fp16_on_cpu_and_multi_device_dp_on_cpu_are_config_errors():
         check_and_plan(typed_config("trainer.accumulate_grad_batches=0"))
     with pytest.raises(ConfigError, match="trainer.precision=64"):
         check_and_plan(typed_config("trainer.precision=64"))
-    plan = check_and_plan(typed_config("strategy=dp", "trainer.accelerator=cpu"))
+    plan = check_and_plan(typed_config("strategy=dp", "trainer.accelerator=cpu")).launch
     assert (plan.processes_per_node, plan.process_group) == (1, False)
 
 

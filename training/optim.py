@@ -8,7 +8,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from config.schema import LrScaling, OptimConfig, TrainerConfig
 from errors import ConfigError
 
 # torchvision's set_weight_decay: the layers whose parameters take optimizer.norm_weight_decay
@@ -19,14 +18,6 @@ NORM_LAYERS = (
     nn.modules.instancenorm._InstanceNorm,
     nn.LocalResponseNorm,
 )
-
-
-def scaled_lr(lr: float, optim: OptimConfig, trainer: TrainerConfig) -> float:
-    """lr_scaling=linear (Goyal et al.): an optimizer step that sees k times reference_batch
-    samples takes k times the lr."""
-    if optim.lr_scaling == LrScaling.none:
-        return lr
-    return lr * trainer.batch_size * trainer.accumulate_grad_batches / optim.reference_batch
 
 
 def parameter_groups(model: nn.Module, norm_weight_decay: float | None) -> Iterable[Any]:

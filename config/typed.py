@@ -1,0 +1,177 @@
+"""The composed DictConfig typed into what the code reads: `typed` (the schema's dataclasses, each
+checking its own values), the `_target_` nodes checked and turned into factories, and `run_config`,
+the RunConfig every worker receives. Nothing here looks at this machine or the data: that is the
+pre-flight's (preflight.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hydra.utils import get_object, instantiate
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ValidationError
+
+from config.schema import (
+    Config,
+    LrScaling,
+    OptimConfig,
+    ResumePoint,
+    RunConfig,
+    ScheduleConfig,
+    TrainerConfig,
+    parse_signals,
+)
+from errors import ConfigError, first_line
+
+T = TypeVar("T")
+
+# The `_target_` nodes and whether a run must have one: scheduler=none is {}, a constant lr.
+_NODES = {"model": True, "optimizer": True, "loss": True, "scheduler": False}
+
+
+def typed(cfg: DictConfig) -> Config:
+    """`cfg` as the schema's dataclasses, every value checked (a ConfigError names the first that is
+    wrong), and every `_target_` node importable."""
+    settings: Config = OmegaConf.to_object(cfg)
+    optim = optim_config(settings.optimizer)
+    schedule_config(settings.scheduler)
+    if optim.lr_scaling == LrScaling.linear and "lr" not in settings.optimizer:
+        raise ConfigError("optimizer.lr_scaling=linear scales optimizer.lr, which is not set; give optimizer.lr")
+    nodes = {key: (getattr(settings, key), required) for key, required in _NODES.items()}
+    nodes.update((f"callbacks.{name}", (node, True)) for name, node in settings.callbacks.items())
+    for key, (node, required) in nodes.items():
+        check_target(key, node, required)
+    return settings
+
+
+def check_target(key: str, node: Any, required: bool = True) -> None:
+    """A node that names the class to build (`_target_`) and whose class imports: one line naming the
+    key otherwise, not a KeyError or an ImportError's traceback on every rank."""
+    group = key.split(".")[0]
+    if not isinstance(node, Mapping) or node.get("_target_") is None:
+        if not required and (node is None or (isinstance(node, Mapping) and not node.get("_target_"))):
+            return
+        raise ConfigError(f"{key}: no _target_; name the class to build, as the files in conf/{group}/ do")
+    try:
+        get_object(node["_target_"])
+    except Exception as e:
+        cause = e.__cause__ or e  # Hydra wraps the import's own error
+        raise ConfigError(
+            f"{key}._target_={node['_target_']} does not import ({type(cause).__name__}: {first_line(cause)}); "
+            f"name a class importable from this repo, as the files in conf/{group}/ do"
+        ) from None
+
+
+def factory(node: Any, **arguments: Any) -> Callable[..., Any]:
+    """A `_target_` node as a picklable factory (Hydra's _partial_): each rank builds its own.
+    `arguments` replace the node's (a value the pre-flight found, such as num_classes)."""
+    return instantiate(node, _partial_=True, _convert_="all", **arguments)
+
+
+def typed_part(node: Mapping[str, Any], cls: type[T], prefix: str) -> T:
+    """`cls`'s keys of a `_target_` node, validated as the schema would (Enum names, numbers), then
+    by `cls`'s own checks."""
+    part = OmegaConf.structured(cls)
+    for f in fields(cls):
+        value = node[f.name]
+        try:
+            part[f.name] = value
+        except ValidationError as e:
+            shown = value.name if hasattr(value, "name") else value
+            raise ConfigError(f"{prefix}.{f.name}={shown}: {first_line(e)}") from None
+    return OmegaConf.to_object(part)
+
+
+def optim_config(node: Mapping[str, Any]) -> OptimConfig:
+    return typed_part(node, OptimConfig, "optimizer")
+
+
+def schedule_config(node: Mapping[str, Any]) -> ScheduleConfig:
+    return typed_part(node, ScheduleConfig, "scheduler")
+
+
+def target_arguments(node: Any, cls: type) -> dict[str, Any]:
+    """The node without `cls`'s keys: what the `_target_` itself takes."""
+    ours = {f.name for f in fields(cls)}
+    plain = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+    return {k: v for k, v in plain.items() if k not in ours}
+
+
+def scaled_lr(lr: float, optim: OptimConfig, trainer: TrainerConfig) -> float:
+    """lr_scaling=linear (Goyal et al.): an optimizer step that sees k times reference_batch
+    samples takes k times the lr."""
+    if optim.lr_scaling == LrScaling.none:
+        return lr
+    return lr * trainer.batch_size * trainer.accumulate_grad_batches / optim.reference_batch
+
+
+@dataclass(frozen=True)
+class Composition:
+    """What Hydra's composition says besides the values: where the run writes, its record, and the
+    sweep it is one job of (config.setup.composition reads them from Hydra)."""
+
+    run_dir: Path
+    choices: dict[str, str]  # the option Hydra picked for each group
+    swept: dict[str, Any]  # the job's command-line overrides, {key: value} (config.overrides.swept_overrides)
+    hparams: dict[str, Any]  # the run's main options and its overrides, for the loggers' tables
+    sweep_dir: Path | None = None  # the -m sweep's or search's dir; None: a single run
+    varied: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # the keys its sweep varies
+
+
+def model_factory(settings: Config, num_classes: int, **arguments: Any) -> Callable[..., Any]:
+    """The model's factory. dataset.num_classes=null reached the model's num_classes, interpolated from
+    it, as null too: `num_classes` is the count the pre-flight found."""
+    node = settings.model
+    counted = {"num_classes": num_classes} if "num_classes" in node and node["num_classes"] is None else {}
+    return factory(node, **counted, **arguments)
+
+
+def config_yaml(settings: Config, num_classes: int) -> str:
+    """The values this run uses, as YAML (saved in every checkpoint): dataset.num_classes=null
+    written as the count, in the dataset's and the model's node alike."""
+    dataset = replace(settings.dataset, num_classes=num_classes)
+    counted = "num_classes" in settings.model and settings.model["num_classes"] is None
+    model = {**settings.model, "num_classes": num_classes} if counted else settings.model
+    return OmegaConf.to_yaml(OmegaConf.structured(replace(settings, dataset=dataset, model=model)))
+
+
+def run_config(
+    settings: Config, composition: Composition, *, num_classes: int, resume: ResumePoint | None = None
+) -> RunConfig:
+    """The typed config every worker receives. `num_classes`: the dataset's, as the pre-flight found
+    it (dataset.num_classes=null counts them); `resume`: the checkpoint it chose to continue."""
+    dataset = replace(settings.dataset, num_classes=num_classes)
+    optim = optim_config(settings.optimizer)
+    optimizer = target_arguments(settings.optimizer, OptimConfig)
+    if "lr" in optimizer:
+        optimizer["lr"] = scaled_lr(optimizer["lr"], optim, settings.trainer)
+    scheduler = target_arguments(settings.scheduler, ScheduleConfig)
+    trainer = settings.trainer
+    return RunConfig(
+        trainer=trainer,
+        strategy=settings.strategy,
+        launcher=settings.launcher,
+        data=settings.data,
+        dataset=dataset,
+        logger=settings.logger,
+        model=model_factory(settings, num_classes),
+        optimizer=factory(optimizer),
+        scheduler=factory(scheduler) if scheduler.get("_target_") else None,
+        loss=factory(settings.loss),
+        callbacks=[factory(node) for node in settings.callbacks.values()],
+        optim=optim,
+        schedule=schedule_config(settings.scheduler),
+        run_dir=composition.run_dir,
+        labels={group: composition.choices[group] for group in ("model", "dataset", "strategy")},
+        hparams=composition.hparams,
+        swept=composition.swept,
+        varied=composition.varied,
+        config_yaml=config_yaml(settings, num_classes),
+        preempt_signals=tuple(parse_signals(trainer.preempt_signals, "trainer.preempt_signals")),
+        requeue_signals=tuple(parse_signals(trainer.requeue_signals, "trainer.requeue_signals")),
+        sweep_dir=composition.sweep_dir,
+        resume=resume,
+    )
