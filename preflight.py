@@ -29,7 +29,7 @@ from config.typed import factory, model_factory, schedule_config
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError, first_line
-from training.checkpoint import check_resume
+from training.checkpoint.resume import decide_resume
 from training.loggers.packages import check_installed
 from training.profiling import WAIT, WARMUP
 
@@ -63,17 +63,19 @@ def check_and_plan(cfg: Config, run_dir: Path | None = None, multirun: bool = Fa
     data.check(replace(cfg.dataset, num_classes=num_classes), cfg.data)
     _check_built(cfg)
     _check_forward(cfg, num_classes)  # after the data's own keys, which name the fix more closely
-    check_resume(
+    resume = decide_resume(
         cfg.trainer,
         run_dir,
         model=model,
         scheduler=cfg.scheduler,
         warmup_epochs=schedule_config(cfg.scheduler).warmup_epochs,
         weights=cfg.model.get("weights"),
+        restores_here=launch.in_process,
     )
     preempt = parse_signals(cfg.trainer.preempt_signals, "trainer.preempt_signals")
     requeue = parse_signals(cfg.trainer.requeue_signals, "trainer.requeue_signals")
-    return Plan(replace(launch, forward_signals=tuple(preempt), requeue_signals=tuple(requeue)), num_classes)
+    launch = replace(launch, forward_signals=tuple(preempt), requeue_signals=tuple(requeue))
+    return Plan(launch, num_classes, resume)
 
 
 def _check_world(trainer: TrainerConfig, plan: LaunchPlan) -> None:

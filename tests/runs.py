@@ -10,9 +10,10 @@ from pathlib import Path
 
 import torch
 
+from config.schema import ResumePoint
 from config.setup import ROOT
-from distributed import sharded_state
 from tests import train_server
+from training.checkpoint import sharded
 
 # What run_train adds to a run's overrides, unless cold: the CPU ranks it starts are forked from it,
 # with nothing left to import (a spawned rank imports torch afresh, most of a tiny 2-rank DDP
@@ -51,7 +52,7 @@ def free_port() -> int:
 def last_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     """The model in a run's last.pt: a file, or strategy=fsdp's sharded directory."""
     last = run_dir / "checkpoints" / "last.pt"
-    return sharded_state.read_model_state(last) if last.is_dir() else torch.load(last, weights_only=True)["model"]
+    return sharded.read_model_state(last) if last.is_dir() else torch.load(last, weights_only=True)["model"]
 
 
 def same_weights(run_dir: Path, other: Path) -> bool:
@@ -86,3 +87,8 @@ def wandb_records(run_file: Path):
         if kind in (1, 4):  # FULL, or LAST of FIRST/MIDDLE/LAST
             yield Record.FromString(chunks)
             chunks = b""
+
+
+def resume_point(path: Path) -> ResumePoint:
+    """The ResumePoint the pre-flight would decide on for the checkpoint file `path`."""
+    return ResumePoint(path, int(torch.load(path, weights_only=True, mmap=True)["step"]), path.stat().st_size)

@@ -12,7 +12,6 @@ import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from distributed import sharded_state
 from distributed.context import make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
@@ -20,7 +19,8 @@ from preflight import check_and_plan
 from tests.configs import typed_config
 from tests.dataset_files import write_image_folder
 from tests.runs import run_train
-from training.checkpoint import save_checkpoint
+from training.checkpoint import sharded
+from training.checkpoint.files import save_checkpoint
 
 DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
 
@@ -58,9 +58,9 @@ def files(tmp_path_factory):
     (root / "a_file").write_text("")
     _sharded(MnistNet(1, 5, 8), root / "sharded_other_model")
     _sharded(MnistNet(1, 10, 8), root / "sharded_half_written")
-    (root / "sharded_half_written" / sharded_state.METADATA).unlink()  # DCP writes it last
+    (root / "sharded_half_written" / sharded.METADATA).unlink()  # DCP writes it last
     _sharded(MnistNet(1, 10, 8), root / "sharded_foreign")
-    with open(root / "sharded_foreign" / sharded_state.METADATA, "wb") as f:
+    with open(root / "sharded_foreign" / sharded.METADATA, "wb") as f:
         pickle.dump(_Touch(root / "touched"), f)
     write_image_folder(root / "folders")
     fsdp_run = root / "fsdp_run" / "checkpoints"  # strategy=fsdp's: last.pt sharded, best.pt one file
@@ -75,7 +75,7 @@ def _sharded(model, directory) -> None:
     directory.mkdir()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     train_state = {key: value for key, value in _checkpoint(model).items() if key not in ("model", "optimizer")}
-    sharded_state.save(directory, model, optimizer, train_state, make_context(0, 0, 1, 1, "cpu", False))
+    sharded.save(directory, model, optimizer, train_state, make_context(0, 0, 1, 1, "cpu", False))
 
 
 class _Touch:
@@ -271,6 +271,4 @@ def test_a_config_that_cannot_run_is_one_line_naming_the_key_and_touches_nothing
 
 def test_a_sharded_checkpoint_reads_from_a_path_given_as_text(files):
     """The README's way to get the whole model out of one: read_model_state(path), path a str or a Path."""
-    assert set(sharded_state.read_model_state(str(files / "sharded_other_model"))) == set(
-        MnistNet(1, 5, 8).state_dict()
-    )
+    assert set(sharded.read_model_state(str(files / "sharded_other_model"))) == set(MnistNet(1, 5, 8).state_dict())

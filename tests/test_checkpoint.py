@@ -13,17 +13,11 @@ from torch import nn
 from distributed.context import DistContext, make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
-from training.checkpoint import (
-    Checkpointer,
-    TrainState,
-    _host_copy,
-    check_resumable,
-    confirm_shared,
-    find_resume,
-    load_checkpoint,
-    restore_rng,
-    save_checkpoint,
-)
+from tests.runs import resume_point
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.files import load_checkpoint, save_checkpoint
+from training.checkpoint.resume import check_resumable, confirm_shared, find_resume
+from training.checkpoint.state import TrainState, host_copy, restore_rng
 
 
 def test_save_replaces_atomically_and_leaves_no_temp_file(tmp_path):
@@ -69,7 +63,7 @@ def test_the_file_is_fsynced_then_renamed_then_its_directory_fsynced(tmp_path, m
 def test_a_host_copy_of_host_tensors_shares_no_memory_with_them():
     # .to("cpu") of a CPU tensor is the tensor itself: the step after a save would change the snapshot.
     weight = torch.ones(2)
-    copy = _host_copy({"model": {"w": weight}, "rng": [weight]})
+    copy = host_copy({"model": {"w": weight}, "rng": [weight]})
     weight.fill_(7.0)
     assert torch.equal(copy["model"]["w"], torch.ones(2)) and torch.equal(copy["rng"][0], torch.ones(2))
 
@@ -101,7 +95,7 @@ def test_a_save_that_fails_before_its_temp_file_exists_raises_its_own_error(tmp_
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("training.checkpoint.open", disk_full, raising=False)  # the temp file's open
+    monkeypatch.setattr("training.checkpoint.files.open", disk_full, raising=False)  # the temp file's open
     with pytest.raises(OSError, match="No space left"):  # not the clean-up's FileNotFoundError
         save_checkpoint({"epoch": 1}, tmp_path / "last.pt")
 
@@ -203,7 +197,7 @@ def test_restore_brings_back_the_best_top5_and_whose_weights_were_best(tmp_path)
     saver = _checkpointer(tmp_path, model)
     saver.save(TrainState(epoch=1, best_val_acc=0.8, best_val_acc5=0.9, best_weights="ema"))
     saver.close()
-    state = _checkpointer(tmp_path, model).restore(tmp_path / "last.pt")
+    state = _checkpointer(tmp_path, model).restore(resume_point(tmp_path / "last.pt"))
     assert (state.best_val_acc5, state.best_weights) == (0.9, "ema")
 
 
@@ -240,7 +234,7 @@ def test_a_failed_background_write_raises_at_a_later_save_or_at_close(tmp_path, 
 def test_a_whole_file_last_pt_deletes_the_sharded_one_it_replaces(tmp_path):
     # An fsdp run's sharded last.pt, resumed in its run dir under single or ddp: the whole file that
     # replaces its link leaves no directory behind; until then a failed save leaves it in place.
-    from training.sharded_checkpoint import _commit
+    from training.checkpoint.sharded import _commit
 
     directory = tmp_path / "checkpoints"
     for step in (3, 6):  # the second commit deletes the first version, as every fsdp save does

@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
 from data import build_loaders
-from distributed import sharded_state, strategies
+from distributed import strategies
 from distributed.context import make_context
 from distributed.fsdp import block_classes, shard_units
 from distributed.launch import LaunchPlan, plan_launch
@@ -28,10 +28,13 @@ from models.mnist_net import MnistNet
 from models.resnet import resnet
 from models.simple_cnn import SimpleCNN
 from tests.configs import job_config, typed_config
-from tests.runs import FORK_RANKS, last_weights, relative_error, run_train, same_weights
+from tests.runs import FORK_RANKS, last_weights, relative_error, resume_point, run_train, same_weights
 from tests.test_launchers import _finish, _one_run_dir, _torchrun
 from tests.test_resume_preempt import TINY, Run, kill_inside_a_checkpoint_write
-from training.checkpoint import Checkpointer, find_resume, save_checkpoint
+from training.checkpoint import sharded
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.files import save_checkpoint
+from training.checkpoint.resume import find_resume
 from training.precision import Precision
 from training.trainer import Batches, evaluate
 
@@ -129,7 +132,7 @@ def test_a_whole_file_checkpoint_is_read_to_host_memory_before_it_reaches_the_gp
         },
         tmp_path / "last.pt",
     )
-    state = Checkpointer(on_gpus, tmp_path, net, optimizer, None, "").restore(tmp_path / "last.pt")
+    state = Checkpointer(on_gpus, tmp_path, net, optimizer, None, "").restore(resume_point(tmp_path / "last.pt"))
     assert (state.epoch, state.step) == (1, 3)
 
 
@@ -232,8 +235,8 @@ def test_a_whole_file_state_loads_into_an_offloaded_model_with_buffers(tmp_path)
     try:
         model = strategies.get(cfg.strategy).wrap(resnet("resnet18", 3, 10, stem="cifar"), ctx, None, None)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        sharded_state.load_full(model, optimizer, saved.state_dict(), saved_optimizer.state_dict())
-        loaded = sharded_state.gathered_model_state(model)
+        sharded.load_full(model, optimizer, saved.state_dict(), saved_optimizer.state_dict())
+        loaded = sharded.gathered_model_state(model)
         momentum = optimizer.state[model.fc.weight]["momentum_buffer"].full_tensor()
     finally:
         dist.destroy_process_group()

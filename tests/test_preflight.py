@@ -20,7 +20,7 @@ from models.mnist_net import MnistNet
 from preflight import _check_forward
 from preflight import check_and_plan as check
 from tests.configs import typed_config
-from training.checkpoint import save_checkpoint
+from training.checkpoint.files import save_checkpoint
 
 
 def _last_pt(run_dir: Path, scheduler_config: dict | None = None) -> Path:

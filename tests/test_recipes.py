@@ -370,7 +370,7 @@ def test_recipe_sizes_and_augmentations_reach_the_transforms(tmp_path):
 
 def test_a_checkpoint_resumes_only_with_the_warmup_it_trained_with(tmp_path):
     from models.mnist_net import MnistNet
-    from training.checkpoint import save_checkpoint
+    from training.checkpoint.files import save_checkpoint
 
     model = MnistNet(1, 10, 8)
     for name, scheduler in (("warm", {"target": [0.1], "epoch": 1, "last_step": 3, "after": None}), ("plain", None)):
@@ -389,7 +389,7 @@ def test_a_checkpoint_resumes_only_with_the_warmup_it_trained_with(tmp_path):
 def test_a_checkpoint_resumes_only_with_the_schedule_it_trained_with(tmp_path):
     """Loading a scheduler's state puts its saved T_max back: more epochs would train at lr 0."""
     from models.mnist_net import MnistNet
-    from training.checkpoint import save_checkpoint
+    from training.checkpoint.files import save_checkpoint
 
     path = tmp_path / "cosine.pt"
     config = OmegaConf.to_yaml(compose_config("trainer.epochs=2"), resolve=True)  # as train.py saves it

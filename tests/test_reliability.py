@@ -18,9 +18,10 @@ from distributed.strategies import AutocastReplica
 from errors import ConfigError, NonFiniteLoss
 from preflight import check_and_plan
 from tests.configs import job_config, typed_config
-from tests.runs import run_train
+from tests.runs import resume_point, run_train
 from tests.test_launchers import SLURM_ENV, _plan
-from training.checkpoint import Checkpointer, TrainState
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.state import TrainState
 
 DDP_CPU = ("strategy=ddp", "trainer.accelerator=cpu")
 
@@ -173,13 +174,13 @@ def test_train_on_a_gpu_resets_its_peaks(monkeypatch, run_dir):
 
 
 def test_a_checkpoint_keeps_the_rng_state_of_every_gpu_dp_drives(monkeypatch):
-    from training.checkpoint import _gather_rng, restore_rng
+    from training.checkpoint.state import gather_rng, restore_rng
 
     ctx = make_context(0, 0, 1, 1, "gpu", use_process_group=False, devices_per_process=2)
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: torch.tensor([device.index], dtype=torch.uint8))
     restored = {}
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.update({device: state.tolist()}))
-    [states] = _gather_rng(ctx)  # rank 0's: the CPU state, then one per GPU
+    [states] = gather_rng(ctx)  # rank 0's: the CPU state, then one per GPU
     assert [state.tolist() for state in states[1:]] == [[0], [1]]
     restore_rng(states, ctx)
     assert restored == {torch.device("cuda", 0): [0], torch.device("cuda", 1): [1]}
@@ -235,7 +236,7 @@ def test_the_nonfinite_error_offers_only_fixes_that_work(tmp_path):
     saver.save(TrainState())
     saver.close()
     lower = torch.optim.SGD(net.parameters(), lr=0.001)  # what a resume with optimizer.lr=0.001 builds
-    Checkpointer(ctx, tmp_path, net, lower, None, "", None).restore(tmp_path / "last.pt")
+    Checkpointer(ctx, tmp_path, net, lower, None, "", None).restore(resume_point(tmp_path / "last.pt"))
     assert lower.param_groups[0]["lr"] == 0.1
 
 

@@ -22,7 +22,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from data import build_loaders
-from distributed import context, sharded_state
+from distributed import context
 from distributed.context import DistContext
 from distributed.launch import launch
 from distributed.sync_batchnorm import GlooSyncBatchNorm
@@ -32,6 +32,7 @@ from tests import train_server
 from tests.configs import job_config, typed_config
 from tests.runs import last_weights, relative_error, run_train
 from training import run as run_job
+from training.checkpoint import sharded
 from training.metrics import Averages
 from training.trainer import Batches, evaluate
 
@@ -84,7 +85,7 @@ def _train_and_dump(ctx: DistContext, jobs: list[tuple], out: str, check_sync_bn
             _compare_sync_bn_with_batchnorm(ctx, Path(out))
         for name, job in jobs:
             model = run_job.train(ctx, job)
-            torch.save(sharded_state.gathered_model_state(model), Path(out) / f"{name}.rank{ctx.rank}.pt")
+            torch.save(sharded.gathered_model_state(model), Path(out) / f"{name}.rank{ctx.rank}.pt")
             del model
     finally:
         context.shutdown(ctx, clean=True)

@@ -26,7 +26,9 @@ from distributed.sync_batchnorm import GlooSyncBatchNorm
 from errors import ConfigError
 from preflight import check_and_plan
 from tests.configs import typed_config
-from training.checkpoint import Checkpointer, TrainState
+from tests.runs import resume_point
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.state import TrainState
 from training.loss import CrossEntropy
 from training.metrics import Averages
 from training.precision import Precision
@@ -74,7 +76,7 @@ def _trainer(
     options = TrainerConfig(**{"progress_bar": False, **settings})
     scaler = scaler or Precision.of(options.precision, CPU).grad_scaler()
     checkpointer = Checkpointer(ctx, tmp_path, wrapped, optimizer, scheduler, "", scaler)
-    state = checkpointer.restore(tmp_path / "last.pt") if resume else None
+    state = checkpointer.restore(resume_point(tmp_path / "last.pt")) if resume else None
     return Trainer(
         model=wrapped,
         strategy=chosen,
@@ -202,7 +204,7 @@ def test_a_checkpoint_saved_under_any_strategy_loads_under_any_other(process_gro
             target = wrap_loaded(TinyNet())
             optimizer = torch.optim.SGD(target.parameters(), lr=0.1)
             Checkpointer(process_group, tmp_path, target, optimizer, None, "", None).restore(
-                tmp_path / saved_by / "last.pt"
+                resume_point(tmp_path / saved_by / "last.pt")
             )
             for name, value in target.state_dict().items():
                 key = name.replace("module.", "").replace("_orig_mod.", "")
@@ -260,7 +262,7 @@ def test_the_grad_scaler_state_is_checkpointed(tmp_path):
     trainer.checkpointer.close()
     restored = torch.amp.GradScaler("cpu")
     Checkpointer(trainer.ctx, tmp_path, trainer.model, trainer.optimizer, None, "", restored).restore(
-        tmp_path / "last.pt"
+        resume_point(tmp_path / "last.pt")
     )
     assert restored.get_scale() == 512.0
 

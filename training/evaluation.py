@@ -11,7 +11,7 @@ from torch.optim.swa_utils import AveragedModel
 from config.schema import RunConfig
 from data import build_loaders
 from distributed.context import DistContext
-from training.checkpoint import find_resume, load_checkpoint
+from training.checkpoint.resume import open_resume
 from training.metrics import Averages
 from training.reporting import write_metrics
 from training.trainer import Batches, evaluate
@@ -27,12 +27,11 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
         job.dataset, job.data, ctx, settings.batch_size, settings.seed, global_val_batch=settings.val_batch_size
     )
     net = job.model().to(ctx.device)  # model.weights, if given, are loaded here
-    resume = find_resume(settings.resume, job.run_dir)
     source, ema = job.model.keywords.get("weights"), None
-    if resume is not None:
-        checkpoint = load_checkpoint(resume)
+    checkpoint = open_resume(job.resume, job.run_dir, ctx)
+    if checkpoint is not None:
         net.load_state_dict(checkpoint["model"])
-        source = str(resume)
+        source = str(job.resume.path)
         if checkpoint.get("ema") is not None:
             ema = AveragedModel(net, use_buffers=True)
             ema.load_state_dict(checkpoint["ema"])

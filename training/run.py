@@ -18,7 +18,8 @@ from distributed.collectives import all_gather_object
 from distributed.context import DistContext
 from errors import Preempted
 from models.summary import summarize
-from training.checkpoint import Checkpointer, TrainState, agree_on_resume
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.state import TrainState
 from training.ema import EMA, adjusted_decay
 from training.evaluation import test
 from training.loggers import build_loggers, takes_images
@@ -32,7 +33,6 @@ from training.profiling import ProfiledSteps
 from training.reporting import configure_logging, write_metrics
 from training.samples import SampleImages
 from training.schedule import with_warmup
-from training.sharded_checkpoint import ShardedCheckpointer
 from training.trainer import Optimization, Reporting, Trainer
 
 log = logging.getLogger("train")
@@ -79,6 +79,14 @@ def log_placement(ctx: DistContext, workers: int) -> None:
     log.info("ranks by host: %s", "; ".join(f"{host}: {', '.join(ranks)}" for host, ranks in hosts.items()))
 
 
+def _checkpointer(strategy: strategies.Strategy) -> type[Checkpointer]:
+    if not strategy.sharded_checkpoint:
+        return Checkpointer
+    from training.checkpoint.sharded import ShardedCheckpointer  # torch.distributed.checkpoint: slow to import
+
+    return ShardedCheckpointer
+
+
 def summarized(net: nn.Module, dataset: DatasetConfig) -> dict[str, int | float | None]:
     """The model's size and its FLOPs per sample at the size it is built for, logged; for
     metrics.json and the loggers' hparams (cost: BENCHMARKS.md, "Model summary")."""
@@ -123,10 +131,10 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         ema = EMA(strategies.unwrap(model), adjusted_decay(settings), job.schedule.warmup_epochs)
         log.info("EMA every %d step(s), decay %.6g per update", settings.ema_every_n_steps, adjusted_decay(settings))
     scaler = precision.grad_scaler()
-    checkpointer = (ShardedCheckpointer if strategy.sharded_checkpoint else Checkpointer)(
+    checkpointer = _checkpointer(strategy)(
         ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema
     )
-    resume = agree_on_resume(settings.resume, job.run_dir, ctx)
+    resume = job.resume
     state = checkpointer.restore(resume) if resume else TrainState()
     memory = MemoryProbe(model, optimizer)  # after restore: loading a sharded checkpoint steps the optimizer once
     log_placement(ctx, getattr(loaders.train, "num_workers", 0))
@@ -139,7 +147,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         ctx.device.type,
         settings.batch_size,
         state.epoch + 1,
-        f" batch {state.batch + 1} ({resume})" if resume else "",
+        f" batch {state.batch + 1} ({resume.path})" if resume else "",
     )
     loggers = build_loggers(job.logger, job) if ctx.is_main else []
     callbacks = [build() for build in job.callbacks]

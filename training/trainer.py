@@ -21,7 +21,8 @@ from distributed.context import DistContext, epoch_seed
 from distributed.strategies import Strategy, for_evaluation, prepare_evaluation, unwrap
 from errors import NonFiniteLoss
 from training.callbacks import Callback, handling
-from training.checkpoint import Checkpointer, TrainState, restore_rng
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.state import TrainState, restore_rng
 from training.ema import EMA
 from training.loggers.base import Logger
 from training.loss import Criterion

@@ -1,4 +1,22 @@
-"""Model and optimizer state across ranks, through torch.distributed.checkpoint (DCP).
+"""strategy=fsdp's checkpoints: last.pt sharded, best.pt whole.
+
+    checkpoints/
+      last.pt -> last.pt.step120.3fa9c1      a symlink, swapped atomically
+      last.pt.step120.3fa9c1/                a torch.distributed.checkpoint directory:
+        .metadata                            shapes, dtypes, which file holds which shard
+        __0_0.distcp  __1_0.distcp ...       each rank's shards; rank 0's also the train state
+      best.pt                                one file, the unwrapped model: loads under any strategy
+      .last.pt.shards.tmp/                   only while a save is under way, or after a kill in one
+
+Every rank writes its shards of last.pt into `.last.pt.shards.tmp` (not the whole-file save's
+`.last.pt.tmp`, which a run killed under another strategy may have left); once all have (DCP's
+save returns on rank 0 after the last rank's files and the metadata are fsynced), rank 0 renames
+the directory to its own name and points last.pt at it by renaming a new symlink over the old
+one: a kill at any moment leaves last.pt naming a whole checkpoint, so trainer.resume=auto never
+reads a half-written one. best.pt costs a gather of the whole model and optimizer state to rank
+0's host memory, once per epoch that improves.
+
+Model and optimizer state across ranks, through torch.distributed.checkpoint (DCP).
 
 A sharded checkpoint is a DCP directory: every rank writes its own shards of the model and the
 optimizer state, and rank 0 the replicated rest (buffers, the train state); DCP reshards on load,
@@ -13,7 +31,10 @@ like a file one, can carry tensors and primitives but never code.
 from __future__ import annotations
 
 import io
+import os
 import pickle
+import secrets
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,12 +55,80 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from distributed.collectives import all_gather_object, barrier
 from distributed.context import DistContext
 from errors import ConfigError, first_line
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.files import FIX, drop_unnamed_versions, fsync_dir, save_checkpoint
+from training.checkpoint.resume import confirm_shared
+from training.checkpoint.state import TrainState, gather_rng
+
+
+class ShardedCheckpointer(Checkpointer):
+    def __init__(
+        self,
+        ctx: DistContext,
+        directory: Path,
+        model: nn.Module,
+        optimizer,
+        scheduler,
+        config_yaml: str,
+        scaler: torch.amp.GradScaler | None = None,
+        ema: nn.Module | None = None,
+    ):
+        super().__init__(ctx, directory, model, optimizer, scheduler, config_yaml, scaler, ema)
+        # Gathering best.pt takes every rank, so every rank must agree on whether to save it.
+        self._best_on_disk = all_gather_object(self._best_on_disk, ctx)[0]
+
+    def save(self, state: TrainState, best: bool = False) -> None:
+        """Every rank writes its shards of last.pt; rank 0 commits it. best.pt first, when `best`."""
+        if best:
+            self._save_best(state)
+        rng = gather_rng(self.ctx) if state.batch else None
+        name = "last.pt"
+        final = self.directory / name
+        tmp = self.directory / f".{name}.shards.tmp"
+        if self.ctx.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)  # a save a kill interrupted
+            tmp.mkdir(parents=True)
+        confirm_shared(tmp, self.ctx)  # every rank's shards must land where rank 0 commits them
+        save(tmp, self.model, self.optimizer, self.train_state(state, rng), self.ctx)
+        if self.ctx.is_main:
+            _commit(tmp, final, f"{name}.step{state.step}.{secrets.token_hex(3)}")
+        # No rank may start the next save's writes into the temp directory before it is renamed.
+        barrier(self.ctx)
+
+    def _save_best(self, state: TrainState) -> None:
+        """best.pt only ever gets better; it is one file in the format every strategy loads."""
+        if not self.better_than_on_disk(state):
+            return
+        model_state, optimizer_state = full_state(self.model, self.optimizer)
+        rng = gather_rng(self.ctx) if state.batch else None
+        if self.ctx.is_main:
+            payload = {"model": model_state, "optimizer": optimizer_state, **self.train_state(state, rng)}
+            save_checkpoint(payload, self.directory / "best.pt")
+
+    def load_weights(self, checkpoint: dict) -> None:
+        """A whole checkpoint (best.pt, or any strategy's last.pt file): each rank keeps its shards."""
+        load_full(self.model, self.optimizer, checkpoint["model"], checkpoint["optimizer"])
+
+
+def _commit(tmp: Path, final: Path, version: str) -> None:
+    """Rename the written directory to `version` and point `final` at it, atomically; then drop
+    the versions nothing points at any more."""
+    directory = final.parent
+    fsync_dir(tmp)
+    os.rename(tmp, directory / version)
+    link = directory / f".{final.name}.link"
+    link.unlink(missing_ok=True)
+    os.symlink(version, link)  # relative: the run dir can be moved or copied whole
+    os.replace(link, final)
+    fsync_dir(directory)
+    drop_unnamed_versions(final, named=version)
+
 
 METADATA = ".metadata"  # DCP writes it last, once every rank's shards are written
 _TRAIN_STATE = "train_state"  # epoch, step, RNG states, scheduler...: one torch.save blob, from rank 0
-_FIX = "point trainer.resume at a last.pt or best.pt written by train.py"
 
 
 def save(
@@ -79,18 +168,18 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, ctx: Di
 
 
 def describe(path: Path) -> dict[str, Any]:
-    """What training.checkpoint.check_resume asks of a checkpoint, without loading its tensors or a
+    """What training.checkpoint.resume.decide_resume asks of a checkpoint, without loading its tensors or a
     process group: the train state, and the model's tensors as meta tensors of their full shapes."""
     metadata = read_metadata(path)
     if _TRAIN_STATE not in metadata.state_dict_metadata:
-        raise ConfigError(f"trainer.resume={path}: not a train.py checkpoint (no {_TRAIN_STATE}); {_FIX}")
+        raise ConfigError(f"trainer.resume={path}: not a train.py checkpoint (no {_TRAIN_STATE}); {FIX}")
     state: dict[str, Any] = {_TRAIN_STATE: b""}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         try:
             dcp.load(state, storage_reader=_Reader(path), planner=_Planner(), no_dist=True)
         except Exception as e:  # a shard file missing or cut short
-            raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({first_line(e)}); {_FIX}") from None
+            raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({first_line(e)}); {FIX}") from None
     optimizer = {key for key in metadata.state_dict_metadata if key.startswith("optimizer.")}
     model = _model_tensors(metadata)
     return {**_train_state(state[_TRAIN_STATE]), "model": model, **({"optimizer": optimizer} if optimizer else {})}
@@ -125,16 +214,14 @@ def read_metadata(path: Path | str) -> Metadata:
     except FileNotFoundError:
         raise ConfigError(
             f"trainer.resume={path}: not a loadable checkpoint (no {METADATA}: a directory torch.distributed.checkpoint "
-            f"did not finish writing); {_FIX}"
+            f"did not finish writing); {FIX}"
         ) from None
     except pickle.UnpicklingError as e:
-        raise ConfigError(f"trainer.resume={path}: refused, {e}; {_FIX}") from None
+        raise ConfigError(f"trainer.resume={path}: refused, {e}; {FIX}") from None
     except Exception as e:
-        raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({first_line(e)}); {_FIX}") from None
+        raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({first_line(e)}); {FIX}") from None
     if not isinstance(metadata, Metadata):
-        raise ConfigError(
-            f"trainer.resume={path}: not a loadable checkpoint ({METADATA} holds no DCP metadata); {_FIX}"
-        )
+        raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({METADATA} holds no DCP metadata); {FIX}")
     return metadata
 
 

@@ -1,0 +1,10 @@
+"""Checkpoints: everything needed to continue a run as if it had never stopped, written atomically by
+rank 0 (or, under strategy=fsdp, sharded by every rank and committed by rank 0); tensors and
+primitives only, loadable with weights_only=True.
+
+- `files`: the atomic write, the guarded read, the config a checkpoint carries;
+- `state`: the train state and the random streams, as every checkpoint form holds them;
+- `resume`: which checkpoint a run continues, decided once before launch and agreed on by every rank;
+- `checkpointer`: saving and restoring a run (`Checkpointer`);
+- `sharded`: strategy=fsdp's form, through torch.distributed.checkpoint (`ShardedCheckpointer`).
+"""
