@@ -6,6 +6,7 @@ and what the workers need from it."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import inspect
@@ -32,6 +33,7 @@ from errors import ConfigError, first_line
 from training.checkpoint.resume import decide_resume
 from training.loggers.packages import check_installed
 from training.profiling import WAIT, WARMUP
+from training.validation import produced
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ def check_and_plan(cfg: Config, run_dir: Path | None = None, multirun: bool = Fa
     _check_model(cfg.model)
     strategy.check_model(model)
     data.check(replace(cfg.dataset, num_classes=num_classes), cfg.data)
-    _check_built(cfg)
+    _check_monitors(cfg, _check_built(cfg))
     _check_forward(cfg, num_classes)  # after the data's own keys, which name the fix more closely
     resume = decide_resume(
         cfg.trainer,
@@ -155,16 +157,39 @@ def _check_model(node: Mapping[str, Any]) -> None:
         module.check(**arguments)
 
 
-def _check_built(cfg: Config) -> None:
+def _check_built(cfg: Config) -> dict[str, Any]:
     """The loss and each callback, built once: a key their class does not take, or a value it
-    refuses, is one line before launch instead of a traceback on every rank."""
+    refuses, is one line before launch instead of a traceback on every rank. Returns the callbacks."""
+    built = {}
     for key, node in [("loss", cfg.loss), *((f"callbacks.{name}", node) for name, node in cfg.callbacks.items())]:
         try:
-            factory(node)()
+            built[key] = factory(node)()
         except Exception as e:
             raise ConfigError(
                 f"{key}: {node['_target_']} refuses these options ({first_line(e)}); fix the {key}.* keys"
             ) from None
+    return {key.removeprefix("callbacks."): c for key, c in built.items() if key != "loss"}
+
+
+def _check_monitors(cfg: Config, callbacks: dict[str, Any]) -> None:
+    """Every monitored figure (trainer.checkpoint.monitor, a callback's monitor) is one the run
+    produces at validation's end: a typo is one line before launch, not a KeyError after epoch 1."""
+    figures = produced(cfg.trainer.ema_decay is not None, list(callbacks.values()))
+    monitors = [("trainer.checkpoint.monitor", cfg.trainer.checkpoint.monitor)]
+    # A callback's own monitor: a Monitor (early_stopping's) or a figure's name (stop_at's).
+    monitors += [
+        (f"callbacks.{name}.monitor", getattr(c.monitor, "name", c.monitor))
+        for name, c in callbacks.items()
+        if hasattr(c, "monitor")
+    ]
+    for key, name in monitors:
+        if name not in figures:
+            close = difflib.get_close_matches(name, figures, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(
+                f"{key}={name}: this run produces no such figure at validation's end; {hint}"
+                f"it produces {', '.join(figures)}"
+            )
 
 
 def _check_forward(cfg: Config, num_classes: int) -> None:

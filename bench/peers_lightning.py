@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from bench.first_step import FIRST_STEP
 from bench.plain_loop import NETS, SGD, add_job_arguments
-from bench.startup import FIRST_STEP
 
 
 class Classifier(L.LightningModule):

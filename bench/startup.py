@@ -4,8 +4,8 @@ python -m bench.startup [--quick] [--repeats 5]
 
 Start-up is what a user waits through on every run and every sweep job: interpreter, imports,
 config composition, data and model building, TensorBoard's writer, and the first step itself.
-train.py logs FIRST_STEP (training/trainer.py, rank 0) right after its first optimizer step; the
-benchmark clocks that line on stdout. Target, for the default job: at most 2 s above
+train.py, given bench/first_step.py's callback, prints FIRST_STEP (rank 0) right after its first
+optimizer step; the benchmark clocks that line on stdout. Target, for the default job: at most 2 s above
 `python -c "import torch"`. A second baseline adds what any torch training script pays before its
 first step: the first optimizer imports torch._dynamo. The peers job (bench.peers: simple_cnn on
 synthetic 3x32x32, batch 128) is clocked the same way under train.py and under Lightning's Trainer
@@ -24,9 +24,9 @@ import tempfile
 import time
 
 from bench.common import ROOT, median, per_round, table, verdict
+from bench.first_step import FIRST_STEP, FirstStep
 
 TARGET_S = 2.0
-FIRST_STEP = "first optimizer step done"
 BARE = "import torch"
 WITH_OPTIMIZER = "import torch; torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)"
 PEERS_JOB = [
@@ -84,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     rounds = 1 if args.quick else args.repeats
 
-    ours = ["train.py", "trainer.max_steps=1"]
+    ours = ["train.py", "trainer.max_steps=1", f"+callbacks.first_step._target_={FirstStep.__module__}.FirstStep"]
     commands = {
         f"python -c '{BARE}'": lambda: to_exit(BARE),
         f"python -c '{WITH_OPTIMIZER}'": lambda: to_exit(WITH_OPTIMIZER),

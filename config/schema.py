@@ -65,6 +65,11 @@ class Decode(Enum):  # where an image file's JPEG bytes become pixels
     gpu = "gpu"  # workers read bytes; the training process decodes each batch on its device (nvJPEG)
 
 
+class MonitorMode(Enum):  # which way a monitored figure is better
+    max = "max"
+    min = "min"
+
+
 class NonFinite(Enum):
     stop = "stop"  # end the run at the step, naming it; nothing past it is saved
     skip = "skip"  # drop the step's update, count it, go on
@@ -114,6 +119,23 @@ def _at_least_1_or_null(value: Optional[int]) -> bool:
 
 
 @dataclass
+class CheckpointConfig:
+    """Which checkpoints are kept besides last.pt: the `save_top_k` best by `monitor`, a figure of
+    validation's end (val/acc, val/loss, val_ema/acc, what a callback adds: val/macro_f1, ...).
+    best.pt is the best of them."""
+
+    monitor: str = "val/acc"
+    mode: MonitorMode = MonitorMode.max
+    save_top_k: int = 1
+
+    def __post_init__(self) -> None:
+        check_ranges(
+            "trainer.checkpoint",
+            [("save_top_k", self.save_top_k, self.save_top_k >= 1, "1 (best.pt alone) or more")],
+        )
+
+
+@dataclass
 class TrainerConfig:
     accelerator: Accelerator = Accelerator.auto
     devices: int = 1  # per node: one process each (dp: one process drives them all)
@@ -148,6 +170,7 @@ class TrainerConfig:
     # a last.pt/best.pt path, or auto: this run dir's last.pt if there is one (null: auto in a requeued SLURM job)
     resume: Optional[str] = None
     checkpoint_every_n_steps: Optional[int] = None  # also save last.pt every N steps (mid-epoch)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # the best ones, by a figure
     # Preemption: these signals make every rank finish its step and save last.pt, then exit;
     # under SLURM the requeue signals also requeue the job (SIGTERM is also scancel's: no requeue).
     # USR1: slurm/train.sbatch's --signal; USR2: hydra/launcher=submitit_slurm's (submitit's own).
@@ -456,7 +479,7 @@ class RunConfig:
     optimizer: Callable[..., Any]  # (parameters) -> Optimizer, lr scaled already
     scheduler: Optional[Callable[..., Any]]  # (optimizer) -> LRScheduler, None: a constant lr
     loss: Callable[[], Any]  # () -> the criterion (training.loss.Criterion)
-    callbacks: List[Callable[[], Any]]  # () -> a training.callbacks.Callback, each, in conf/callbacks/ order
+    callbacks: Dict[str, Callable[[], Any]]  # name -> () -> a training.callbacks.Callback, in conf/callbacks/ order
     optim: OptimConfig
     schedule: ScheduleConfig
     run_dir: Path

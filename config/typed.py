@@ -161,7 +161,7 @@ def run_config(
         optimizer=factory(optimizer),
         scheduler=factory(scheduler) if scheduler.get("_target_") else None,
         loss=factory(settings.loss),
-        callbacks=[factory(node) for node in settings.callbacks.values()],
+        callbacks={name: factory(node) for name, node in settings.callbacks.items()},
         optim=optim,
         schedule=schedule_config(settings.scheduler),
         run_dir=composition.run_dir,

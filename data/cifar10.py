@@ -36,6 +36,14 @@ _ALLOWED = {
 }
 
 
+# batches.meta's label_names, which every copy of the dataset holds in this order.
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+def class_names(cfg: DatasetConfig) -> list[str]:
+    return list(CLASSES)
+
+
 def files(root: Path) -> list[Path]:
     return [root / FOLDER / name for name in TRAIN + VAL]
 

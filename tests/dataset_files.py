@@ -7,13 +7,16 @@ network learns it in an epoch or two and both loaders can be compared on accurac
 from __future__ import annotations
 
 import gzip
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from data import cifar10
+from data.fashion_mnist import FASHION_MNIST
 from data.idx import TRAIN, VAL, IdxDataset, idx_bytes
+from data.kmnist import KMNIST
 from data.mnist import MNIST
 
 
@@ -87,3 +90,32 @@ def write_odd_images(folder: Path, size: tuple[int, int] = (48, 40)) -> dict[str
     rgb.save(odd["progressive"], progressive=True)
     rgb.save(odd["png"])
     return odd
+
+
+def _idx(dataset: IdxDataset) -> Callable[[Path], list[str]]:
+    def write(root: Path) -> list[str]:
+        write_idx(root, train=32, val=16, dataset=dataset)
+        return [f"dataset.root={root}", "dataset.download=false"]
+
+    return write
+
+
+def _cifar(root: Path) -> list[str]:
+    write_cifar(root, per_batch=8, val=16)
+    return [f"dataset.root={root}", "dataset.download=false"]
+
+
+def _image_folder(root: Path) -> list[str]:
+    write_image_folder(root, classes=3, per_class=4, size=40, suffix=".jpg")
+    return [f"dataset.root={root}", "dataset.image_size=32", "dataset.resize=36"]
+
+
+# Each registered dataset with files: a few of them written in their real format under `root`, and
+# the overrides that point a run at them (tests/test_models.py trains every dataset on them).
+WRITERS: dict[str, Callable[[Path], list[str]]] = {
+    "mnist": _idx(MNIST),
+    "fashion_mnist": _idx(FASHION_MNIST),
+    "kmnist": _idx(KMNIST),
+    "cifar10": _cifar,
+    "imagefolder": _image_folder,
+}

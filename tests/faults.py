@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from models.mnist_net import MnistNet
+from training.callbacks import Callback, RunInfo
 
 
 class FailingNet(MnistNet):
@@ -96,3 +97,18 @@ class SignalingNet(MnistNet):
             if self.calls == self.at_step:
                 os.kill(os.getpid(), self.signum)
         return super().forward(x)
+
+
+class KillAt(Callback):
+    """SIGKILLs rank `rank` at validation's end of epoch `epoch` (from 0): after the epoch before
+    it was saved, before this one is (`+callbacks.kill._target_=tests.faults.KillAt`)."""
+
+    def __init__(self, epoch: int = 2, rank: int = 0) -> None:
+        self.epoch, self.rank, self.here = epoch, rank, 0
+
+    def setup(self, run: RunInfo) -> None:
+        self.here = run.ctx.rank
+
+    def on_validation_end(self, epoch: int, step: int, figures: dict[str, float]) -> None:
+        if epoch == self.epoch and self.here == self.rank:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -12,9 +12,11 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from data import Loaders
+from distributed.context import DistContext
 from tests.test_reporting import _tensorboard
 from tests.test_train_step import CPU, TinyNet, _batch, _trainer
-from training.callbacks import Callback, GradNorm
+from training.callbacks import Callback, RunInfo
+from training.callbacks.grad_norm import GradNorm
 from training.samples import SampleImages
 from training.trainer import Reporting
 
@@ -39,9 +41,12 @@ class Recorder(Callback):
         grads = [p.grad for p in model.parameters()]
         self.events.append(("after_backward", step, grad_norm.item(), nn.utils.get_total_norm(grads).item()))
 
-    def on_epoch_end(self, epoch: int, step: int, scalars: dict[str, float]) -> None:
-        self.events.append(("on_epoch_end", epoch, step, sorted(scalars)))
-        scalars["mine/epoch"] = float(epoch)
+    def on_validation_batch_end(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+        self.events.append(("on_validation_batch_end", tuple(outputs.shape), targets.tolist()))
+
+    def on_validation_end(self, epoch: int, step: int, figures: dict[str, float]) -> None:
+        self.events.append(("on_validation_end", epoch, step, sorted(figures)))
+        figures["mine/epoch"] = float(epoch)
 
     def on_train_end(self, metrics: dict[str, Any]) -> None:
         self.events.append(("on_train_end", metrics["steps"], metrics["epochs"]))
@@ -80,13 +85,16 @@ def test_the_events_come_in_order_with_the_unclipped_norm_and_what_a_callback_ad
     )
     metrics = trainer.fit()
     names = [event[0] for event in recorder.events]
-    epoch = ["after_backward"] * 3 + ["on_epoch_end"]
+    epoch = ["after_backward"] * 3 + ["on_validation_batch_end"] * 2 + ["on_validation_end"]
     assert names == epoch + epoch + ["on_train_end"]
+    # Each validation batch's logits and labels, the model's (4 a batch, 10 classes)
+    batches = [event[1:] for event in recorder.events if event[0] == "on_validation_batch_end"][:2]
+    assert batches == [((4, 10), labels) for labels in _loaders().val.dataset.tensors[1].view(2, 4).tolist()]
     steps = [event[1] for event in recorder.events if event[0] == "after_backward"]
     assert steps == [1, 2, 3, 4, 5, 6]
     for _, _, shared, measured in (event for event in recorder.events if event[0] == "after_backward"):
         assert shared == pytest.approx(measured) and shared > 1e-3  # before clipping to 1e-3
-    (_, epoch, step, tags), *_ = (event for event in recorder.events if event[0] == "on_epoch_end")
+    (_, epoch, step, tags), *_ = (event for event in recorder.events if event[0] == "on_validation_end")
     assert (epoch, step) == (0, 3) and {"val/loss", "val/ce", "val/acc", "time/train_s"} <= set(tags)
     assert recorder.events[-1] == ("on_train_end", 6, 2) and metrics["mine"] == 1
     assert logger.scalars["mine/epoch"] == [(3, 0.0), (6, 1.0)]
@@ -131,16 +139,17 @@ def test_grad_norm_reports_each_epochs_mean_finite_norm_and_reads_the_device_onc
     for step, norm in enumerate((1.0, 2.0, float("inf"), 3.0), start=1):  # an fp16 overflow: its update is skipped
         callback.after_backward(step, model, torch.tensor(norm))
     assert reads == []  # no wait for the device in the step
-    scalars = {}
-    callback.on_epoch_end(0, 3, scalars)
-    assert scalars == {"train/grad_norm": 2.0} and len(reads) == 1
+    figures = {}
+    callback.on_validation_end(0, 3, figures)
+    assert figures == {"train/grad_norm": 2.0} and len(reads) == 1
 
 
 def test_a_logger_gets_the_scalars_and_images_tensorboard_gets(tmp_path):
     logger, tensorboard = Scalars(), _tensorboard(tmp_path)
     loaders = _loaders()
     model = TinyNet()
-    samples = SampleImages(3, model, loaders.val, [logger, tensorboard], CPU)
+    samples = SampleImages(3, model, loaders.val, CPU)
+    samples.setup(RunInfo(DistContext(0, 0, 1, 1, CPU, None), [logger, tensorboard], [], tmp_path))
     reporting = Reporting([logger, tensorboard], [samples, GradNorm()])
     trainer = _trainer(model, tmp_path, loaders=loaders, reporting=reporting, epochs=2, log_every_n_steps=2)
     trainer.fit()

@@ -14,10 +14,12 @@ from distributed.context import DistContext, make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
 from tests.runs import resume_point
+from training.checkpoint.best import BestCheckpoints
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.files import load_checkpoint, save_checkpoint
 from training.checkpoint.resume import check_resumable, confirm_shared, find_resume
 from training.checkpoint.state import TrainState, host_copy, restore_rng
+from training.monitor import Monitor
 
 
 def test_save_replaces_atomically_and_leaves_no_temp_file(tmp_path):
@@ -142,24 +144,26 @@ def test_a_pickled_object_is_refused_by_weights_only(tmp_path):
         load_checkpoint(path)
 
 
-def _checkpointer(directory, model):
+def _checkpointer(directory, model, top_k: int = 1, mode: str = "max", **options):
     ctx = DistContext(0, 0, 1, 1, torch.device("cpu"), None)
-    return Checkpointer(ctx, directory, model, torch.optim.SGD(model.parameters(), lr=0.1), None, "a: 1\n")
+    best = BestCheckpoints(Monitor("val/acc", mode), top_k)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return Checkpointer(ctx, directory, model, optimizer, None, "a: 1\n", best=best, **options)
 
 
 def test_best_pt_is_never_replaced_by_a_worse_model_even_from_an_earlier_run(tmp_path):
     model = MnistNet(1, 10, 8)
     first_run = _checkpointer(tmp_path, model)
-    first_run.save(TrainState(epoch=1, best_val_acc=0.9), best=True)
+    first_run.save(TrainState(epoch=1), 0.9)
     first_run.close()
     before = (tmp_path / "best.pt").read_bytes()
     later_run = _checkpointer(tmp_path, model)  # a new run in the same directory
-    later_run.save(TrainState(epoch=1, best_val_acc=0.5), best=True)
+    later_run.save(TrainState(epoch=1), 0.5)
     later_run.wait()
     assert (tmp_path / "best.pt").read_bytes() == before
-    later_run.save(TrainState(epoch=2, best_val_acc=0.95), best=True)
+    later_run.save(TrainState(epoch=2), 0.95)
     later_run.close()
-    assert torch.load(tmp_path / "best.pt", weights_only=True)["best"] == 0.95
+    assert torch.load(tmp_path / "best.pt", weights_only=True)["best_checkpoints"]["kept"][0]["value"] == 0.95
     assert torch.load(tmp_path / "last.pt", weights_only=True)["epoch"] == 2  # the same snapshot
 
 
@@ -167,12 +171,12 @@ def test_an_equal_score_leaves_best_pt_as_it_was(tmp_path):
     # The first model to reach a score keeps best.pt: a later tie is no improvement.
     model = nn.Linear(2, 1)
     checkpointer = _checkpointer(tmp_path, model)
-    checkpointer.save(TrainState(epoch=1, best_val_acc=0.9), best=True)
+    checkpointer.save(TrainState(epoch=1), 0.9)
     checkpointer.wait()
     before = (tmp_path / "best.pt").read_bytes()
     with torch.no_grad():
         model.weight.fill_(7.0)
-    checkpointer.save(TrainState(epoch=2, best_val_acc=0.9), best=True)
+    checkpointer.save(TrainState(epoch=2), 0.9)
     checkpointer.close()
     assert (tmp_path / "best.pt").read_bytes() == before
 
@@ -184,9 +188,10 @@ def test_only_rank_zero_writes_checkpoints(tmp_path):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for rank in (1, 0):
         ctx = make_context(rank, rank, 2, 2, "cpu", use_process_group=False)
-        checkpointer = Checkpointer(ctx, tmp_path / f"rank{rank}", model, optimizer, None, "a: 1\n")
-        checkpointer.save(TrainState(epoch=1, best_val_acc=0.9), best=True)  # an epoch's end
-        checkpointer.save(TrainState(epoch=1, step=3, batch=3, best_val_acc=0.9))  # mid-epoch
+        best = BestCheckpoints(Monitor("val/acc"), 1)
+        checkpointer = Checkpointer(ctx, tmp_path / f"rank{rank}", model, optimizer, None, "a: 1\n", best=best)
+        checkpointer.save(TrainState(epoch=1), 0.9)  # an epoch's end
+        checkpointer.save(TrainState(epoch=1, step=3, batch=3))  # mid-epoch
         checkpointer.close()
     assert [p for p in (tmp_path / "rank1").rglob("*") if not p.is_dir()] == []
     assert sorted(p.name for p in (tmp_path / "rank0").iterdir()) == ["best.pt", "last.pt"]

@@ -18,8 +18,9 @@ from data import build_loaders, cifar10
 from distributed.context import make_context
 from tests.dataset_files import write_cifar, write_idx, write_image_folder, write_odd_images
 from tests.runs import run_train
+from training.batches import Batches
 from training.loss import CrossEntropy
-from training.trainer import Batches, evaluate
+from training.validation import evaluate
 
 pytestmark = pytest.mark.slow
 

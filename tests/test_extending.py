@@ -10,6 +10,7 @@ import re
 import shlex
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from config.setup import ROOT
@@ -85,7 +86,7 @@ def _choice(key: str, value: str | list[str]) -> str:
 def test_the_guides_loss_and_metric_train_through_train_py(run_dir):
     """One short run with the first command of each recipe: the focal loss trains and validates
     (below cross-entropy, which it down-weighs), and train/grad_norm reaches TensorBoard each epoch."""
-    loss, metric = (_commands(section)[0] for section in ("## A loss", "## A logged metric"))
+    loss, metric = (_commands(section)[0] for section in ("## A loss", "### A logged metric"))
     result = run_train(
         run_dir, *loss, *metric, "trainer.epochs=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2"
     )
@@ -96,3 +97,30 @@ def test_the_guides_loss_and_metric_train_through_train_py(run_dir):
     events.Reload()
     assert [e.step for e in events.Scalars("train/grad_norm")] == [4, 8]
     assert all(e.value > 0 for e in events.Scalars("train/grad_norm"))
+
+
+@pytest.mark.slow
+def test_the_guides_validation_metric_and_stopping_rule_train_through_train_py(run_dir):
+    """The first command of each recipe, in one run (their callbacks as a list): val/balanced_acc
+    reaches metrics.json and chooses best.pt, and stop_at ends the run at the first validation that
+    reaches its value (lowered here, so that it is the first)."""
+    metric, stopping = (
+        _commands(section)[0] for section in ("### A metric over the validation set", "### Stopping early")
+    )
+    chosen = [o.split("=", 1)[1] for o in [*metric, *stopping] if o.startswith("callbacks=")]
+    rest = [o for o in [*metric, *stopping] if not o.startswith(("callbacks=", "trainer.epochs="))]
+    result = run_train(
+        run_dir,
+        f"callbacks=[{','.join(chosen)}]",
+        *rest,
+        "callbacks.stop_at.value=0.1",
+        "trainer.epochs=3",
+        "trainer.limit_train_batches=4",
+        "trainer.limit_val_batches=2",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["epochs"] == 1 and metrics["stopped_early"].startswith("stop_at: val/acc reached 0.1 (")
+    assert 0 < metrics["val_balanced_acc"] <= 1
+    best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)["best_checkpoints"]
+    assert best["monitor"] == "val/balanced_acc" and best["kept"][0]["value"] == metrics["val_balanced_acc"]

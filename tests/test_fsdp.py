@@ -31,12 +31,13 @@ from tests.configs import job_config, typed_config
 from tests.runs import FORK_RANKS, last_weights, relative_error, resume_point, run_train, same_weights
 from tests.test_launchers import _finish, _one_run_dir, _torchrun
 from tests.test_resume_preempt import TINY, Run, kill_inside_a_checkpoint_write
+from training.batches import Batches
 from training.checkpoint import sharded
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.files import save_checkpoint
 from training.checkpoint.resume import find_resume
 from training.precision import Precision
-from training.trainer import Batches, evaluate
+from training.validation import evaluate
 
 FSDP = ["debug=fsdp_cpu"]  # 2 gloo ranks, 3 batches of one epoch, no TensorBoard
 # No BatchNorm, no dropout, no schedule: any world size trains the same numbers (test_strategies).

@@ -16,6 +16,7 @@ import yaml
 import models.resnet
 import models.vit_tiny
 from config.setup import CONF_DIR
+from data import DATASETS as DATASET_MODULES
 from data import InMemory, OnDisk, dataset_module, serving
 from distributed.context import make_context
 from errors import ConfigError
@@ -23,6 +24,7 @@ from models.resnet import resnet
 from models.zoo import torchvision_classifier
 from preflight import check_and_plan
 from tests.configs import job_config, typed_config
+from tests.dataset_files import WRITERS
 from training import run as run_job
 
 
@@ -67,6 +69,23 @@ def test_every_model_trains_on_every_dataset_or_is_refused_it_before_launch(mode
     assert changed, "three optimizer steps changed no parameter"
     x = torch.zeros(3, job.dataset.channels, job.dataset.image_size, job.dataset.image_size)
     assert trained.eval()(x).shape == (3, job.dataset.num_classes)
+
+
+@pytest.mark.parametrize("dataset", sorted(DATASET_MODULES))
+def test_every_registered_dataset_trains_on_files_in_its_real_format(dataset, tmp_path):
+    """Not refused, trained: the files a dataset reads are written small, as it finds them on disk
+    (tests/dataset_files.py's WRITERS; the in-memory ones have none), and the run takes 3 steps."""
+    module = dataset_module(dataset)
+    assert isinstance(module, InMemory) and not isinstance(module, OnDisk) or dataset in WRITERS, (
+        f"dataset={dataset} reads files: give tests/dataset_files.py a writer of them (WRITERS)"
+    )
+    pointed = WRITERS[dataset](tmp_path / "data") if dataset in WRITERS else []
+    model = "simple_cnn" if dataset == "imagefolder" else "mnist_net"
+    job = job_config(tmp_path / "run", f"dataset={dataset}", f"model={model}", *_tiny(dataset), *pointed)
+    (tmp_path / "run").mkdir()
+    run_job.train(make_context(0, 0, 1, 1, "cpu", use_process_group=False), job)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["dataset"] == dataset and metrics["steps"] == 3 and math.isfinite(metrics["train_loss"])
 
 
 def _one_line_error(match: str, build, *args) -> None:

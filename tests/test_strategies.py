@@ -32,9 +32,10 @@ from tests import train_server
 from tests.configs import job_config, typed_config
 from tests.runs import last_weights, relative_error, run_train
 from training import run as run_job
+from training.batches import Batches
 from training.checkpoint import sharded
 from training.metrics import Averages
-from training.trainer import Batches, evaluate
+from training.validation import evaluate
 
 pytestmark = pytest.mark.slow
 

@@ -27,13 +27,15 @@ from errors import ConfigError
 from preflight import check_and_plan
 from tests.configs import typed_config
 from tests.runs import resume_point
+from training import validation
+from training.batches import Batches
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.state import TrainState
 from training.loss import CrossEntropy
 from training.metrics import Averages
 from training.precision import Precision
 from training.run import configure_kernels
-from training.trainer import Batches, Optimization, Reporting, Trainer
+from training.trainer import Optimization, Reporting, Trainer
 
 CPU = torch.device("cpu")
 
@@ -275,11 +277,17 @@ def test_the_best_weights_are_the_emas_when_its_accuracy_beats_the_models(tmp_pa
         (Averages(1.0, 0.6, 10, acc5=0.8), Averages(0.9, 0.5, 10, acc5=0.8)),  # the model beats the EMA, not the best
         (Averages(0.8, 0.8, 10, acc5=1.0), Averages(0.9, 0.75, 10, acc5=0.9)),  # the model's is the best
     ]
-    seen = [
-        (trainer._note_best(val, ema), state.best_val_acc, state.best_val_acc5, state.best_weights)
-        for val, ema in epochs
+    seen = []
+    for val, ema in epochs:
+        figures = {**validation.figures(val, "val/"), **validation.figures(ema, "val_ema/")}
+        trainer._note_best(figures)
+        # trainer.checkpoint.monitor=val/acc: the better of the two, for the best checkpoints
+        seen.append((trainer._monitored(figures), state.best_val_acc, state.best_val_acc5, state.best_weights))
+    assert seen == [
+        ((0.7, "ema"), 0.7, 0.9, "ema"),
+        ((0.6, "model"), 0.7, 0.9, "ema"),
+        ((0.8, "model"), 0.8, 1.0, "model"),
     ]
-    assert seen == [(True, 0.7, 0.9, "ema"), (False, 0.7, 0.9, "ema"), (True, 0.8, 1.0, "model")]
 
 
 class _Jittered(TensorDataset):
@@ -393,7 +401,7 @@ def test_evaluate_runs_the_dataparallel_that_splits_the_batch_over_its_gpus():
     """strategy=dp validates on every GPU it trains on only if evaluate calls the DataParallel, not
     its module (which would run each whole batch on the first GPU). On CPU a DataParallel calls its
     module as it is, so which one evaluate calls can be seen here."""
-    from training.trainer import evaluate
+    from training.validation import evaluate
 
     wrapped = nn.DataParallel(nn.Sequential(nn.Flatten(), nn.Linear(4, 10)))
     called = []

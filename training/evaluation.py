@@ -9,12 +9,14 @@ import time
 from torch.optim.swa_utils import AveragedModel
 
 from config.schema import RunConfig
-from data import build_loaders
+from data import build_loaders, class_names
 from distributed.context import DistContext
+from training import validation
+from training.batches import Batches
+from training.callbacks import RunInfo, end_validation, handling
 from training.checkpoint.resume import open_resume
-from training.metrics import Averages
 from training.reporting import write_metrics
-from training.trainer import Batches, evaluate
+from training.validation import evaluate
 
 log = logging.getLogger("train")
 
@@ -35,13 +37,24 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
         if checkpoint.get("ema") is not None:
             ema = AveragedModel(net, use_buffers=True)
             ema.load_state_dict(checkpoint["ema"])
+    callbacks = [build() for build in job.callbacks.values()]  # what they add reaches metrics.json
+    for callback in callbacks:
+        callback.setup(RunInfo(ctx, (), class_names(job.dataset), job.run_dir))
     batches, criterion = Batches(ctx.device, settings.limit_val_batches), job.loss()
-    val = evaluate(net, loaders.val, batches, ctx, criterion)
-    metrics = _figures("val", val)
+    val = evaluate(net, loaders.val, batches, ctx, criterion, handling(callbacks, "on_validation_batch_end"))
+    added = validation.figures(val, "val/")
+    epoch, step = (checkpoint["epoch"], checkpoint["step"]) if checkpoint is not None else (0, 0)
+    end_validation(callbacks, epoch, step, added, ctx)
+    declared = [name for callback in callbacks for name in callback.figures]
+    metrics = {
+        **validation.figures(val, "val_"),
+        "val_samples": val.samples,
+        **{name.replace("/", "_"): added[name] for name in declared if name in added},
+    }
     line = f"test: acc@1 {val.acc:.4f} acc@5 {val.acc5:.4f} loss {val.loss:.4f}"
     if ema is not None:
         averaged = evaluate(ema.module, loaders.val, batches, ctx, criterion)
-        metrics.update(_figures("val_ema", averaged))
+        metrics.update(validation.figures(averaged, "val_ema_"), val_ema_samples=averaged.samples)
         line += f"  ema acc@1 {averaged.acc:.4f} acc@5 {averaged.acc5:.4f} loss {averaged.loss:.4f}"
     log.info("%s  (%d images, %s)", line, val.samples, source)
     if ctx.is_main:
@@ -57,13 +70,3 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
             },
         )
     return metrics
-
-
-def _figures(prefix: str, averages: Averages) -> dict[str, float | int]:
-    return {
-        f"{prefix}_acc": averages.acc,
-        f"{prefix}_acc5": averages.acc5,
-        f"{prefix}_loss": averages.loss,
-        f"{prefix}_ce": averages.ce,
-        f"{prefix}_samples": averages.samples,
-    }

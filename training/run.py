@@ -12,12 +12,14 @@ import torch
 from torch import nn
 
 from config.schema import DatasetConfig, RunConfig, TrainerConfig
-from data import build_loaders
+from data import build_loaders, class_names
 from distributed import context, strategies
 from distributed.collectives import all_gather_object
 from distributed.context import DistContext
 from errors import Preempted
 from models.summary import summarize
+from training.callbacks import RunInfo
+from training.checkpoint.best import BestCheckpoints
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.state import TrainState
 from training.ema import EMA, adjusted_decay
@@ -26,6 +28,7 @@ from training.loggers import build_loggers, takes_images
 from training.memory import MemoryProbe
 from training.metrics import reset_peak_memory
 from training.mixing import Mixing
+from training.monitor import Monitor
 from training.optim import check_arguments, parameter_groups
 from training.precision import Precision
 from training.preemption import PreemptionWatch
@@ -131,8 +134,23 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         ema = EMA(strategies.unwrap(model), adjusted_decay(settings), job.schedule.warmup_epochs)
         log.info("EMA every %d step(s), decay %.6g per update", settings.ema_every_n_steps, adjusted_decay(settings))
     scaler = precision.grad_scaler()
+    loggers = build_loggers(job.logger, job) if ctx.is_main else []
+    chosen = {name: build() for name, build in job.callbacks.items()}  # conf/callbacks/: their state is saved
+    callbacks = list(chosen.values())
+    if job.logger.sample_images and takes_images(job.logger):
+        callbacks.insert(0, SampleImages(job.logger.sample_images, model, loaders.val, ctx.device))
+    profiler = None
+    if settings.profile and ctx.is_main:  # rank 0's steps: a trace in the run dir, a table in the log
+        profiler = ProfiledSteps(settings.profile, ctx.device, job.run_dir / "profile" / "trace.json")
+        callbacks.append(profiler)
+    info = RunInfo(ctx, loggers, class_names(job.dataset), job.run_dir)
+    for callback in callbacks:
+        callback.setup(info)
+    best = BestCheckpoints(
+        Monitor(settings.checkpoint.monitor, settings.checkpoint.mode.value), settings.checkpoint.save_top_k
+    )
     checkpointer = _checkpointer(strategy)(
-        ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema
+        ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema, best, chosen
     )
     resume = job.resume
     state = checkpointer.restore(resume) if resume else TrainState()
@@ -149,14 +167,6 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         state.epoch + 1,
         f" batch {state.batch + 1} ({resume.path})" if resume else "",
     )
-    loggers = build_loggers(job.logger, job) if ctx.is_main else []
-    callbacks = [build() for build in job.callbacks]
-    if job.logger.sample_images and takes_images(job.logger):
-        callbacks.insert(0, SampleImages(job.logger.sample_images, model, loaders.val, loggers, ctx.device))
-    profiler = None
-    if settings.profile and ctx.is_main:  # rank 0's steps: a trace in the run dir, a table in the log
-        profiler = ProfiledSteps(settings.profile, ctx.device, job.run_dir / "profile" / "trace.json")
-        callbacks.append(profiler)
     trainer = Trainer(
         model=model,
         strategy=strategy,

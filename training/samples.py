@@ -13,7 +13,7 @@ from torch import nn
 
 from data import Loaders
 from distributed.strategies import gathers_in_forward, unwrap
-from training.callbacks import Callback
+from training.callbacks import Callback, RunInfo
 from training.loggers.base import Logger
 
 if TYPE_CHECKING:
@@ -26,20 +26,17 @@ class SampleImages(Callback):
     Rank 0 draws; under FSDP every rank runs the forward with it, since each forward gathers the
     parameters from every rank."""
 
-    def __init__(
-        self,
-        count: int,
-        model: nn.Module,
-        loader: Any,
-        loggers: Sequence[Logger],
-        device: torch.device,
-    ) -> None:
-        self.count, self.model, self.loader, self.loggers, self.device = count, model, loader, loggers, device
+    def __init__(self, count: int, model: nn.Module, loader: Any, device: torch.device) -> None:
+        self.count, self.model, self.loader, self.device = count, model, loader, device
+        self.loggers: Sequence[Logger] = ()
         self.joins = gathers_in_forward(model)
         self._samples: tuple[torch.Tensor, SampleGrid | None] | None = None
 
+    def setup(self, run: RunInfo) -> None:
+        self.loggers = run.loggers
+
     @torch.no_grad()
-    def on_epoch_end(self, epoch: int, step: int, scalars: dict[str, float]) -> None:
+    def on_validation_end(self, epoch: int, step: int, figures: dict[str, float]) -> None:
         if not (self.loggers or self.joins):
             return
         if self._samples is None:

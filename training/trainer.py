@@ -1,26 +1,31 @@
-"""The Trainer: the model and everything it trains with, as one object; fit -> train_epoch ->
-step, and evaluate. Metrics are all-reduced; only rank 0 reports and saves."""
+"""The Trainer: the model and everything it trains with, as one object. `fit` runs the epochs,
+`train_epoch` the optimizer steps, `step` one micro-batch: the training math. When to report, to
+validate, to save and to stop is asked of their owners: Progress (training/progress.py), validation
+(training/validation.py) and the callbacks, the Checkpointer and its best checkpoints
+(training/checkpoint/), the preemption watch (training/preemption.py). Metrics are all-reduced; only
+rank 0 reports and saves."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from config.schema import NonFinite, TrainerConfig
 from data import Loaders
 from distributed.collectives import all_reduce_max
 from distributed.context import DistContext, epoch_seed
-from distributed.strategies import Strategy, for_evaluation, prepare_evaluation, unwrap
+from distributed.strategies import Strategy, unwrap
 from errors import NonFiniteLoss
-from training.callbacks import Callback, handling
+from training import validation
+from training.batches import Batches
+from training.callbacks import Callback, end_validation, handling
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.state import TrainState, restore_rng
 from training.ema import EMA
@@ -28,46 +33,15 @@ from training.loggers.base import Logger
 from training.loss import Criterion
 from training.metrics import Accumulator, Averages, Window, peak_memory_mb, samples_per_s
 from training.mixing import Mixing
+from training.monitor import Monitor
 from training.precision import Precision
 from training.preemption import PreemptionWatch
+from training.progress import Progress
 from training.schedule import Warmup
 
 log = logging.getLogger("train")
 
 _NO_BAD_STEP = 2**40  # a first non-finite step s is sent as _NO_BAD_STEP - s: a MAX over ranks finds the earliest
-
-
-@dataclass
-class Batches:
-    """Where a batch goes and how many of them an epoch takes; `waited`: the seconds the last
-    `take` spent waiting for its loader (the ImageNet example's data time)."""
-
-    device: torch.device
-    limit: int | None
-    waited: float = 0.0
-
-    def take(
-        self,
-        loader: Iterable,
-        skip: int = 0,
-        skipped: Callable[[], None] | None = None,
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """`skipped` runs once the first `skip` batches are drawn, before the next one is: a
-        DataLoader without workers draws its augmentations from the stream the steps draw from."""
-        self.waited, resumed = 0.0, time.perf_counter()
-        for i, (x, y) in enumerate(loader):
-            self.waited += time.perf_counter() - resumed
-            if self.limit is not None and i >= self.limit:
-                return
-            if i < skip:  # resuming mid-epoch: drawn in the same order, trained before the stop
-                if i == skip - 1 and skipped is not None:
-                    skipped()
-            else:
-                yield Loaders.to_device(loader, x, y, self.device)
-            resumed = time.perf_counter()
-
-    def count(self, loader: Any) -> int:
-        return len(loader) if self.limit is None else min(len(loader), self.limit)
 
 
 @dataclass(frozen=True)
@@ -116,7 +90,8 @@ class Trainer:
         self.warmup = self.scheduler if isinstance(self.scheduler, Warmup) else None
         self.scaler = optimization.scaler or torch.amp.GradScaler(ctx.device.type, enabled=False)
         self.loaders, self.checkpointer, self.ctx, self.settings = loaders, checkpointer, ctx, settings
-        self.loggers, self.callbacks = reporting.loggers, reporting.callbacks
+        self.callbacks = reporting.callbacks
+        self.progress = Progress(ctx, settings, reporting.loggers)
         self.state = state or TrainState()
         self.preemption = preemption
         # What the step needs, resolved once: at 32 bits it enters no autocast, loss scaling or
@@ -132,20 +107,28 @@ class Trainer:
         self.skip_check = settings.nonfinite == NonFinite.skip and not self.scaled
         self.gradient_callbacks = handling(self.callbacks, "after_backward")
         self.step_callbacks = handling(self.callbacks, "on_step_end")
+        self.batch_callbacks = handling(self.callbacks, "on_validation_batch_end")
+        self.added = [name for callback in self.callbacks for name in callback.figures]  # to the line and metrics.json
         self.measure_gradients = self.grad_clip is not None or self.skip_check or bool(self.gradient_callbacks)
         self.ema_every = settings.ema_every_n_steps
+        self.save_every = settings.checkpoint_every_n_steps
+        monitored = settings.checkpoint
+        self.monitor = Monitor(monitored.monitor, monitored.mode.value)
         limit = settings.overfit_batches or settings.limit_train_batches
         self.train_batches = Batches(ctx.device, limit)
         self.val_batches = Batches(ctx.device, settings.overfit_batches or settings.limit_val_batches)
         self.window = Window()
         self.skipped_steps = 0
-        self._announced = False
 
     def fit(self) -> dict[str, Any]:
-        """Train from `state.epoch` to `epochs` (or `max_steps`); return the final figures."""
+        """Train from `state.epoch` to `epochs` (or `max_steps`, or until a callback stops it);
+        return the final figures."""
         state, settings = self.state, self.settings
+        if state.stopped:
+            log.info("nothing to train: the run stopped early, at epoch %d (%s)", state.epoch, state.stopped)
+            return {}
         speeds: list[float] = []  # each epoch's samples/s
-        train = val = ema = memory = None
+        train = figures = None
         started = time.perf_counter()
         while state.epoch < settings.epochs and not self._done():
             epoch = state.epoch
@@ -158,63 +141,43 @@ class Trainer:
             # is a mid-epoch checkpoint, as a preemption's is, so a resume trains the rest of it.
             batches = self.train_batches.count(self.loaders.train)
             finished = state.batch >= batches
-            with self._random_stream_kept():
-                val = self.evaluate(self.loaders.val)
-                ema = self.evaluate(self.loaders.val, self.ema.module) if self.ema is not None else None
             speeds.append(speed)
+            with self._random_stream_kept():
+                figures = self.validate()
             if finished:
                 if self.scheduler is not None:
                     self.scheduler.step()
                 state.epoch, state.batch, state.rng = epoch + 1, 0, None  # rng: unused if resumed at the epoch's end
-            improved = self._note_best(val, ema)
-            memory = peak_memory_mb(self.ctx)  # per device: DP's first card holds more
-            scalars = {
-                "val/loss": val.loss,
-                "val/ce": val.ce,
-                "val/acc": val.acc,
-                "val/acc5": val.acc5,
-                "val/best_acc": state.best_val_acc,
-                "throughput/samples_per_s": speed,
-                "throughput/median_samples_per_s": samples_per_s(speeds),
-                "time/train_s": time.perf_counter() - started,
-                "time/data_s": data_s,
-                **(
-                    {"val_ema/loss": ema.loss, "val_ema/ce": ema.ce, "val_ema/acc": ema.acc, "val_ema/acc5": ema.acc5}
-                    if ema
-                    else {}
-                ),
-                **{f"memory/peak_mb/device{i}": mb for i, mb in enumerate(memory or [])},
-            }
+            self._note_best(figures)
+            epoch_figures = (
+                state.best_val_acc,
+                state.best_val_acc5,
+                speed,
+                samples_per_s(speeds),
+                time.perf_counter() - started,
+                data_s,
+            )
+            figures.update(zip(validation.EPOCH_FIGURES, epoch_figures, strict=True))
+            figures.update((f"memory/peak_mb/device{i}", mb) for i, mb in enumerate(peak_memory_mb(self.ctx) or []))
             with self._random_stream_kept():  # the sample grid's first batches come from a DataLoader
-                for callback in self.callbacks:
-                    callback.on_epoch_end(epoch, state.step, scalars)
-            self._log(state.step, scalars)
+                state.stopped = end_validation(self.callbacks, epoch, state.step, figures, self.ctx)
+            self.progress.log(state.step, figures)
             where = (
                 f"epoch {epoch + 1}/{settings.epochs}"
                 if finished
                 else f"stopped at step {state.step} (trainer.max_steps) in epoch {epoch + 1} of {settings.epochs}, "
                 f"after batch {state.batch} of {batches}"
             )
-            log.info(
-                "%s  train loss %.4f acc %.4f  val loss %.4f acc %.4f acc5 %.4f%s  best acc %.4f acc5 %.4f"
-                "  %.0f samples/s  data wait %.2f s",
-                where,
-                train.loss,
-                train.acc,
-                val.loss,
-                val.acc,
-                val.acc5,
-                f"  ema loss {ema.loss:.4f} acc {ema.acc:.4f} acc5 {ema.acc5:.4f}" if ema else "",
-                state.best_val_acc,
-                state.best_val_acc5,
-                speed,
-                data_s,
-            )
-            self.checkpointer.save(state, best=improved)  # mid-epoch: every rank's random stream as training left it
+            self.progress.epoch_line(where, train, figures, self.added)
+            # mid-epoch: every rank's random stream as training left it
+            self.checkpointer.save(state, *self._monitored(figures))
+            if state.stopped:
+                log.info("stopping early at step %d: %s; last.pt is saved", state.step, state.stopped)
+                break
             more = state.epoch < settings.epochs and not self._done()
             if more and self.preemption is not None and self.preemption.should_stop(state.step, force=True):
                 raise self.preemption.preempted()  # last.pt, just saved, holds this epoch's end
-        if val is None:
+        if figures is None:
             where = (
                 f"is at step {state.step}, trainer.max_steps={settings.max_steps}"
                 if self._done()
@@ -222,30 +185,32 @@ class Trainer:
             )
             log.info("nothing to train: the checkpoint %s", where)
             return {}
+        validated = [f"{weights}/{name}" for weights in ("val", "val_ema") for name in validation.FIGURES]
         metrics = {
-            "val_acc": val.acc,
-            "val_acc5": val.acc5,
-            "val_loss": val.loss,
-            "val_ce": val.ce,
-            **(
-                {"val_ema_acc": ema.acc, "val_ema_acc5": ema.acc5, "val_ema_loss": ema.loss, "val_ema_ce": ema.ce}
-                if ema
-                else {}
-            ),
+            **{name.replace("/", "_"): figures[name] for name in [*validated, *self.added] if name in figures},
             "best_val_acc": state.best_val_acc,
             "best_val_acc5": state.best_val_acc5,
             "best_weights": state.best_weights,
             "train_loss": train.loss,
             "train_acc": train.acc,
             "train_samples_per_s": samples_per_s(speeds),
-            "peak_memory_mb": memory,  # one per device of the job; None on CPU
+            "peak_memory_mb": peak_memory_mb(self.ctx),  # one per device of the job; None on CPU
             "epochs": state.epoch,
             "steps": state.step,
             "nonfinite_steps_skipped": self.skipped_steps,
+            **({"stopped_early": state.stopped} if state.stopped else {}),
         }
         for callback in self.callbacks:
             callback.on_train_end(metrics)
         return metrics
+
+    def validate(self) -> dict[str, float]:
+        """The epoch's validation figures: the model's (its batches to the callbacks), and the EMA's."""
+        val = self.evaluate(self.loaders.val, callbacks=self.batch_callbacks)
+        figures = validation.figures(val, "val/")
+        if self.ema is not None:
+            figures.update(validation.figures(self.evaluate(self.loaders.val, self.ema.module), "val_ema/"))
+        return figures
 
     def train_epoch(self) -> tuple[Averages, float]:
         """One epoch. trainer.batch_size is the global batch of one micro-batch (as in Lightning):
@@ -259,15 +224,7 @@ class Trainer:
         total = Accumulator(ctx.device)
         steps_in_window = 0
         num_batches, accumulate = self.train_batches.count(self.loaders.train), self.accumulate
-        log_every, every = settings.log_every_n_steps, settings.checkpoint_every_n_steps
-        bar = tqdm(
-            total=num_batches - state.batch,
-            desc=f"epoch {state.epoch + 1}",
-            # None: tqdm draws on a terminal only, not into a SLURM log, a pipe or a file.
-            disable=None if ctx.is_main and settings.progress_bar else True,
-            leave=False,
-            dynamic_ncols=True,
-        )
+        self.progress.start_epoch(state.epoch, num_batches, state.batch)
         start = time.perf_counter()
         rng, state.rng = state.rng, None
         # Resumed mid-epoch: the random stream goes on where it stopped, from the first batch not yet trained.
@@ -280,7 +237,7 @@ class Trainer:
             last_of_group = i == group_start + group_size - 1
             logits, loss = self.step(x, y, group_size, sync=last_of_group)
             self.window.update(loss, logits, labels, state.step + 1)
-            bar.update()
+            self.progress.batch_done()
             if not last_of_group:
                 continue
             self.optimizer_step()
@@ -293,36 +250,22 @@ class Trainer:
                 callback.on_step_end(state.step)
             state.batch = i + 1  # micro-batches of this epoch done: a mid-epoch resume skips them
             steps_in_window += 1
-            if not self._announced:
-                self._announced = True
-                log.info("first optimizer step done")  # bench.startup stops its clock here
-            if state.step % log_every == 0:
-                window = self._report_window(total, bar)
+            if self.progress.due(state.step):
+                self._report_window(total, f"epoch {state.epoch + 1} batch {i + 1}/{num_batches}")
                 steps_in_window = 0
-                if bar.disable and ctx.is_main:  # no bar (trainer.progress_bar=false, or no terminal): a line
-                    log.info(
-                        "step %d  epoch %d batch %d/%d  loss %.4f acc %.4f  lr %.4g",
-                        state.step,
-                        state.epoch + 1,
-                        i + 1,
-                        num_batches,
-                        window.loss,
-                        window.acc,
-                        self.optimizer.param_groups[0]["lr"],
-                    )
             if self._done():
                 break
             stop = self.preemption is not None and self.preemption.should_stop(state.step)
-            if stop or (every and state.step % every == 0):
+            if stop or (self.save_every and state.step % self.save_every == 0):
                 self._raise_if_nonfinite()
                 self.checkpointer.save(state)
             if stop:
-                bar.close()
+                self.progress.end_epoch()
                 raise self.preemption.preempted()
         if steps_in_window:
-            self._report_window(total, bar)
+            self._report_window(total)
         elapsed = time.perf_counter() - start  # the all-reduce above synchronised the device
-        bar.close()
+        self.progress.end_epoch()
         averages = total.averages()
         return averages, averages.samples / elapsed
 
@@ -388,18 +331,29 @@ class Trainer:
             return False
         return True
 
-    def evaluate(self, loader: Iterable, model: nn.Module | None = None) -> Averages:
-        return evaluate(self.model if model is None else model, loader, self.val_batches, self.ctx, self.criterion)
+    def evaluate(self, loader: Any, model: nn.Module | None = None, callbacks: Sequence[Callback] = ()) -> Averages:
+        model = self.model if model is None else model
+        return validation.evaluate(model, loader, self.val_batches, self.ctx, self.criterion, callbacks)
 
-    def _note_best(self, val: Averages, ema: Averages | None) -> bool:
+    def _note_best(self, figures: dict[str, float]) -> None:
         """The best accuracy of any weights evaluated (the model's, or the EMA's), and whose it was."""
         state = self.state
-        state.best_val_acc5 = max(state.best_val_acc5, val.acc5, ema.acc5 if ema else -1.0)
-        acc, weights = (ema.acc, "ema") if ema is not None and ema.acc > val.acc else (val.acc, "model")
-        if acc <= state.best_val_acc:
-            return False
-        state.best_val_acc, state.best_weights = acc, weights
-        return True
+        acc, acc5 = figures["val/acc"], figures["val/acc5"]
+        ema_acc = figures.get("val_ema/acc", -1.0)
+        state.best_val_acc5 = max(state.best_val_acc5, acc5, figures.get("val_ema/acc5", -1.0))
+        acc, weights = (ema_acc, "ema") if ema_acc > acc else (acc, "model")
+        if acc > state.best_val_acc:
+            state.best_val_acc, state.best_weights = acc, weights
+
+    def _monitored(self, figures: dict[str, float]) -> tuple[float, str]:
+        """trainer.checkpoint.monitor's figure and whose weights scored it: of a val/ figure, the
+        better of the model's and the EMA's (val_ema/), as a checkpoint holds both."""
+        name = self.monitor.name
+        value, weights = figures[name], "model"
+        ema = "val_ema/" + name.removeprefix("val/") if name.startswith("val/") else None
+        if ema in figures and self.monitor.improves(figures[ema], value):
+            value, weights = figures[ema], "ema"
+        return value, weights
 
     def _raise_if_nonfinite(self) -> None:
         """Before anything is saved, and at each report: every rank learns the earliest bad step."""
@@ -411,20 +365,12 @@ class Trainer:
         if worst:
             raise NonFiniteLoss(_NO_BAD_STEP - worst)
 
-    def _report_window(self, total: Accumulator, bar: tqdm) -> Averages:
+    def _report_window(self, total: Accumulator, where: str | None = None) -> None:
         """The steps since the last report, over all ranks: to the loggers and the bar."""
         self._raise_if_nonfinite()
         window = self.window.drain(self.ctx.device).all_reduce(self.ctx)
         total.add(window)
-        averages = window.averages()
-        lr = self.optimizer.param_groups[0]["lr"]
-        self._log(self.state.step, {"train/loss": averages.loss, "train/acc": averages.acc, "lr": lr})
-        bar.set_postfix(loss=f"{averages.loss:.4f}", acc=f"{averages.acc:.3f}", refresh=False)
-        return averages
-
-    def _log(self, step: int, values: dict[str, float]) -> None:
-        for logger in self.loggers:
-            logger.log_scalars(step, values)
+        self.progress.report(self.state.step, window.averages(), self.optimizer.param_groups[0]["lr"], where)
 
     def _done(self) -> bool:
         return self.settings.max_steps is not None and self.state.step >= self.settings.max_steps
@@ -435,19 +381,3 @@ class Trainer:
         DataLoader takes its base seed from it; nothing there draws on a GPU): a mid-epoch checkpoint
         saved afterwards holds the stream the training left."""
         return torch.random.fork_rng(devices=[])
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable, batches: Batches, ctx: DistContext, criterion: Criterion) -> Averages:
-    """The criterion's loss, accuracy, top-5 and cross-entropy over every rank's validation shard,
-    summed across ranks."""
-    net = for_evaluation(model)
-    net.eval()
-    sums = Accumulator(ctx.device, validation=True)
-    padding = prepare_evaluation(net, batches.count(loader), ctx)  # FSDP: every forward takes all ranks
-    for x, y in batches.take(loader):
-        sums.update_validation(net(x), y, criterion)
-    for _ in range(padding):
-        net(x[:0])
-    net.train()
-    return sums.all_reduce(ctx).averages()

@@ -1,9 +1,12 @@
-"""Saving and restoring a run: rank 0 writes whole files (last.pt, best.pt) from a background
-thread; `restore` puts everything back as it was when the checkpoint was saved."""
+"""Saving and restoring a run: rank 0 writes whole files (last.pt, and the best ones by
+trainer.checkpoint.monitor) from a background thread; `restore` puts everything back as it was when
+the checkpoint was saved, the callbacks' state included."""
 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -12,9 +15,12 @@ import torch
 from torch import nn
 
 from config.schema import ResumePoint
+from distributed.collectives import all_gather_object
 from distributed.context import DistContext
 from distributed.strategies import unwrap
-from training.checkpoint.files import save_checkpoint
+from training.callbacks import Callback
+from training.checkpoint.best import BEST, BestCheckpoints, Plan
+from training.checkpoint.files import fsync_dir, save_checkpoint
 from training.checkpoint.resume import check_resumable, open_resume
 from training.checkpoint.state import TrainState, gather_rng, host_copy
 
@@ -27,6 +33,8 @@ class Checkpointer:
     A save copies the state to host memory on the spot and writes it from a background thread
     (as torchtitan's async checkpointing does), so the steps go on while the file is serialised
     and fsynced; writes stay one at a time and in order, each atomic. `close()` waits for the last.
+    `best`: which checkpoints to keep besides last.pt (None: none); `callbacks`: by name, whose
+    state every checkpoint holds.
     """
 
     def __init__(
@@ -39,24 +47,41 @@ class Checkpointer:
         config_yaml: str,
         scaler: torch.amp.GradScaler | None = None,
         ema: nn.Module | None = None,
+        best: BestCheckpoints | None = None,
+        callbacks: Mapping[str, Callback] | None = None,
     ):
         self.ctx, self.directory = ctx, directory
         self.model, self.optimizer, self.scheduler = unwrap(model), optimizer, scheduler
         self.scaler = scaler  # fp16's loss scale: resuming without it would re-learn it with skipped steps
         self.ema = ema  # trainer.ema_decay's averaged weights
         self.config_yaml = config_yaml
-        self._best_on_disk = _best_in(directory / "best.pt") if ctx.is_main else None
+        self.best = best
+        self.callbacks = dict(callbacks or {})
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []  # oldest first
+        if best is not None:
+            self._keep_an_earlier_runs_best()
 
-    def save(self, state: TrainState, best: bool = False) -> None:
-        """last.pt, after best.pt when `best` and better than any best.pt on disk: one snapshot for both.
+    def _keep_an_earlier_runs_best(self) -> None:
+        """best.pt only ever gets better, even one an earlier run left in this directory: a fresh run
+        ranks it first (a resume's ranking, restored, replaces this). Rank 0 reads it; every rank
+        ranks alike (strategy=fsdp's best files take every rank to write)."""
+        kept = _ranked_in(self.directory / BEST) if self.ctx.is_main else None
+        if self.ctx.world_size > 1:
+            kept = all_gather_object(kept, self.ctx)[0]
+        if kept is not None:
+            self.best.load_state_dict(kept)
+            self.best.kept = self.best.kept[:1]
+
+    def save(self, state: TrainState, value: float | None = None, weights: str = "model") -> None:
+        """last.pt; at validation's end (`value`: the monitored figure, scored by `weights`) also
+        among the best, if it is: one snapshot for all.
 
         Every rank must call this for a mid-epoch save (it gathers their RNG states)."""
         rng = gather_rng(self.ctx) if state.batch else None
+        plan = self.best.offer(value, state.epoch, state.step, weights) if value is not None and self.best else Plan()
         if not self.ctx.is_main:
             return
-        names = ["best.pt"] if best and self.better_than_on_disk(state) else []
         snapshot = host_copy(
             {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **self.train_state(state, rng)}
         )
@@ -65,15 +90,18 @@ class Checkpointer:
         self._wait(keep=1)
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
-        for name in [*names, "last.pt"]:
-            self._pending.append(self._writer.submit(save_checkpoint, snapshot, self.directory / name))
+        if plan.write is not None:
+            self._pending.append(self._writer.submit(self.keep_best, snapshot, plan))
+        self._pending.append(self._writer.submit(save_checkpoint, snapshot, self.directory / "last.pt"))
 
-    def better_than_on_disk(self, state: TrainState) -> bool:
-        """best.pt only ever gets better, even one left by an earlier run in this directory."""
-        if self._best_on_disk is not None and state.best_val_acc <= self._best_on_disk:
-            return False
-        self._best_on_disk = state.best_val_acc
-        return True
+    def keep_best(self, snapshot: dict[str, Any], plan: Plan) -> None:
+        """In the writer thread: the best so far keeps its place under its own name, the new one is
+        written, and what fell out of the k best goes."""
+        if plan.link is not None:
+            link_atomically(self.directory / plan.link[0], self.directory / plan.link[1])
+        save_checkpoint(snapshot, self.directory / plan.write)
+        for name in plan.drop:
+            (self.directory / name).unlink(missing_ok=True)
 
     def wait(self) -> None:
         """Until every save is on disk; a failed write raises here."""
@@ -101,7 +129,10 @@ class Checkpointer:
             "best_acc5": state.best_val_acc5,
             "best_weights": state.best_weights,
             "batch": state.batch,
+            "stopped": state.stopped,
             "rng": rng,
+            "best_checkpoints": self.best.state_dict() if self.best is not None else None,
+            "callbacks": {name: callback.state_dict() for name, callback in self.callbacks.items()},
             "config": self.config_yaml,
         }
 
@@ -125,6 +156,12 @@ class Checkpointer:
             self.ema.load_state_dict(checkpoint["ema"])
         elif self.ema is not None:
             log.warning("%s holds no EMA weights: the average starts afresh from the restored model", point.path)
+        if self.best is not None and checkpoint.get("best_checkpoints"):
+            self.best.load_state_dict(checkpoint["best_checkpoints"])
+        saved = checkpoint.get("callbacks") or {}
+        for name, callback in self.callbacks.items():
+            if name in saved:
+                callback.load_state_dict(saved[name])
         state = TrainState(
             checkpoint["epoch"],
             checkpoint["step"],
@@ -132,6 +169,7 @@ class Checkpointer:
             checkpoint.get("batch", 0),
             best_val_acc5=checkpoint.get("best_acc5", -1.0),
             best_weights=checkpoint.get("best_weights", "model"),
+            stopped=checkpoint.get("stopped"),
         )
         rng = checkpoint.get("rng")
         if rng is not None and len(rng) == self.ctx.world_size:
@@ -145,8 +183,19 @@ class Checkpointer:
         self.optimizer.load_state_dict(checkpoint["optimizer"])
 
 
-def _best_in(path: Path) -> float | None:
+def link_atomically(source: Path, name: Path) -> None:
+    """`name` becomes another name of `source`'s file, replacing any file of that name at once."""
+    tmp = name.with_name(f".{name.name}.link")
+    tmp.unlink(missing_ok=True)
+    os.link(source, tmp)
+    os.replace(tmp, name)
+    fsync_dir(name.parent)
+
+
+def _ranked_in(path: Path) -> dict[str, Any] | None:
+    """The ranking a best.pt was saved with (its own entry first), if it can be read."""
     try:
-        return float(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["best"])
+        ranking = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("best_checkpoints")
     except Exception:  # no best.pt yet, or one we cannot read: nothing to protect
         return None
+    return ranking if isinstance(ranking, dict) and ranking.get("kept") else None

@@ -55,36 +55,30 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from distributed.collectives import all_gather_object, barrier
+from distributed.collectives import barrier
 from distributed.context import DistContext
 from errors import ConfigError, first_line
+from training.checkpoint.best import Plan
 from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.files import FIX, drop_unnamed_versions, fsync_dir, save_checkpoint
+from training.checkpoint.files import FIX, drop_unnamed_versions, fsync_dir
 from training.checkpoint.resume import confirm_shared
 from training.checkpoint.state import TrainState, gather_rng
 
 
 class ShardedCheckpointer(Checkpointer):
-    def __init__(
-        self,
-        ctx: DistContext,
-        directory: Path,
-        model: nn.Module,
-        optimizer,
-        scheduler,
-        config_yaml: str,
-        scaler: torch.amp.GradScaler | None = None,
-        ema: nn.Module | None = None,
-    ):
-        super().__init__(ctx, directory, model, optimizer, scheduler, config_yaml, scaler, ema)
-        # Gathering best.pt takes every rank, so every rank must agree on whether to save it.
-        self._best_on_disk = all_gather_object(self._best_on_disk, ctx)[0]
+    """Every rank ranks the best checkpoints alike (from the same figures): writing one gathers the
+    whole model from every rank."""
 
-    def save(self, state: TrainState, best: bool = False) -> None:
-        """Every rank writes its shards of last.pt; rank 0 commits it. best.pt first, when `best`."""
-        if best:
-            self._save_best(state)
+    def save(self, state: TrainState, value: float | None = None, weights: str = "model") -> None:
+        """Every rank writes its shards of last.pt; rank 0 commits it. A best one first, when `value`
+        is among the k best."""
         rng = gather_rng(self.ctx) if state.batch else None
+        plan = self.best.offer(value, state.epoch, state.step, weights) if value is not None and self.best else Plan()
+        if plan.write is not None:
+            model_state, optimizer_state = full_state(self.model, self.optimizer)
+            if self.ctx.is_main:
+                payload = {"model": model_state, "optimizer": optimizer_state, **self.train_state(state, rng)}
+                self.keep_best(payload, plan)
         name = "last.pt"
         final = self.directory / name
         tmp = self.directory / f".{name}.shards.tmp"
@@ -97,16 +91,6 @@ class ShardedCheckpointer(Checkpointer):
             _commit(tmp, final, f"{name}.step{state.step}.{secrets.token_hex(3)}")
         # No rank may start the next save's writes into the temp directory before it is renamed.
         barrier(self.ctx)
-
-    def _save_best(self, state: TrainState) -> None:
-        """best.pt only ever gets better; it is one file in the format every strategy loads."""
-        if not self.better_than_on_disk(state):
-            return
-        model_state, optimizer_state = full_state(self.model, self.optimizer)
-        rng = gather_rng(self.ctx) if state.batch else None
-        if self.ctx.is_main:
-            payload = {"model": model_state, "optimizer": optimizer_state, **self.train_state(state, rng)}
-            save_checkpoint(payload, self.directory / "best.pt")
 
     def load_weights(self, checkpoint: dict) -> None:
         """A whole checkpoint (best.pt, or any strategy's last.pt file): each rank keeps its shards."""

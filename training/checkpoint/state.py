@@ -21,6 +21,7 @@ class TrainState:
     rng: list[torch.Tensor] | None = None  # this rank's RNG state to restore once those batches are skipped
     best_val_acc5: float = -1.0
     best_weights: str = "model"  # which of a checkpoint's weights scored best_val_acc: model or ema
+    stopped: str | None = None  # why a callback stopped training early; a resume then trains nothing
 
 
 def gather_rng(ctx: DistContext) -> list[list[torch.Tensor]]:

@@ -1,0 +1,252 @@
+"""Callbacks that steer: validation's events, a stop every rank agrees on, a callback's state in the
+checkpoint, the best checkpoints by any figure, early stopping and the confusion matrix; monitors
+checked before launch. Units on a Trainer in this process; the built-in options end to end under
+DDP(2) and FSDP(2), killed with -9 and resumed (at another world size for DDP)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from config.overrides import check_overrides
+from errors import ConfigError
+from preflight import check_and_plan
+from tests.configs import typed_config
+from tests.runs import resume_point, run_train
+from tests.test_callbacks import Scalars, _loaders
+from tests.test_train_step import TinyNet, _trainer
+from training.callbacks import Callback
+from training.callbacks.confusion_matrix import draw, scores
+from training.callbacks.early_stopping import EarlyStopping
+from training.checkpoint import sharded
+from training.checkpoint.best import BEST, BestCheckpoints
+from training.checkpoint.files import save_checkpoint
+from training.monitor import Monitor
+from training.trainer import Reporting
+
+
+class StopAt(Callback):
+    """Adds val/mine each validation, and asks to stop at epoch `epoch`."""
+
+    figures = ("val/mine",)
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch, self.seen = epoch, 0
+
+    def on_validation_end(self, epoch: int, step: int, figures: dict[str, float]) -> str | None:
+        self.seen += 1
+        figures["val/mine"] = 0.25 * (epoch + 1)
+        return f"enough at epoch {epoch + 1}" if epoch == self.epoch else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seen = state["seen"]
+
+
+def test_a_stop_ends_the_run_at_that_epoch_saved_says_why_and_a_resume_trains_nothing(tmp_path, caplog):
+    logger, stopper = Scalars(), StopAt(epoch=1)
+    trainer = _trainer(TinyNet(), tmp_path, loaders=_loaders(), reporting=Reporting([logger], [stopper]), epochs=5)
+    trainer.checkpointer.callbacks = {"stop": stopper}
+    with caplog.at_level(logging.INFO, logger="train"):
+        metrics = trainer.fit()
+    trainer.checkpointer.close()
+    assert (metrics["epochs"], metrics["stopped_early"]) == (2, "enough at epoch 2")
+    # What the callback added: to the loggers, metrics.json's figures and the epoch's line.
+    assert logger.scalars["val/mine"] == [(3, 0.25), (6, 0.5)] and metrics["val_mine"] == 0.5
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("epoch 2/5 ") and line.endswith("val/mine 0.5000") for line in lines)
+    assert "stopping early at step 6: enough at epoch 2; last.pt is saved" in lines
+    saved = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert (saved["epoch"], saved["stopped"], saved["callbacks"]) == (2, "enough at epoch 2", {"stop": {"seen": 2}})
+    # Resumed: the state comes back, and nothing is trained.
+    again = StopAt(epoch=1)
+    resumed = _trainer(TinyNet(), tmp_path, loaders=_loaders(), reporting=Reporting((), [again]), epochs=5)
+    resumed.checkpointer.callbacks = {"stop": again}
+    resumed.state = resumed.checkpointer.restore(resume_point(tmp_path / "last.pt"))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="train"):
+        assert resumed.fit() == {}
+    assert again.seen == 2 and resumed.state.step == 6
+    assert "nothing to train: the run stopped early, at epoch 2 (enough at epoch 2)" in caplog.messages
+
+
+def test_early_stopping_waits_its_patience_beyond_min_delta_and_resumes_its_count():
+    stopping = EarlyStopping(monitor="val/loss", mode="min", patience=2, min_delta=0.1)
+    losses = [1.0, 0.95, 0.85, 0.9, 0.8]  # 0.95 is within min_delta of 1.0; 0.85 beats it by more
+    reasons = [stopping.on_validation_end(epoch, 0, {"val/loss": loss}) for epoch, loss in enumerate(losses[:2])]
+    assert reasons == [None, None] and stopping.waited == 1
+    resumed = EarlyStopping(monitor="val/loss", mode="min", patience=2, min_delta=0.1)
+    resumed.load_state_dict(stopping.state_dict())
+    assert resumed.on_validation_end(2, 0, {"val/loss": 0.85}) is None and resumed.waited == 0
+    assert resumed.on_validation_end(3, 0, {"val/loss": 0.9}) is None
+    reason = resumed.on_validation_end(4, 0, {"val/loss": 0.8})  # not by more than 0.1
+    assert reason == (
+        "early_stopping: val/loss has not improved on its best by more than 0.1 for 2 validation(s) "
+        "(best 0.85 at epoch 3)"
+    )
+    maximum = EarlyStopping(monitor="val/acc", mode="max", patience=1)
+    assert maximum.on_validation_end(0, 0, {"val/acc": 0.5}) is None
+    assert maximum.on_validation_end(1, 0, {"val/acc": 0.6}) is None
+    assert maximum.on_validation_end(2, 0, {"val/acc": 0.6}) is not None  # a tie is no improvement
+
+
+@pytest.mark.parametrize(
+    "values, kept, files",
+    [
+        ([0.5, 0.7, 0.6, 0.8, 0.4], [0.8, 0.7], {BEST: 0.8, "best-epoch2-step2.pt": 0.7}),
+        ([0.5, 0.5, 0.4], [0.5, 0.5], {BEST: 0.5, "best-epoch2-step2.pt": 0.5}),  # the first 0.5 stays best
+    ],
+)
+def test_the_k_best_checkpoints_by_a_figure_best_pt_the_best_of_them(tmp_path, values, kept, files):
+    best = BestCheckpoints(Monitor("val/acc", "max"), top_k=2)
+    for epoch, value in enumerate(values, start=1):
+        plan = best.offer(value, epoch, epoch)
+        for name in plan.drop:
+            (tmp_path / name).unlink()
+        if plan.link:
+            (tmp_path / plan.link[1]).write_bytes((tmp_path / plan.link[0]).read_bytes())
+        if plan.write:
+            (tmp_path / plan.write).write_text(str(value))
+    assert [k.value for k in best.kept] == kept
+    assert {p.name: float(p.read_text()) for p in tmp_path.iterdir()} == files
+    assert best.kept[0].epoch == values.index(kept[0]) + 1
+
+
+def test_a_min_monitor_keeps_the_lowest_and_a_resumed_ranking_goes_on(tmp_path):
+    saver = _trainer(TinyNet(), tmp_path, loaders=_loaders(), epochs=1)
+    checkpointer = saver.checkpointer
+    checkpointer.best = BestCheckpoints(Monitor("val/loss", "min"), top_k=2)
+    for epoch, loss in enumerate([0.9, 0.5, 0.7], start=1):
+        saver.state.epoch, saver.state.step = epoch, epoch
+        checkpointer.save(saver.state, loss)
+    checkpointer.close()
+    names = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))
+    assert set(names) == {BEST, "best-epoch3-step3.pt", "last.pt"}
+    assert torch.load(tmp_path / BEST, weights_only=True)["epoch"] == 2
+    resumed = BestCheckpoints(Monitor("val/loss", "min"), top_k=2)
+    resumed.load_state_dict(torch.load(tmp_path / "last.pt", weights_only=True)["best_checkpoints"])
+    assert resumed.offer(0.8, 4, 4).write is None and resumed.offer(0.6, 4, 4).drop == ("best-epoch3-step3.pt",)
+
+
+def test_the_confusion_matrix_scores_each_class_and_the_macro_f1_by_hand():
+    matrix = np.array([[3, 1, 0], [0, 2, 2], [0, 0, 0]])  # rows: true 0, 1, 2 (2 never occurs); columns: predicted
+    figures = scores(matrix, ["cat", "dog", "emu"])
+    f1 = [2 * 3 / (4 + 3), 2 * 2 / (4 + 3), 0.0]  # 2TP / (true + predicted); emu is predicted twice, never right
+    assert figures == pytest.approx({"val/class_acc/cat": 0.75, "val/class_acc/dog": 0.5, "val/macro_f1": sum(f1) / 3})
+    image = draw(matrix, ["cat", "dog", "emu"], "epoch 1")
+    assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+
+
+@pytest.mark.parametrize(
+    "overrides, refusal",
+    [
+        (["trainer.checkpoint.monitor=val/acuracy"], "trainer.checkpoint.monitor=val/acuracy: this run produces no "),
+        (["trainer.checkpoint.monitor=val_ema/acc"], "trainer.checkpoint.monitor=val_ema/acc: this run produces no "),
+        (
+            ["callbacks=early_stopping", "callbacks.early_stopping.monitor=val/los"],
+            "callbacks.early_stopping.monitor=val/los: this run produces no such figure at validation's end; "
+            "did you mean val/loss? it produces val/loss, ",
+        ),
+    ],
+)
+def test_a_monitor_the_run_does_not_produce_is_one_line_naming_the_nearest(overrides, refusal):
+    with pytest.raises(ConfigError) as refused:
+        check_and_plan(typed_config(*overrides))
+    assert str(refused.value).startswith(refusal) and "\n" not in str(refused.value)
+
+
+def test_a_monitor_may_name_a_callbacks_figure_and_the_emas():
+    check_and_plan(typed_config("callbacks=confusion_matrix", "trainer.checkpoint.monitor=val/macro_f1"))
+    check_and_plan(typed_config("trainer.ema_decay=0.9", "trainer.checkpoint.monitor=val_ema/acc"))
+
+
+def test_a_callbacks_option_without_its_name_names_the_key_to_give():
+    with pytest.raises(
+        ConfigError, match=r"^callbacks.patience: no such key; did you mean callbacks.early_stopping.patience\?$"
+    ):
+        check_overrides(["callbacks=early_stopping", "callbacks.patience=2"])
+    with pytest.raises(
+        ConfigError, match=r"a callback's option is callbacks.<name>.patience, and this run's callbacks"
+    ):
+        check_overrides(["callbacks.patience=2"])
+
+
+# The built-in options end to end: early stopping that can never see an improvement (min_delta), so
+# it stops after `patience` more validations, 2 best checkpoints, the confusion matrix; 6 epochs of 3
+# steps at most. A kill at epoch 3's validation end (rank 1's) leaves last.pt at epoch 2's end, with
+# one validation of patience spent: a resume that forgot it would stop at epoch 5, not 3.
+BUILT_INS = [
+    "debug=fdr",
+    "trainer.epochs=6",
+    "callbacks=[early_stopping,confusion_matrix]",
+    "callbacks.early_stopping.min_delta=100",
+    "callbacks.early_stopping.patience=2",
+    "callbacks.confusion_matrix.image=false",
+    "trainer.checkpoint.save_top_k=2",
+]
+KILL = ["+callbacks.kill._target_=tests.faults.KillAt", "+callbacks.kill.epoch=2", "+callbacks.kill.rank=1"]
+DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
+FSDP = ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"]
+
+
+def _matrix(run_dir: Path) -> dict:
+    return json.loads((run_dir / "confusion_matrix.json").read_text())
+
+
+def _final_weights(run_dir: Path) -> Path:
+    """The run's last.pt as a whole file: strategy=fsdp's sharded one consolidated."""
+    last = run_dir / "checkpoints" / "last.pt"
+    if not last.is_dir():
+        return last
+    train_state = sharded.describe(last)
+    whole = run_dir.parent / "consolidated.pt"
+    save_checkpoint({**train_state, "model": sharded.read_model_state(last), "optimizer": {}}, whole)
+    return whole
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "trained, resumed, tested_by",
+    # ddp: resumed on one process, whose final matrix 2 ranks give again from its last.pt;
+    # fsdp: the final matrix of 2 ranks, which one process gives again from the same weights.
+    [(DDP, [], DDP), (FSDP, FSDP, [])],
+    ids=["ddp-then-single", "fsdp"],
+)
+def test_the_built_ins_survive_kill_9_and_resume_and_the_matrix_is_exact(tmp_path, trained, resumed, tested_by):
+    run_dir, chosen = tmp_path / "run", [*BUILT_INS, "trainer.checkpoint.monitor=val/macro_f1"]
+    killed = run_train(run_dir, *chosen, *trained, *KILL)
+    assert killed.returncode != 0
+    last = run_dir / "checkpoints" / "last.pt"
+    saved = sharded.describe(last) if last.is_dir() else torch.load(last, weights_only=True)
+    assert saved["epoch"] == 2 and saved["callbacks"]["early_stopping"]["waited"] == 1
+    result = run_train(run_dir, *chosen, *resumed, "trainer.resume=auto")
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["epochs"] == 3 and metrics["stopped_early"].startswith("early_stopping: val/loss has not improved")
+    assert metrics["world_size"] == (2 if resumed else 1)
+    assert "stopping early at step 9: early_stopping" in (run_dir / "train.log").read_text()
+    best = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("best"))
+    assert len(best) == 2 and BEST in best
+    kept = torch.load(run_dir / "checkpoints" / BEST, weights_only=True)["best_checkpoints"]["kept"]
+    assert kept[0]["value"] > kept[1]["value"] and kept[0]["name"] == BEST
+    # The matrix of every rank's shard, summed, equals one process's on the same weights.
+    test_dir = tmp_path / "tested"
+    evaluated = run_train(
+        test_dir,
+        "debug=fdr",
+        "callbacks=confusion_matrix",
+        f"trainer.resume={_final_weights(run_dir)}",
+        "trainer.test_only=true",
+        *tested_by,
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert _matrix(test_dir)["matrix"] == _matrix(run_dir)["matrix"]
+    assert json.loads((test_dir / "metrics.json").read_text())["val_macro_f1"] == metrics["val_macro_f1"]

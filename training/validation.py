@@ -1,0 +1,69 @@
+"""Validation: the criterion's loss, accuracy, top-5 and cross-entropy over every rank's
+validation shard, summed over the ranks; the callbacks see each of the model's batches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from distributed.context import DistContext
+from distributed.strategies import for_evaluation, prepare_evaluation
+from training.batches import Batches
+from training.callbacks import Callback
+from training.loss import Criterion
+from training.metrics import Accumulator, Averages
+
+# What validation measures of a set of weights: val/<figure> for the model's, val_ema/<figure> for
+# the EMA's (trainer.ema_decay), in the loggers' scalars and in metrics.json (val_<figure>).
+FIGURES = ("loss", "ce", "acc", "acc5")
+# What validation's end holds besides those and what the callbacks add (the Trainer's fit fills
+# these, in this order); memory/peak_mb/device<i> too, on GPUs.
+EPOCH_FIGURES = (
+    "val/best_acc",
+    "val/best_acc5",
+    "throughput/samples_per_s",
+    "throughput/median_samples_per_s",
+    "time/train_s",
+    "time/data_s",
+)
+
+
+def produced(ema: bool, callbacks: Sequence[Callback]) -> list[str]:
+    """The figures every validation's end of a run holds: what a monitor may name."""
+    weights = ["val", "val_ema"] if ema else ["val"]
+    own = [f"{w}/{name}" for w in weights for name in FIGURES]
+    return [*own, *EPOCH_FIGURES, *(name for callback in callbacks for name in callback.figures)]
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: Iterable,
+    batches: Batches,
+    ctx: DistContext,
+    criterion: Criterion,
+    callbacks: Sequence[Callback] = (),
+) -> Averages:
+    """The figures over every rank's shard; `callbacks` (those that handle on_validation_batch_end)
+    see each batch's logits and labels."""
+    net = for_evaluation(model)
+    net.eval()
+    sums = Accumulator(ctx.device, validation=True)
+    padding = prepare_evaluation(net, batches.count(loader), ctx)  # FSDP: every forward takes all ranks
+    for x, y in batches.take(loader):
+        logits = net(x)
+        sums.update_validation(logits, y, criterion)
+        for callback in callbacks:
+            callback.on_validation_batch_end(logits, y)
+    for _ in range(padding):
+        net(x[:0])
+    net.train()
+    return sums.all_reduce(ctx).averages()
+
+
+def figures(averages: Averages, prefix: str) -> dict[str, float]:
+    """`prefix` + each of FIGURES: `val/` or `val_ema/` for the loggers, `val_` or `val_ema_` for
+    metrics.json."""
+    return {f"{prefix}{name}": getattr(averages, name) for name in FIGURES}
