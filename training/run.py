@@ -21,7 +21,6 @@ from models.summary import summarize
 from training.callbacks import RunInfo
 from training.checkpoint.best import BestCheckpoints
 from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.state import TrainState
 from training.ema import EMA, adjusted_decay
 from training.evaluation import test
 from training.loggers import build_loggers, takes_images
@@ -153,7 +152,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema, best, chosen
     )
     resume = job.resume
-    state = checkpointer.restore(resume) if resume else TrainState()
+    state = checkpointer.restore(resume)
     memory = MemoryProbe(model, optimizer)  # after restore: loading a sharded checkpoint steps the optimizer once
     log_placement(ctx, getattr(loaders.train, "num_workers", 0))
     log.info(

@@ -136,11 +136,14 @@ class Checkpointer:
             "config": self.config_yaml,
         }
 
-    def restore(self, point: ResumePoint) -> TrainState:
+    def restore(self, point: ResumePoint | None) -> TrainState:
         """Every rank loads the same file (each rank opens it once); DDP's weights then agree without
-        a broadcast."""
+        a broadcast. Every rank calls it, also with nothing to resume (None): the ranks agree on that
+        first, so that a rank that sees no checkpoint where rank 0 sees one stops, not waits."""
         self.wait()
         checkpoint = open_resume(point, self.directory.parent, self.ctx)
+        if point is None:
+            return TrainState()
         if checkpoint is None:  # strategy=fsdp's sharded last.pt, resharded to this world size and strategy
             from training.checkpoint import sharded  # torch.distributed.checkpoint: slow to import
 
