@@ -82,3 +82,16 @@ def test_an_option_the_loss_refuses_is_one_line_before_launch(overrides, words):
     assert "\n" not in str(error.value)
     for word in words:
         assert word in str(error.value), error.value
+
+
+def test_focal_under_bf16_autocast_computes_in_float32():
+    """Under trainer.precision=bf16-mixed the logits come in bfloat16; the loss of those very logits
+    must be float32's, not bfloat16's (its log-softmax alone, in bfloat16, moves it by ~3e-4)."""
+    torch.manual_seed(0)
+    linear, x, y = torch.nn.Linear(16, 10), torch.randn(64, 16) * 4, torch.randint(0, 10, (64,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = linear(x)
+        loss = FocalLoss(gamma=2.0)(logits, y)
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    exact = FocalLoss(gamma=2.0)(logits.double(), y).item()  # the same bfloat16 logits, in float64
+    assert loss.item() == pytest.approx(exact, rel=1e-6)

@@ -18,11 +18,12 @@ from config.typed import factory, model_factory, scaled_lr, target_arguments
 from data import Loaders
 from data.sampler import RepeatedAugmentationSampler
 from data.transforms import sample_transform
+from distributed.context import make_context
 from errors import ConfigError
 from models.zoo import check as check_torchvision
 from models.zoo import torchvision_classifier
 from preflight import check_and_plan
-from tests.configs import compose_config, typed_config
+from tests.configs import compose_config, job_config, typed_config
 from tests.dataset_files import write_image_folder
 from tests.test_train_step import _trainer
 from training.ema import EMA, adjusted_decay
@@ -480,3 +481,21 @@ def test_recipe_keys_are_checked_before_launch(overrides, words):
     assert "\n" not in message
     for word in words:
         assert word in message, message
+
+
+def test_a_run_averages_with_the_adjusted_decay_not_the_raw_one(tmp_path, monkeypatch):
+    """The run's EMA is built with adjusted_decay (the unit tests above hold the adjustment to
+    torchvision's; this holds the run to using it)."""
+    from training import run as run_job
+
+    decays = []
+
+    class Recorded(EMA):
+        def __init__(self, model, decay, warmup_epochs=0):
+            decays.append(decay)
+            super().__init__(model, decay, warmup_epochs)
+
+    monkeypatch.setattr(run_job, "EMA", Recorded)
+    job = job_config(tmp_path, "debug=fdr", "trainer.ema_decay=0.999", "trainer.batch_size=32", "trainer.epochs=2")
+    run_job.train(make_context(0, 0, 1, 1, "cpu", use_process_group=False), job)
+    assert decays == [pytest.approx(1 - 0.001 * 32 / 2)] and decays[0] != 0.999
