@@ -26,7 +26,7 @@ import data
 from config.overrides import sweep_grid, swept_overrides
 from config.schema import Accelerator, Config, ResumePoint, TrainerConfig, parse_signals
 from config.setup import compose
-from config.typed import factory, model_factory, schedule_config
+from config.typed import factory, model_factory, scheduler_options
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError, first_line
@@ -46,71 +46,71 @@ class Plan:
     resume: ResumePoint | None = None
 
 
-def check_and_plan(cfg: Config, run_dir: Path | None = None, multirun: bool = False) -> Plan:
+def check_and_plan(config: Config, run_dir: Path | None = None, multirun: bool = False) -> Plan:
     """Everything about this machine and the data that can be wrong before training starts, as
     one-line ConfigErrors, then the plan: the world against this machine (the batch checks need its
     size), the loggers' packages and the profiler's budget, then the checks that build the model or
     read files. `multirun`: one job of a Hydra `-m` sweep (the launch plan then keeps CUDA out of
     this process)."""
-    strategy = strategies.get(cfg.strategy)
-    launch = plan_launch(cfg.trainer, strategy, cfg.launcher, multirun=multirun)  # the world against this machine
-    _check_world(cfg.trainer, launch)
-    check_installed(cfg.logger)
-    _check_profiler(cfg.trainer)
+    strategy = strategies.get(config.strategy)
+    launch = plan_launch(config.trainer, strategy, config.launcher, multirun=multirun)  # the world against this machine
+    _check_world(config.trainer, launch)
+    check_installed(config.logger)
+    _check_profiler(config.trainer)
     # The checks that build the model (and may read a weights file) after the cheap ones.
-    num_classes = cfg.dataset.num_classes or data.num_classes(cfg.dataset)
-    model = model_factory(cfg, num_classes)
-    _check_model(cfg.model)
+    num_classes = config.dataset.num_classes or data.num_classes(config.dataset)
+    model = model_factory(config, num_classes)
+    _check_model(config.model)
     strategy.check_model(model)
-    data.check(replace(cfg.dataset, num_classes=num_classes), cfg.data)
-    _check_monitors(cfg, _check_built(cfg))
-    _check_forward(cfg, num_classes)  # after the data's own keys, which name the fix more closely
+    data.check(replace(config.dataset, num_classes=num_classes), config.data)
+    _check_monitors(config, _check_built(config))
+    _check_forward(config, num_classes)  # after the data's own keys, which name the fix more closely
     resume = decide_resume(
-        cfg.trainer,
+        config.trainer,
         run_dir,
         model=model,
-        scheduler=cfg.scheduler,
-        warmup_epochs=schedule_config(cfg.scheduler).warmup_epochs,
-        weights=cfg.model.get("weights"),
+        scheduler=config.scheduler,
+        warmup_epochs=scheduler_options(config.scheduler).warmup_epochs,
+        weights=config.model.get("weights"),
         restores_here=launch.in_process,
     )
-    preempt = parse_signals(cfg.trainer.preempt_signals, "trainer.preempt_signals")
-    requeue = parse_signals(cfg.trainer.requeue_signals, "trainer.requeue_signals")
+    preempt = parse_signals(config.trainer.preempt_signals, "trainer.preempt_signals")
+    requeue = parse_signals(config.trainer.requeue_signals, "trainer.requeue_signals")
     launch = replace(launch, forward_signals=tuple(preempt), requeue_signals=tuple(requeue))
     return Plan(launch, num_classes, resume)
 
 
-def _check_world(trainer: TrainerConfig, plan: LaunchPlan) -> None:
-    """The trainer keys that depend on the world and the accelerator this machine gives."""
-    if trainer.batch_size < plan.world_size:
+def _check_world(settings: TrainerConfig, plan: LaunchPlan) -> None:
+    """The settings keys that depend on the world and the accelerator this machine gives."""
+    if settings.batch_size < plan.world_size:
         raise ConfigError(
-            f"trainer.batch_size={trainer.batch_size} is the global batch, at least one sample for each of "
+            f"trainer.batch_size={settings.batch_size} is the global batch, at least one sample for each of "
             f"{plan.world_size} process(es); use {plan.world_size} or more"
         )
-    if trainer.batch_size % plan.world_size:
+    if settings.batch_size % plan.world_size:
         raise ConfigError(
-            f"trainer.batch_size={trainer.batch_size} is the global batch and must split evenly over "
+            f"trainer.batch_size={settings.batch_size} is the global batch and must split evenly over "
             f"{plan.world_size} processes; use a multiple of {plan.world_size}"
         )
-    if trainer.val_batch_size is not None and trainer.val_batch_size < plan.world_size:
+    if settings.val_batch_size is not None and settings.val_batch_size < plan.world_size:
         raise ConfigError(
-            f"trainer.val_batch_size={trainer.val_batch_size} is the global validation batch, at least one sample "
+            f"trainer.val_batch_size={settings.val_batch_size} is the global validation batch, at least one sample "
             f"for each of {plan.world_size} process(es); use {plan.world_size} or more, or null for "
             "trainer.batch_size"
         )
-    if trainer.precision == "16-mixed" and plan.accelerator == Accelerator.cpu.value:
+    if settings.precision == "16-mixed" and plan.accelerator == Accelerator.cpu.value:
         raise ConfigError(
             "trainer.precision=16-mixed needs CUDA (fp16 autocast with a GradScaler); "
             "on CPU use trainer.precision=bf16-mixed or 32"
         )
 
 
-def _check_profiler(trainer: TrainerConfig) -> None:
+def _check_profiler(settings: TrainerConfig) -> None:
     """trainer.profile against the optimizer steps the run takes."""
-    profile = trainer.profile
+    profile = settings.profile
     if profile is None:
         return
-    warmup, (steps, why) = WAIT + WARMUP, _steps_at_most(trainer)
+    warmup, (steps, why) = WAIT + WARMUP, _steps_at_most(settings)
     if steps is not None and profile + warmup > steps:
         fix = (
             f"use trainer.profile={steps - warmup} or fewer"
@@ -123,20 +123,20 @@ def _check_profiler(trainer: TrainerConfig) -> None:
         )
 
 
-def _steps_at_most(trainer: TrainerConfig) -> tuple[int | None, str]:
+def _steps_at_most(settings: TrainerConfig) -> tuple[int | None, str]:
     """The optimizer steps a run takes at most, as far as its keys tell before launch (a full epoch's
     length is the dataset's, known once it is loaded), and the keys that tell it."""
     bounds = []
-    if trainer.max_steps is not None:
-        bounds.append((trainer.max_steps, f"trainer.max_steps={trainer.max_steps}"))
-    key = "overfit_batches" if trainer.overfit_batches else "limit_train_batches"
-    batches, accumulate = getattr(trainer, key), trainer.accumulate_grad_batches
+    if settings.max_steps is not None:
+        bounds.append((settings.max_steps, f"trainer.max_steps={settings.max_steps}"))
+    key = "overfit_batches" if settings.overfit_batches else "limit_train_batches"
+    batches, accumulate = getattr(settings, key), settings.accumulate_grad_batches
     if batches:
         per_batch = f" / trainer.accumulate_grad_batches={accumulate}" if accumulate > 1 else ""
         bounds.append(
             (
-                trainer.epochs * -(-batches // accumulate),
-                f"trainer.epochs={trainer.epochs} x trainer.{key}={batches}{per_batch}",
+                settings.epochs * -(-batches // accumulate),
+                f"trainer.epochs={settings.epochs} x trainer.{key}={batches}{per_batch}",
             )
         )
     return min(bounds) if bounds else (None, "")
@@ -157,11 +157,11 @@ def _check_model(node: Mapping[str, Any]) -> None:
         module.check(**arguments)
 
 
-def _check_built(cfg: Config) -> dict[str, Any]:
+def _check_built(config: Config) -> dict[str, Any]:
     """The loss and each callback, built once: a key their class does not take, or a value it
     refuses, is one line before launch instead of a traceback on every rank. Returns the callbacks."""
     built = {}
-    for key, node in [("loss", cfg.loss), *((f"callbacks.{name}", node) for name, node in cfg.callbacks.items())]:
+    for key, node in [("loss", config.loss), *((f"callbacks.{name}", node) for name, node in config.callbacks.items())]:
         try:
             built[key] = factory(node)()
         except Exception as e:
@@ -171,11 +171,11 @@ def _check_built(cfg: Config) -> dict[str, Any]:
     return {key.removeprefix("callbacks."): c for key, c in built.items() if key != "loss"}
 
 
-def _check_monitors(cfg: Config, callbacks: dict[str, Any]) -> None:
+def _check_monitors(config: Config, callbacks: dict[str, Any]) -> None:
     """Every monitored figure (trainer.checkpoint.monitor, a callback's monitor) is one the run
     produces at validation's end: a typo is one line before launch, not a KeyError after epoch 1."""
-    figures = produced(cfg.trainer.ema_decay is not None, list(callbacks.values()))
-    monitors = [("trainer.checkpoint.monitor", cfg.trainer.checkpoint.monitor)]
+    figures = produced(config.trainer.ema_decay is not None, list(callbacks.values()))
+    monitors = [("trainer.checkpoint.monitor", config.trainer.checkpoint.monitor)]
     # A callback's own monitor: a Monitor (early_stopping's) or a figure's name (stop_at's).
     monitors += [
         (f"callbacks.{name}.monitor", getattr(c.monitor, "name", c.monitor))
@@ -192,16 +192,16 @@ def _check_monitors(cfg: Config, callbacks: dict[str, Any]) -> None:
             )
 
 
-def _check_forward(cfg: Config, num_classes: int) -> None:
+def _check_forward(config: Config, num_classes: int) -> None:
     """One forward pass on the meta device (shapes only: no memory, no arithmetic) at the sizes
     training and validation feed: a model built for other images (a Linear sized for image_size
     after the convolutions, ViT's 224 px) fails here in one line, naming the layer and the shapes,
     instead of in the first step."""
-    dataset = cfg.dataset
-    shapes_only = {"weights": None} if "weights" in cfg.model else {}  # no weights file is read
+    dataset = config.dataset
+    shapes_only = {"weights": None} if "weights" in config.model else {}  # no weights file is read
     try:
         with torch.device("meta"):
-            model = model_factory(cfg, num_classes, **shapes_only)()
+            model = model_factory(config, num_classes, **shapes_only)()
     except Exception as e:
         if _needs_values(e):  # RegNet's builder reads a tensor's value: the first step will tell
             return

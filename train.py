@@ -58,9 +58,9 @@ def main(cfg: DictConfig) -> float | None:
         varied=varied_hparams(sweep_dir / "multirun.yaml") if multirun else {},
     )
     try:
-        settings = typed(cfg)
-        plan = check_and_plan(settings, run_dir, multirun=multirun)
-        launch(plan.launch, run, run_config(settings, composition, num_classes=plan.num_classes, resume=plan.resume))
+        config = typed(cfg)
+        plan = check_and_plan(config, run_dir, multirun=multirun)
+        launch(plan.launch, run, run_config(config, composition, num_classes=plan.num_classes, resume=plan.resume))
     except ConfigError as e:
         restore_run_record()
         print(f"error: {e}", file=sys.stderr)
@@ -74,7 +74,7 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(e.exit_code)
     # A sweeper (hydra/sweeper, hparams_search) optimises what the task function returns.
     metrics = run_dir / "metrics.json"  # rank 0's; other torchrun/SLURM ranks return None
-    return json.loads(metrics.read_text()).get(settings.optimized_metric) if metrics.exists() else None
+    return json.loads(metrics.read_text()).get(config.optimized_metric) if metrics.exists() else None
 
 
 if __name__ == "__main__":

@@ -393,7 +393,7 @@ class LoggerConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimizerOptions:
     """optimizer.* keys for the trainer, beside the `_target_`'s own arguments (lr, momentum, ...);
     the pre-flight (preflight.py) takes them out before the optimizer is built."""
 
@@ -413,7 +413,7 @@ class OptimConfig:
 
 
 @dataclass
-class ScheduleConfig:
+class SchedulerOptions:
     """scheduler.* keys for the trainer, beside the `_target_`'s own arguments (T_max, step_size, ...)."""
 
     warmup_epochs: int = 0  # linear warmup in front of the scheduler, stepped every optimizer step
@@ -447,8 +447,8 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     # `_target_` nodes: the pre-flight turns them into factories (Hydra partials) for the workers.
     model: Any = None
-    optimizer: Any = field(default_factory=defaults_of(OptimConfig))
-    scheduler: Any = field(default_factory=defaults_of(ScheduleConfig))
+    optimizer: Any = field(default_factory=defaults_of(OptimizerOptions))
+    scheduler: Any = field(default_factory=defaults_of(SchedulerOptions))
     loss: Any = None
     callbacks: Dict[str, Any] = field(default_factory=dict)  # name -> `_target_` node (conf/callbacks/)
     optimized_metric: str = "best_val_acc"  # the metrics.json figure main() returns to a sweeper
@@ -480,10 +480,10 @@ class RunConfig:
     scheduler: Optional[Callable[..., Any]]  # (optimizer) -> LRScheduler, None: a constant lr
     loss: Callable[[], Any]  # () -> the criterion (training.loss.Criterion)
     callbacks: Dict[str, Callable[[], Any]]  # name -> () -> a training.callbacks.Callback, in conf/callbacks/ order
-    optim: OptimConfig
-    schedule: ScheduleConfig
+    optimizer_options: OptimizerOptions  # optimizer.* beside the optimizer's own arguments
+    scheduler_options: SchedulerOptions  # scheduler.* beside the scheduler's own arguments
     run_dir: Path
-    labels: Dict[str, str]  # the chosen model, dataset and strategy options, for the log and metrics.json
+    choices: Dict[str, str]  # the chosen model, dataset and strategy options, for the log and metrics.json
     hparams: Dict[str, Any]  # the run's main options and its overrides, {key as typed: value} (HParams tab)
     swept: Dict[str, Any]  # its command-line overrides, {key: value}
     config_yaml: str  # the composed config, saved in every checkpoint

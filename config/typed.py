@@ -17,10 +17,10 @@ from omegaconf.errors import ValidationError
 from config.schema import (
     Config,
     LrScaling,
-    OptimConfig,
+    OptimizerOptions,
     ResumePoint,
     RunConfig,
-    ScheduleConfig,
+    SchedulerOptions,
     TrainerConfig,
     parse_signals,
 )
@@ -35,16 +35,16 @@ _NODES = {"model": True, "optimizer": True, "loss": True, "scheduler": False}
 def typed(cfg: DictConfig) -> Config:
     """`cfg` as the schema's dataclasses, every value checked (a ConfigError names the first that is
     wrong), and every `_target_` node importable."""
-    settings: Config = OmegaConf.to_object(cfg)
-    optim = optim_config(settings.optimizer)
-    schedule_config(settings.scheduler)
-    if optim.lr_scaling == LrScaling.linear and "lr" not in settings.optimizer:
+    config: Config = OmegaConf.to_object(cfg)
+    options = optimizer_options(config.optimizer)
+    scheduler_options(config.scheduler)
+    if options.lr_scaling == LrScaling.linear and "lr" not in config.optimizer:
         raise ConfigError("optimizer.lr_scaling=linear scales optimizer.lr, which is not set; give optimizer.lr")
-    nodes = {key: (getattr(settings, key), required) for key, required in _NODES.items()}
-    nodes.update((f"callbacks.{name}", (node, True)) for name, node in settings.callbacks.items())
+    nodes = {key: (getattr(config, key), required) for key, required in _NODES.items()}
+    nodes.update((f"callbacks.{name}", (node, True)) for name, node in config.callbacks.items())
     for key, (node, required) in nodes.items():
         check_target(key, node, required)
-    return settings
+    return config
 
 
 def check_target(key: str, node: Any, required: bool = True) -> None:
@@ -85,12 +85,12 @@ def typed_part(node: Mapping[str, Any], cls: type[T], prefix: str) -> T:
     return OmegaConf.to_object(part)
 
 
-def optim_config(node: Mapping[str, Any]) -> OptimConfig:
-    return typed_part(node, OptimConfig, "optimizer")
+def optimizer_options(node: Mapping[str, Any]) -> OptimizerOptions:
+    return typed_part(node, OptimizerOptions, "optimizer")
 
 
-def schedule_config(node: Mapping[str, Any]) -> ScheduleConfig:
-    return typed_part(node, ScheduleConfig, "scheduler")
+def scheduler_options(node: Mapping[str, Any]) -> SchedulerOptions:
+    return typed_part(node, SchedulerOptions, "scheduler")
 
 
 def target_arguments(node: Any, cls: type) -> dict[str, Any]:
@@ -100,12 +100,12 @@ def target_arguments(node: Any, cls: type) -> dict[str, Any]:
     return {k: v for k, v in plain.items() if k not in ours}
 
 
-def scaled_lr(lr: float, optim: OptimConfig, trainer: TrainerConfig) -> float:
+def scaled_lr(lr: float, options: OptimizerOptions, settings: TrainerConfig) -> float:
     """lr_scaling=linear (Goyal et al.): an optimizer step that sees k times reference_batch
     samples takes k times the lr."""
-    if optim.lr_scaling == LrScaling.none:
+    if options.lr_scaling == LrScaling.none:
         return lr
-    return lr * trainer.batch_size * trainer.accumulate_grad_batches / optim.reference_batch
+    return lr * settings.batch_size * settings.accumulate_grad_batches / options.reference_batch
 
 
 @dataclass(frozen=True)
@@ -121,57 +121,57 @@ class Composition:
     varied: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # the keys its sweep varies
 
 
-def model_factory(settings: Config, num_classes: int, **arguments: Any) -> Callable[..., Any]:
+def model_factory(config: Config, num_classes: int, **arguments: Any) -> Callable[..., Any]:
     """The model's factory. dataset.num_classes=null reached the model's num_classes, interpolated from
     it, as null too: `num_classes` is the count the pre-flight found."""
-    node = settings.model
+    node = config.model
     counted = {"num_classes": num_classes} if "num_classes" in node and node["num_classes"] is None else {}
     return factory(node, **counted, **arguments)
 
 
-def config_yaml(settings: Config, num_classes: int) -> str:
+def config_yaml(config: Config, num_classes: int) -> str:
     """The values this run uses, as YAML (saved in every checkpoint): dataset.num_classes=null
     written as the count, in the dataset's and the model's node alike."""
-    dataset = replace(settings.dataset, num_classes=num_classes)
-    counted = "num_classes" in settings.model and settings.model["num_classes"] is None
-    model = {**settings.model, "num_classes": num_classes} if counted else settings.model
-    return OmegaConf.to_yaml(OmegaConf.structured(replace(settings, dataset=dataset, model=model)))
+    dataset = replace(config.dataset, num_classes=num_classes)
+    counted = "num_classes" in config.model and config.model["num_classes"] is None
+    model = {**config.model, "num_classes": num_classes} if counted else config.model
+    return OmegaConf.to_yaml(OmegaConf.structured(replace(config, dataset=dataset, model=model)))
 
 
 def run_config(
-    settings: Config, composition: Composition, *, num_classes: int, resume: ResumePoint | None = None
+    config: Config, composition: Composition, *, num_classes: int, resume: ResumePoint | None = None
 ) -> RunConfig:
     """The typed config every worker receives. `num_classes`: the dataset's, as the pre-flight found
     it (dataset.num_classes=null counts them); `resume`: the checkpoint it chose to continue."""
-    dataset = replace(settings.dataset, num_classes=num_classes)
-    optim = optim_config(settings.optimizer)
-    optimizer = target_arguments(settings.optimizer, OptimConfig)
+    dataset = replace(config.dataset, num_classes=num_classes)
+    options = optimizer_options(config.optimizer)
+    optimizer = target_arguments(config.optimizer, OptimizerOptions)
     if "lr" in optimizer:
-        optimizer["lr"] = scaled_lr(optimizer["lr"], optim, settings.trainer)
-    scheduler = target_arguments(settings.scheduler, ScheduleConfig)
-    trainer = settings.trainer
+        optimizer["lr"] = scaled_lr(optimizer["lr"], options, config.trainer)
+    scheduler = target_arguments(config.scheduler, SchedulerOptions)
+    settings = config.trainer
     return RunConfig(
-        trainer=trainer,
-        strategy=settings.strategy,
-        launcher=settings.launcher,
-        data=settings.data,
+        trainer=settings,
+        strategy=config.strategy,
+        launcher=config.launcher,
+        data=config.data,
         dataset=dataset,
-        logger=settings.logger,
-        model=model_factory(settings, num_classes),
+        logger=config.logger,
+        model=model_factory(config, num_classes),
         optimizer=factory(optimizer),
         scheduler=factory(scheduler) if scheduler.get("_target_") else None,
-        loss=factory(settings.loss),
-        callbacks={name: factory(node) for name, node in settings.callbacks.items()},
-        optim=optim,
-        schedule=schedule_config(settings.scheduler),
+        loss=factory(config.loss),
+        callbacks={name: factory(node) for name, node in config.callbacks.items()},
+        optimizer_options=options,
+        scheduler_options=scheduler_options(config.scheduler),
         run_dir=composition.run_dir,
-        labels={group: composition.choices[group] for group in ("model", "dataset", "strategy")},
+        choices={group: composition.choices[group] for group in ("model", "dataset", "strategy")},
         hparams=composition.hparams,
         swept=composition.swept,
         varied=composition.varied,
-        config_yaml=config_yaml(settings, num_classes),
-        preempt_signals=tuple(parse_signals(trainer.preempt_signals, "trainer.preempt_signals")),
-        requeue_signals=tuple(parse_signals(trainer.requeue_signals, "trainer.requeue_signals")),
+        config_yaml=config_yaml(config, num_classes),
+        preempt_signals=tuple(parse_signals(settings.preempt_signals, "trainer.preempt_signals")),
+        requeue_signals=tuple(parse_signals(settings.requeue_signals, "trainer.requeue_signals")),
         sweep_dir=composition.sweep_dir,
         resume=resume,
     )

@@ -86,7 +86,7 @@ class LaunchPlan:
 
 
 def plan_launch(
-    trainer: TrainerConfig,
+    settings: TrainerConfig,
     strategy: Strategy,
     launcher: LauncherConfig,
     env: Mapping[str, str] = os.environ,
@@ -106,8 +106,8 @@ def plan_launch(
     elif name == "slurm":
         fixed = launcher.master_addr  # set: no need to ask scontrol for the first node
         env_rank = environment.from_slurm(env, (lambda _: [fixed]) if fixed else environment.scontrol_hostnames)
-    devices, num_nodes = trainer.devices_per_node, trainer.num_nodes
-    accelerator = Accelerator.gpu if trainer.gpus is not None else trainer.accelerator
+    devices, num_nodes = settings.devices_per_node, settings.num_nodes
+    accelerator = Accelerator.gpu if settings.gpus is not None else settings.accelerator
     visible = torch.cuda.device_count()  # counts without creating a CUDA context
     if accelerator == Accelerator.auto:
         accelerator = Accelerator.gpu if visible else Accelerator.cpu
@@ -123,8 +123,8 @@ def plan_launch(
         )
     if accelerator == Accelerator.gpu:
         bound = env_rank is not None and processes == devices and _bound_to_one_gpu(env_rank)
-        _check_gpus(devices, visible, bound, strategy.name, shorthand=trainer.gpus is not None)
-    strategy.check(trainer, accelerator, devices, num_nodes)
+        _check_gpus(devices, visible, bound, strategy.name, shorthand=settings.gpus is not None)
+    strategy.check(settings, accelerator, devices, num_nodes)
     if launcher.start_method == StartMethod.fork and accelerator == Accelerator.gpu:
         raise ConfigError(
             "launcher.start_method=fork cannot start GPU ranks: CUDA does not work in a forked process; "

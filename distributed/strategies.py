@@ -54,7 +54,7 @@ class Strategy:
     def devices_per_process(self, devices: int) -> int:
         return 1
 
-    def check(self, trainer: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
+    def check(self, settings: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
         """Raise a one-line ConfigError for a combination this strategy cannot train."""
 
     def check_model(self, build: Callable[[], nn.Module]) -> None:
@@ -81,7 +81,7 @@ class Single(Strategy):
     def processes_per_node(self, devices: int) -> int:
         return 1
 
-    def check(self, trainer: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
+    def check(self, settings: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
         if devices * num_nodes > 1:
             raise ConfigError(
                 f"strategy=single trains on one device but trainer.devices={devices} trainer.num_nodes={num_nodes}; "
@@ -100,7 +100,7 @@ class DataParallel(Strategy):
     def devices_per_process(self, devices: int) -> int:
         return devices
 
-    def check(self, trainer: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
+    def check(self, settings: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
         if accelerator == Accelerator.cpu and devices > 1:
             raise ConfigError(
                 f"strategy=dp with trainer.devices={devices} splits each batch over {devices} GPUs but runs on CPU; "
@@ -117,7 +117,7 @@ class DataParallel(Strategy):
                 "strategy.sync_batchnorm=true under strategy=dp: DataParallel cannot sync BatchNorm across its "
                 "replicas; use strategy=ddp with strategy.sync_batchnorm=true"
             )
-        if trainer.compile and devices > 1:
+        if settings.compile and devices > 1:
             # DataParallel replicates its module on every forward; replicating torch.compile's
             # OptimizedModule writes through to the original network (GPU-only: replicate needs CUDA).
             raise ConfigError(
@@ -152,8 +152,8 @@ class AutocastReplica(nn.Module):
             return self.module(x)
 
 
-def _warn_if_sync_batchnorm_compiled(config: StrategyConfig, trainer: TrainerConfig) -> None:
-    if config.sync_batchnorm and trainer.compile:
+def _warn_if_sync_batchnorm_compiled(config: StrategyConfig, settings: TrainerConfig) -> None:
+    if config.sync_batchnorm and settings.compile:
         log.warning(
             "strategy.sync_batchnorm=true with trainer.compile=true: every synchronised BatchNorm breaks the "
             "compiled graph (a collective per layer), so expect little gain from compiling"
@@ -164,16 +164,16 @@ class DDP(Strategy):
     name = "ddp"
     process_group = True
 
-    def check(self, trainer: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
-        if self.config.static_graph and trainer.accumulate_grad_batches > 1:
+    def check(self, settings: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
+        if self.config.static_graph and settings.accumulate_grad_batches > 1:
             # DDP's static-graph setup fails on a first backward under no_sync (pytorch#187732),
             # and skipping no_sync would all-reduce every micro-batch.
             raise ConfigError(
-                f"strategy.static_graph=true with trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}: "
+                f"strategy.static_graph=true with trainer.accumulate_grad_batches={settings.accumulate_grad_batches}: "
                 "DDP's static graph cannot skip the gradient sync of accumulated micro-batches; "
                 "set strategy.static_graph=false or trainer.accumulate_grad_batches=1"
             )
-        _warn_if_sync_batchnorm_compiled(self.config, trainer)
+        _warn_if_sync_batchnorm_compiled(self.config, settings)
 
     def wrap(
         self, model: nn.Module, ctx: DistContext, compile_mode: str | None, precision_dtype: torch.dtype | None
@@ -210,22 +210,22 @@ class FSDP(Strategy):
         # trainer.grad_clip / nonfinite=skip is an all-reduce of CPU tensors (pytorch#148532).
         return self.config.cpu_offload
 
-    def check(self, trainer: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
-        if trainer.precision == "16-mixed":
+    def check(self, settings: TrainerConfig, accelerator: Accelerator, devices: int, num_nodes: int) -> None:
+        if settings.precision == "16-mixed":
             # GradScaler's overflow check would see only this rank's gradient shards: ranks could
             # disagree on skipping a step.
             raise ConfigError(
                 "strategy=fsdp with trainer.precision=16-mixed: the loss scaler would check each rank's gradient "
                 "shards alone; use trainer.precision=bf16-mixed (no loss scaling needed) or strategy=ddp"
             )
-        if trainer.ema_decay is not None:
+        if settings.ema_decay is not None:
             # The average would copy sharded parameters, and the sharded checkpoint's train state
             # holds no tensors of them.
             raise ConfigError(
-                f"strategy=fsdp with trainer.ema_decay={trainer.ema_decay}: the weights' average is not sharded yet; "
+                f"strategy=fsdp with trainer.ema_decay={settings.ema_decay}: the weights' average is not sharded yet; "
                 "use strategy=ddp for EMA, or trainer.ema_decay=null"
             )
-        _warn_if_sync_batchnorm_compiled(self.config, trainer)
+        _warn_if_sync_batchnorm_compiled(self.config, settings)
 
     def check_model(self, build: Callable[[], nn.Module]) -> None:
         names = self.config.shard_modules

@@ -29,7 +29,7 @@ def job_config(run_dir: Path, *overrides: str) -> RunConfig:
     choices = dict(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]
-    settings = typed(cfg)
+    config = typed(cfg)
     swept = swept_overrides(overrides)
     composition = Composition(run_dir, choices, swept, hparams(cfg, choices, swept))
-    return run_config(settings, composition, num_classes=settings.dataset.num_classes or num_classes(settings.dataset))
+    return run_config(config, composition, num_classes=config.dataset.num_classes or num_classes(config.dataset))

@@ -9,9 +9,9 @@ import pytest
 import torch
 import yaml
 
-from config.schema import LauncherName, LrScaling, OptimConfig, ScheduleConfig, StrategyName
+from config.schema import LauncherName, LrScaling, OptimizerOptions, SchedulerOptions, StrategyName
 from config.setup import CONF_DIR
-from config.typed import optim_config, schedule_config
+from config.typed import optimizer_options, scheduler_options
 from tests.configs import compose_config
 from tests.dataset_files import write_cifar, write_idx, write_image_folder
 from tests.runs import run_train
@@ -89,13 +89,15 @@ def test_tv_resnet50_is_torchvisions_published_recipe():
         2e-5,
         False,
     )
-    assert optim_config(optimizer) == OptimConfig(LrScaling.linear, reference_batch=1024, norm_weight_decay=0.0)
+    assert optimizer_options(optimizer) == OptimizerOptions(
+        LrScaling.linear, reference_batch=1024, norm_weight_decay=0.0
+    )
     assert (trainer.label_smoothing, trainer.mixup_alpha, trainer.cutmix_alpha) == (0.1, 0.2, 1.0)
     assert (trainer.ema_decay, trainer.ema_every_n_steps) == (0.99998, 32)
     assert (dataset.auto_augment.name, dataset.random_erase, cfg.data.repeated_augmentations) == ("ta_wide", 0.1, 4)
     assert (dataset.train_crop, dataset.val_resize, dataset.val_crop) == (176, 232, 224)
     assert (cfg.scheduler._target_, cfg.scheduler.T_max) == ("torch.optim.lr_scheduler.CosineAnnealingLR", 595)
-    assert schedule_config(cfg.scheduler) == ScheduleConfig(warmup_epochs=5, warmup_start_factor=0.01)
+    assert scheduler_options(cfg.scheduler) == SchedulerOptions(warmup_epochs=5, warmup_start_factor=0.01)
 
 
 def test_a_seed_name_is_only_an_alias_of_its_recipe_under_a_descriptive_name():

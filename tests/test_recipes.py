@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from config.schema import LrScaling, OptimConfig, ScheduleConfig, TrainerConfig
+from config.schema import LrScaling, OptimizerOptions, SchedulerOptions, TrainerConfig
 from config.typed import factory, model_factory, scaled_lr, target_arguments
 from data import Loaders
 from data.sampler import RepeatedAugmentationSampler
@@ -30,8 +30,8 @@ from training.ema import EMA, adjusted_decay
 from training.loss import CrossEntropy
 from training.metrics import Accumulator
 from training.mixing import Mixing
-from training.optim import check_arguments, parameter_groups
-from training.schedule import Warmup, with_warmup
+from training.optimizer import check_arguments, parameter_groups
+from training.scheduler import Warmup, with_warmup
 
 
 def _sgd(lr: float = 1.0) -> torch.optim.SGD:
@@ -95,14 +95,14 @@ def test_warmup_without_an_epoch_scheduler_ends_at_the_lr():
 
 def test_warmup_counts_optimizer_steps_not_micro_batches():
     # 7 micro-batches in groups of 2 are 4 optimizer steps an epoch, the last group holding one.
-    warmup = with_warmup(_sgd(), None, ScheduleConfig(warmup_epochs=2), TrainerConfig(accumulate_grad_batches=2), 7)
+    warmup = with_warmup(_sgd(), None, SchedulerOptions(warmup_epochs=2), TrainerConfig(accumulate_grad_batches=2), 7)
     assert warmup.steps == 2 * 4
 
 
 def test_linear_lr_scaling_multiplies_by_the_samples_per_step_over_the_reference_batch():
     trainer = TrainerConfig(batch_size=256, accumulate_grad_batches=2)
-    assert scaled_lr(0.5, OptimConfig(LrScaling.linear, reference_batch=1024), trainer) == pytest.approx(0.25)
-    assert scaled_lr(0.5, OptimConfig(LrScaling.none, reference_batch=1024), trainer) == 0.5
+    assert scaled_lr(0.5, OptimizerOptions(LrScaling.linear, reference_batch=1024), trainer) == pytest.approx(0.25)
+    assert scaled_lr(0.5, OptimizerOptions(LrScaling.none, reference_batch=1024), trainer) == 0.5
 
 
 @pytest.mark.parametrize(
@@ -123,8 +123,8 @@ def test_linear_lr_scaling_multiplies_by_the_samples_per_step_over_the_reference
 )
 def test_the_optimizers_and_schedulers_own_checks_are_one_line_naming_the_keys(overrides, words):
     cfg = typed_config(*overrides)
-    optimizer = factory(target_arguments(cfg.optimizer, OptimConfig))
-    scheduler = factory(target_arguments(cfg.scheduler, ScheduleConfig))
+    optimizer = factory(target_arguments(cfg.optimizer, OptimizerOptions))
+    scheduler = factory(target_arguments(cfg.scheduler, SchedulerOptions))
     if not words:
         check_arguments(optimizer, scheduler)
         return
@@ -139,7 +139,7 @@ def test_the_optimizers_and_schedulers_own_checks_are_one_line_naming_the_keys(o
 def test_optimizer_fused_reaches_the_optimizer(optimizer):
     for value, fused in (("true", True), ("null", None)):
         cfg = typed_config(f"optimizer={optimizer}", f"optimizer.fused={value}")
-        build = factory(target_arguments(cfg.optimizer, OptimConfig))
+        build = factory(target_arguments(cfg.optimizer, OptimizerOptions))
         assert build([nn.Parameter(torch.zeros(1))]).defaults["fused"] is fused
 
 

@@ -63,7 +63,7 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
             {
                 **metrics,
                 "weights": source,
-                **job.labels,
+                **job.choices,
                 "world_size": ctx.world_size,
                 "batch_size": settings.batch_size,
                 "wall_s": time.perf_counter() - start,

@@ -28,13 +28,13 @@ from training.memory import MemoryProbe
 from training.metrics import reset_peak_memory
 from training.mixing import Mixing
 from training.monitor import Monitor
-from training.optim import check_arguments, parameter_groups
+from training.optimizer import check_arguments, parameter_groups
 from training.precision import Precision
 from training.preemption import PreemptionWatch
 from training.profiling import ProfiledSteps
 from training.reporting import configure_logging, write_metrics
 from training.samples import SampleImages
-from training.schedule import with_warmup
+from training.scheduler import with_warmup
 from training.trainer import Optimization, Reporting, Trainer
 
 log = logging.getLogger("train")
@@ -125,12 +125,12 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     precision = Precision.of(settings.precision, ctx.device)
     model = strategy.wrap(net, ctx, settings.compile_mode if settings.compile else None, precision.dtype)
     check_arguments(job.optimizer, job.scheduler)
-    optimizer = job.optimizer(parameter_groups(model, job.optim.norm_weight_decay))
+    optimizer = job.optimizer(parameter_groups(model, job.optimizer_options.norm_weight_decay))
     scheduler = job.scheduler(optimizer) if job.scheduler is not None else None
-    scheduler = with_warmup(optimizer, scheduler, job.schedule, settings, len(loaders.train))
+    scheduler = with_warmup(optimizer, scheduler, job.scheduler_options, settings, len(loaders.train))
     ema = None
     if settings.ema_decay is not None:  # of the trained module: sync_batchnorm may have replaced `net`'s layers
-        ema = EMA(strategies.unwrap(model), adjusted_decay(settings), job.schedule.warmup_epochs)
+        ema = EMA(strategies.unwrap(model), adjusted_decay(settings), job.scheduler_options.warmup_epochs)
         log.info("EMA every %d step(s), decay %.6g per update", settings.ema_every_n_steps, adjusted_decay(settings))
     scaler = precision.grad_scaler()
     loggers = build_loggers(job.logger, job) if ctx.is_main else []
@@ -157,9 +157,9 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     log_placement(ctx, getattr(loaders.train, "num_workers", 0))
     log.info(
         "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d%s",
-        job.labels["model"],
-        job.labels["dataset"],
-        job.labels["strategy"],
+        job.choices["model"],
+        job.choices["dataset"],
+        job.choices["strategy"],
         ctx.world_size,
         ctx.device.type,
         settings.batch_size,
@@ -185,7 +185,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         if metrics:
             final = {
                 **metrics,
-                **job.labels,
+                **job.choices,
                 "world_size": ctx.world_size,
                 "devices": len(ctx.devices) * ctx.world_size,
                 "batch_size": settings.batch_size,

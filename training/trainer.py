@@ -37,7 +37,7 @@ from training.monitor import Monitor
 from training.precision import Precision
 from training.preemption import PreemptionWatch
 from training.progress import Progress
-from training.schedule import Warmup
+from training.scheduler import Warmup
 
 log = logging.getLogger("train")
 

@@ -62,7 +62,7 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
-        raise ConfigError(f"trainer.resume={path}: no such file; give an existing checkpoint path") from None
+        raise no_such_checkpoint(path) from None
     except Exception as e:  # torch raises several types for truncated, corrupt or pickled files
         pickled = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
         if pickled:
@@ -73,6 +73,10 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
         detail = str(e).split("WeightsUnpickler error:")[-1]  # torch's advice comes first
         raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({first_line(detail)}); {FIX}") from None
     return checkpoint
+
+
+def no_such_checkpoint(resume: str | Path | None) -> ConfigError:
+    return ConfigError(f"trainer.resume={resume}: no such file; give an existing checkpoint path")
 
 
 def trained_config(checkpoint: dict[str, Any]) -> dict[str, Any] | None:

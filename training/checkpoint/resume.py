@@ -16,11 +16,11 @@ from typing import Any
 
 from torch import nn
 
-from config.schema import ResumePoint, ScheduleConfig, TrainerConfig
+from config.schema import ResumePoint, SchedulerOptions, TrainerConfig
 from distributed.collectives import all_gather_object, barrier
 from distributed.context import DistContext
 from errors import ConfigError
-from training.checkpoint.files import FIX, load_checkpoint, trained_config
+from training.checkpoint.files import FIX, load_checkpoint, no_such_checkpoint, trained_config
 
 _REQUIRED = ("model", "optimizer", "scheduler", "epoch", "step", "best")
 NOT_SHARED = "the run dir is not shared between nodes"
@@ -46,7 +46,7 @@ def find_resume(resume: str | None, run_dir: Path, env: Mapping[str, str] = os.e
 
 
 def decide_resume(
-    trainer: TrainerConfig,
+    settings: TrainerConfig,
     run_dir: Path | None,
     *,
     model: Callable[[], nn.Module],
@@ -60,12 +60,12 @@ def decide_resume(
     (called only to compare a checkpoint with it); `scheduler`: the scheduler node as configured;
     `weights`: model.weights; `restores_here`: this process trains (it is a rank), so it keeps what
     it read for the restore."""
-    resume, test_only = trainer.resume, trainer.test_only
+    resume, test_only = settings.resume, settings.test_only
     path = find_resume(resume, run_dir) if run_dir is not None or resume != "auto" else None
     point = None
     if path is not None:
         if not path.exists():
-            raise ConfigError(f"trainer.resume={resume}: no such file; give an existing checkpoint path")
+            raise no_such_checkpoint(resume)
         if path.is_dir():  # strategy=fsdp's sharded last.pt, checked from its metadata and train state
             if test_only:  # training.evaluation reads one whole file; strategy=fsdp writes best.pt as one
                 best = path.parent / "best.pt"
@@ -174,7 +174,7 @@ def _check_schedule(resume: str | None, trained: Mapping[str, Any] | None, sched
     if trained is None or not isinstance(trained.get("scheduler"), dict):  # a checkpoint that does not say
         return
     before = trained["scheduler"]
-    ours = [f.name for f in fields(ScheduleConfig)]  # the warmup, before what it changes (T_max)
+    ours = [f.name for f in fields(SchedulerOptions)]  # the warmup, before what it changes (T_max)
     keys = sorted({*before, *scheduler}, key=lambda k: (k != "_target_", k not in ours, k))
     key = next((k for k in keys if before.get(k) != scheduler.get(k)), None)
     if key is None:

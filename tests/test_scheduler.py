@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from config.schema import ScheduleConfig, TrainerConfig
-from training.schedule import Warmup, with_warmup
+from config.schema import SchedulerOptions, TrainerConfig
+from training.scheduler import Warmup, with_warmup
 
 # These drive the schedule alone, with no optimizer step between, which torch's scheduler warns of.
 NO_STEPS = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before:UserWarning")
@@ -72,7 +72,7 @@ def test_a_warmup_without_an_epoch_scheduler_saves_and_restores_its_state():
 )
 def test_with_warmup_counts_the_steps_the_trainer_takes(settings, batches, steps):
     optimizer = _sgd()
-    warmup = with_warmup(optimizer, None, ScheduleConfig(warmup_epochs=2, warmup_start_factor=0.5), settings, batches)
+    warmup = with_warmup(optimizer, None, SchedulerOptions(warmup_epochs=2, warmup_start_factor=0.5), settings, batches)
     warmup.step_update(1)
     assert _lr(optimizer) == pytest.approx(0.5 + 0.5 / steps)
 
@@ -81,8 +81,8 @@ def test_with_warmup_counts_the_steps_the_trainer_takes(settings, batches, steps
 def test_with_warmup_hands_over_to_the_scheduler_it_was_given():
     optimizer = _sgd()
     step_lr = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-    assert with_warmup(optimizer, step_lr, ScheduleConfig(), TrainerConfig(), 4) is step_lr  # no warmup asked
-    warmup = with_warmup(optimizer, step_lr, ScheduleConfig(warmup_epochs=1), TrainerConfig(), 1)
+    assert with_warmup(optimizer, step_lr, SchedulerOptions(), TrainerConfig(), 4) is step_lr  # no warmup asked
+    warmup = with_warmup(optimizer, step_lr, SchedulerOptions(warmup_epochs=1), TrainerConfig(), 1)
     warmup.step_update(1)
     warmup.step()
     warmup.step()

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from config.schema import ScheduleConfig, TrainerConfig
+from config.schema import SchedulerOptions, TrainerConfig
 
 
 class Warmup:
@@ -68,7 +68,7 @@ class Warmup:
 
 
 def with_warmup(
-    optimizer: torch.optim.Optimizer, scheduler: Any, schedule: ScheduleConfig, settings: TrainerConfig, batches: int
+    optimizer: torch.optim.Optimizer, scheduler: Any, schedule: SchedulerOptions, settings: TrainerConfig, batches: int
 ) -> Any:
     """`scheduler` behind a warmup of scheduler.warmup_epochs (none: `scheduler` itself). `batches`:
     the training loader's length, cut as the Trainer cuts it (overfit/limit_train_batches)."""
