@@ -80,7 +80,8 @@ and `read` (OnDisk). Optional:
 - IMAGE_SIZE: int, the stored images' side (data.check holds dataset.image_size to it);
 - PER_IMAGE_TRANSFORMS: bool, whether `load` or `image_files` takes the per-image options (auto_augment, resize, ...);
 - check(cfg): its own checks before launch, as one-line ConfigErrors;
-- count_classes(cfg) -> int: what dataset.num_classes=null counts.
+- count_classes(cfg) -> int: what dataset.num_classes=null counts;
+- class_names(cfg) -> list[str]: each class's name, by label (else class_names() gives the labels' numbers).
 Every function takes the typed DatasetConfig (config.schema) or dataset.root; docs/EXTENDING.md has the recipe.
 """
 
@@ -117,6 +118,16 @@ def num_classes(dataset: DatasetConfig) -> int:
     if not hasattr(module, "count_classes"):  # optional (DatasetModule)
         raise ConfigError(f"dataset.num_classes=null: dataset={dataset.name} cannot count its classes; give the number")
     return module.count_classes(dataset)
+
+
+def class_names(dataset: DatasetConfig) -> list[str]:
+    """Each class's name, by label: what the dataset calls them (its optional class_names(cfg): CIFAR-10's
+    names, an image folder's folders), else the label's number. Runs record them (training.manifest),
+    so that what reads a run back names its classes without the dataset's files."""
+    module = dataset_module(dataset.name)
+    if hasattr(module, "class_names"):  # optional (DatasetModule)
+        return list(module.class_names(dataset))
+    return [str(label) for label in range(dataset.num_classes)]
 
 
 def check(dataset: DatasetConfig, data: DataConfig) -> None:

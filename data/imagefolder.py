@@ -19,6 +19,11 @@ def count_classes(cfg: DatasetConfig) -> int:
     return len(_classes(_root(cfg) / "train"))
 
 
+def class_names(cfg: DatasetConfig) -> list[str]:
+    """The class folders of train/, sorted: ImageFolder's labels are their positions."""
+    return _classes(_root(cfg) / "train")
+
+
 def check(cfg: DatasetConfig) -> None:
     """The folders exist, hold the same classes, each with images to train on, and as many as the
     model is built for."""
