@@ -24,6 +24,7 @@ from omegaconf.errors import ValidationError
 
 import data
 from config.overrides import sweep_grid, swept_overrides
+from config.redact import redact, redacted
 from config.schema import (
     COMPILE_MODES,
     PRECISIONS,
@@ -372,6 +373,7 @@ def run_config(
     that this job is one of (the loggers group its jobs by it); `varied`: the keys its sweep varies
     (`varied_hparams`), none for a single run."""
     labels = {group: choices[group] for group in ("model", "dataset", "strategy")}
+    swept = redacted(swept)  # a password on the command line reaches no record of the run
     resolve_num_classes(settings)
     cfg.dataset.num_classes = settings.dataset.num_classes  # the model node interpolates it
     optim = optim_config(cfg.optimizer)
@@ -398,7 +400,7 @@ def run_config(
         hparams=_hparams(cfg, choices, swept),
         swept=swept,
         varied=varied or {},
-        config_yaml=OmegaConf.to_yaml(cfg, resolve=True),  # the values this run used
+        config_yaml=redact(OmegaConf.to_yaml(cfg, resolve=True)),  # the values this run used
         preempt_signals=preempt_signals,
         requeue_signals=requeue_signals,
         sweep_dir=sweep_dir,
