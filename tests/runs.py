@@ -86,3 +86,8 @@ def wandb_records(run_file: Path):
         if kind in (1, 4):  # FULL, or LAST of FIRST/MIDDLE/LAST
             yield Record.FromString(chunks)
             chunks = b""
+
+
+# A password in an override, which no record of the run may show: digits never reads dataset.root.
+PASSWORD = "s3cret-h41"
+SECRET_ROOT = f"https://user:{PASSWORD}@example.org/data"

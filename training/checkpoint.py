@@ -305,12 +305,14 @@ class Checkpointer:
         config_yaml: str,
         scaler: torch.amp.GradScaler | None = None,
         ema: nn.Module | None = None,
+        manifest: dict[str, Any] | None = None,
     ):
         self.ctx, self.directory = ctx, directory
         self.model, self.optimizer, self.scheduler = unwrap(model), optimizer, scheduler
         self.scaler = scaler  # fp16's loss scale: resuming without it would re-learn it with skipped steps
         self.ema = ema  # trainer.ema_decay's averaged weights
         self.config_yaml = config_yaml
+        self.manifest = manifest  # training.manifest's record of the run (rank 0's)
         self._best_on_disk = _best_in(directory / "best.pt") if ctx.is_main else None
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []  # oldest first
@@ -373,6 +375,7 @@ class Checkpointer:
             "batch": state.batch,
             "rng": rng,
             "config": self.config_yaml,
+            "manifest": self.manifest,
         }
 
     def restore(self, path: Path) -> TrainState:

@@ -11,6 +11,7 @@ from torch.optim.swa_utils import AveragedModel
 from config.schema import RunConfig
 from data import build_loaders
 from distributed.context import DistContext
+from training import manifest
 from training.checkpoint import find_resume, load_checkpoint
 from training.metrics import Averages
 from training.reporting import write_metrics
@@ -23,6 +24,7 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
     """One line with acc@1, acc@5 and loss (and the EMA's, when the checkpoint holds one)."""
     start = time.perf_counter()
     settings = job.trainer
+    manifest.start(ctx, job)
     loaders = build_loaders(
         job.dataset, job.data, ctx, settings.batch_size, settings.seed, global_val_batch=settings.val_batch_size
     )

@@ -22,6 +22,7 @@ from training.checkpoint import Checkpointer, TrainState, agree_on_resume
 from training.ema import EMA, adjusted_decay
 from training.evaluation import test
 from training.loggers import build_loggers, takes_images
+from training.manifest import start as start_manifest
 from training.memory import MemoryProbe
 from training.metrics import reset_peak_memory
 from training.mixing import Mixing
@@ -92,6 +93,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     start = time.perf_counter()
     settings = job.trainer
     reset_peak_memory(ctx)
+    manifest = start_manifest(ctx, job)  # rank 0's manifest.json, and the record in every checkpoint
     # From here on a preemption signal is noted, not fatal: the loop stops at an agreed step.
     preemption = PreemptionWatch(ctx, list(job.preempt_signals), settings.preempt_grace_s, list(job.requeue_signals))
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
@@ -124,7 +126,7 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         log.info("EMA every %d step(s), decay %.6g per update", settings.ema_every_n_steps, adjusted_decay(settings))
     scaler = precision.grad_scaler()
     checkpointer = (ShardedCheckpointer if strategy.sharded_checkpoint else Checkpointer)(
-        ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema
+        ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema, manifest
     )
     resume = agree_on_resume(settings.resume, job.run_dir, ctx)
     state = checkpointer.restore(resume) if resume else TrainState()

@@ -50,8 +50,9 @@ class ShardedCheckpointer(Checkpointer):
         config_yaml: str,
         scaler: torch.amp.GradScaler | None = None,
         ema: nn.Module | None = None,
+        manifest: dict | None = None,
     ):
-        super().__init__(ctx, directory, model, optimizer, scheduler, config_yaml, scaler, ema)
+        super().__init__(ctx, directory, model, optimizer, scheduler, config_yaml, scaler, ema, manifest)
         # Gathering best.pt takes every rank, so every rank must agree on whether to save it.
         self._best_on_disk = all_gather_object(self._best_on_disk, ctx)[0]
 
