@@ -39,6 +39,7 @@ class ExportMismatch(Exception):
 def parser() -> argparse.ArgumentParser:
     parse = argparse.ArgumentParser(
         prog="python export.py",
+        allow_abbrev=False,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -33,6 +33,7 @@ SHOWN = 20  # images printed to the screen, at most; more go to the CSV only
 def parser() -> argparse.ArgumentParser:
     parse = argparse.ArgumentParser(
         prog="python predict.py",
+        allow_abbrev=False,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -185,7 +185,9 @@ def _without_ema(single_run: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_export_writes_pt2_and_onnx_from_fsdps_sharded_checkpoint_each_checked_and_labelled(fsdp_reference, tmp_path):
+def test_export_writes_pt2_and_onnx_from_fsdps_sharded_checkpoint_each_checked_and_labelled(
+    fsdp_reference, images, tmp_path, capsys
+):
     result = train_server.run(
         [str(fsdp_reference / "checkpoints" / "last.pt"), "--out", str(tmp_path)], script=ROOT / "export.py"
     )
@@ -207,6 +209,12 @@ def test_export_writes_pt2_and_onnx_from_fsdps_sharded_checkpoint_each_checked_a
         expected = model(x)
     assert torch.allclose(torch.from_numpy(session.run(None, {"images": x.numpy()})[0]), expected, atol=1e-4)
     assert torch.allclose(program.module()(x), expected, atol=1e-4)
+    # docs/using.md's Python, as someone without this repo runs it, on these files
+    code = (ROOT / "docs" / "using.md").read_text().split("```python\n", 1)[1].split("```", 1)[0]
+    code = code.replace("outputs/digits/export", str(tmp_path)).replace("photos/seven.png", str(images / "digit0.png"))
+    exec(compile(code, "docs/using.md", "exec"), {})
+    top1 = str(_expected(last_weights(fsdp_reference), [images / "digit0.png"])[0].argmax().item())
+    assert capsys.readouterr().out.splitlines() == [top1, top1]  # the ONNX file's answer, then the .pt2's
 
 
 def metadata_json(props: dict[str, str]) -> dict:
