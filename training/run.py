@@ -93,7 +93,6 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     start = time.perf_counter()
     settings = job.trainer
     reset_peak_memory(ctx)
-    manifest = start_manifest(ctx, job)  # rank 0's manifest.json, and the record in every checkpoint
     # From here on a preemption signal is noted, not fatal: the loop stops at an agreed step.
     preemption = PreemptionWatch(ctx, list(job.preempt_signals), settings.preempt_grace_s, list(job.requeue_signals))
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
@@ -125,6 +124,8 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         ema = EMA(strategies.unwrap(model), adjusted_decay(settings), job.schedule.warmup_epochs)
         log.info("EMA every %d step(s), decay %.6g per update", settings.ema_every_n_steps, adjusted_decay(settings))
     scaler = precision.grad_scaler()
+    # Once every part is built (a rank's own check has passed): rank 0's manifest.json, and every checkpoint's.
+    manifest = start_manifest(ctx, job)
     checkpointer = (ShardedCheckpointer if strategy.sharded_checkpoint else Checkpointer)(
         ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema, manifest
     )
