@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from errors import ConfigError
+from errors import ConfigError, first_line
 from trained import WEIGHTS, Trained, load, metadata
 
 FORMATS = ("pt2", "onnx")
@@ -78,26 +78,41 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or trained.run_dir / "export"
     out.mkdir(parents=True, exist_ok=True)
-    program = exported_program(trained)
-    failed = False
-    for kind in args.format:
-        path = out / f"model.{kind}"
-        tmp = path.with_name(f".{path.stem}.tmp.{kind}")  # torch.export.load wants its suffix
+    try:
+        program = exported_program(trained)
+    except Exception as e:  # torch.export's many kinds: a branch on a value, a batch size baked in
+        reason = first_line(e)
+        print(
+            f"error: torch.export cannot trace {trained.path}'s model with a dynamic batch ({reason})", file=sys.stderr
+        )
+        return 1
+    written = [write_and_check(kind, program, trained, batches, out / f"model.{kind}") for kind in args.format]
+    return 0 if all(written) else 1
+
+
+def write_and_check(
+    kind: str, program: torch.export.ExportedProgram, trained: Trained, batches: list[torch.Tensor], path: Path
+) -> bool:
+    """`path` written (through a temp file) and checked, what the check found said in a line; a file
+    the check refuses renamed <name>.rejected, and that said in one line on stderr."""
+    tmp = path.with_name(f".{path.stem}.tmp.{kind}")  # torch.export.load wants its suffix
+    try:
         (save_pt2 if kind == "pt2" else save_onnx)(program, trained, tmp)
-        try:
-            figures = check(trained.model, (load_pt2 if kind == "pt2" else load_onnx)(tmp), batches)
-        except ExportMismatch as e:
-            rejected = path.with_name(f"{path.name}.rejected")
-            os.replace(tmp, rejected)
-            print(
-                f"error: {rejected}: {e}; the export is not the trained model, so it is not kept as {path.name}",
-                file=sys.stderr,
-            )
-            failed = True
-            continue
-        os.replace(tmp, path)
-        print(f"{path}: {figures}")
-    return 1 if failed else 0
+    except Exception as e:  # an operator the ONNX exporter lacks, ...
+        tmp.unlink(missing_ok=True)
+        print(f"error: {path}: not written, the {kind} export failed ({first_line(e)})", file=sys.stderr)
+        return False
+    try:
+        figures = check(trained.model, (load_pt2 if kind == "pt2" else load_onnx)(tmp), batches)
+    except ExportMismatch as e:
+        rejected = path.with_name(f"{path.name}.rejected")
+        os.replace(tmp, rejected)
+        kept = f"the export is not the trained model, so it is not kept as {path.name}"
+        print(f"error: {rejected}: {e}; {kept}", file=sys.stderr)
+        return False
+    os.replace(tmp, path)
+    print(f"{path}: {figures}")
+    return True
 
 
 def _require_onnx() -> None:

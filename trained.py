@@ -105,7 +105,7 @@ def _read(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
 
             checkpoint = sharded_state.describe(path)
             return checkpoint, sharded_state.read_model_state(path)
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # the optimizer state unread
     except Exception as e:  # torch raises several types for a truncated, corrupt or foreign file
         detail = str(e).split("WeightsUnpickler error:")[-1].strip()  # torch's advice comes first
         reason = detail.splitlines()[0] if detail else type(e).__name__

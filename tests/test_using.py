@@ -305,3 +305,30 @@ def test_predict_cuts_an_image_folders_files_as_the_runs_validation_does(tmp_pat
     assert unread == 0 and [path for path, _ in rows] == paths
     for (_, top), probabilities in zip(rows, expected):
         assert {label: p for label, _, p in top} == pytest.approx(dict(enumerate(probabilities.tolist())), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_vit_tiny_exports_with_a_dynamic_batch():
+    from config.schema import DataConfig
+    from models.vit_tiny import TinyViT
+    from trained import Trained
+
+    model = TinyViT(in_channels=3, num_classes=10, image_size=32).eval()
+    dataset = DatasetConfig(name="synthetic", channels=3, image_size=32, num_classes=10)
+    program = export.exported_program(Trained(ROOT, ROOT, dataset, DataConfig(), {}, model, "model", [], None))
+    x = torch.randn(3, 3, 32, 32)  # traced at 2
+    with torch.no_grad():
+        assert torch.allclose(program.module()(x), model(x), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_model_torch_export_cannot_trace_is_one_line_and_exit_1(single_run, tmp_path, monkeypatch, capsys):
+    def untraceable(trained):
+        raise RuntimeError("Constraints violated (batch)!\nthe rest of torch's advice")
+
+    monkeypatch.setattr(export, "exported_program", untraceable)
+    assert export.main([str(single_run), "--format", "pt2", "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: torch.export cannot trace {single_run / 'checkpoints' / 'best.pt'}'s model with a dynamic batch "
+        "(Constraints violated (batch)!)\n"
+    )
