@@ -8,8 +8,9 @@ run's own dataset config (its files must be here), the exported model's logits (
 the reloaded .pt2's) match PyTorch's to 1e-4 (absolute and relative), and top-1 agrees. A file
 that fails is renamed <name>.rejected, said in one line, and the exit status is 1.
 
-Exit status: 0, every file written and checked; 1, a check failed; 2, a run that is not one, or
-a missing tool (pip install -r requirements-extras.txt), in one line.
+Exit status: 0, every file written and checked; 1, a check failed, or torch could not export the
+model (in one line); 2, a run that is not one, its validation data missing, or a missing tool
+(pip install -r requirements-extras.txt), in one line.
 """
 
 from __future__ import annotations
