@@ -127,3 +127,12 @@ def test_bench_report_shows_each_runs_commit_and_torch_where_runs_have_a_manifes
     assert a.endswith("| 012345678+ | 2.14.1 | a |") and b.endswith("| — | — | b |")
     alone = report.markdown(report.rows(report.load_runs(tmp_path / "b")))
     assert "commit" not in alone  # no run with a manifest: no columns for it
+
+
+def test_the_resume_command_a_preempted_run_logs_hides_a_password():
+    from training.preemption import resume_command
+
+    command = resume_command(["strategy=ddp", f"dataset.root={SECRET_ROOT}"], "/runs/r")
+    assert command == "python train.py strategy=ddp dataset.root=https://user:***@example.org/data " + (
+        "hydra.run.dir=/runs/r trainer.resume=auto"
+    )
