@@ -40,11 +40,13 @@ def checkpoint_path(source: str | Path) -> Path:
     """`source` itself (a checkpoint file, or strategy=fsdp's sharded directory), or, for a run dir,
     its checkpoints/best.pt (the best epoch's weights), else its last.pt."""
     source = Path(source)
-    if source.is_dir() and not _sharded(source):
+    if (source / "checkpoints").is_dir():
         for name in ("best.pt", "last.pt"):
             if (source / "checkpoints" / name).exists():
                 return source / "checkpoints" / name
         raise ConfigError(f"{source}: no checkpoints/best.pt or last.pt in it; {_FIX}")
+    if source.is_dir() and not _sharded(source):
+        raise ConfigError(f"{source}: neither a run dir (no checkpoints/ in it) nor a sharded checkpoint; {_FIX}")
     if not source.exists():
         raise ConfigError(f"{source}: no such file or run dir; {_FIX}")
     return source
@@ -91,9 +93,11 @@ def load(source: str | Path, weights: str = "best") -> Trained:
 
 def _sharded(path: Path) -> bool:
     """strategy=fsdp's last.pt: a torch.distributed.checkpoint directory (through its symlink)."""
-    from distributed.sharded_state import METADATA
+    if not path.is_dir():
+        return False
+    from distributed.sharded_state import METADATA  # late: it imports torch.distributed.checkpoint, slow
 
-    return path.is_dir() and (path / METADATA).is_file()
+    return (path / METADATA).is_file()
 
 
 def _read(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -171,7 +171,10 @@ def test_a_run_dir_gives_its_best_pt_else_its_last_pt_and_a_bad_source_is_one_li
     with pytest.raises(ConfigError, match=r"best.pt: not a loadable checkpoint \(.*\); give a run dir") as error:
         load(run)
     assert "\n" not in str(error.value)
+    (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
     with pytest.raises(ConfigError, match="no checkpoints/best.pt or last.pt in it"):
+        checkpoint_path(tmp_path / "empty")
+    with pytest.raises(ConfigError, match="neither a run dir"):
         checkpoint_path(tmp_path)
     with pytest.raises(ConfigError, match="holds no EMA weights"):
         load(_without_ema(single_run, tmp_path), "ema")
