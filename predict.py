@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("top_k", "batch_size"):
             if getattr(args, key) < 1:
                 raise ConfigError(f"--{key.replace('_', '-')}={getattr(args, key)}: use 1 or more")
+        if args.num_workers is not None and args.num_workers < 0:
+            raise ConfigError(f"--num-workers={args.num_workers}: use 0 (decode here) or more")
         device = _device(args.device)
         trained = load(args.source, args.weights)
         paths = image_paths(args.images)
