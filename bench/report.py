@@ -3,7 +3,8 @@
 Reads every run's metrics.json under the directory, the overrides that made it
 (.hydra/overrides.yaml) and the config it ran with (.hydra/config.yaml, .hydra/hydra.yaml's group
 choices), prints a markdown table with a column per overridden key whose value differs between the
-runs (each cell what that run used, override or default), speed-up and scaling efficiency where
+runs (each cell what that run used, override or default), the commit and torch it trained with
+(its manifest.json), speed-up and scaling efficiency where
 runs differ in device count and nothing else, and, for an hparams_search, the best trial from
 optimization_results.yaml. report.png holds the plots that fit: scaling against devices when
 devices vary, else the optimised metric per configuration; accuracy against wall time; the metric
@@ -27,6 +28,7 @@ from typing import Any
 import yaml
 
 from training.loggers.tensorboard import HPARAM_METRICS
+from training.manifest import read_manifest
 
 # Overrides that only change how many devices train: runs differing in these alone compare in speed.
 DEVICE_KEYS = frozenset({"trainer.devices", "trainer.gpus", "trainer.num_nodes"})
@@ -60,6 +62,7 @@ class Run:
     # Every key of .hydra/config.yaml (dotted) and every group's option (.hydra/hydra.yaml), as a
     # config spells them: what the run used where it overrode nothing.
     settings: Mapping[str, str] = field(default_factory=dict, compare=False)
+    manifest: Mapping[str, Any] = field(default_factory=dict, compare=False)  # its manifest.json; {}: none
 
     @property
     def identity(self) -> tuple[Any, ...]:
@@ -115,6 +118,7 @@ def _run(name: str, m: dict[str, Any], run_dir: Path) -> Run:
         objective=objective,
         objective_value=float(m[objective]) if isinstance(m.get(objective), (int, float)) else None,
         settings=settings,
+        manifest=read_manifest(run_dir) or {},
     )
 
 
@@ -281,6 +285,7 @@ def markdown(table: list[Row]) -> str:
     runs = [row.run for row in table]
     extra = [k for k in swept_keys(runs) if k not in SHOWN]
     objectives = sorted({r.objective for r in runs} - {"val_acc", "best_val_acc"})
+    manifests = any(r.manifest for r in runs)
     header = [
         *extra,
         "strategy",
@@ -296,9 +301,11 @@ def markdown(table: list[Row]) -> str:
         *objectives,
         "state MB/rank",
         "peak MB/device",
+        *(MANIFEST_COLUMNS if manifests else ()),
         "run",
     ]
-    align = [*("---" for _ in extra), "---", "---:", "---", "---", *("---:" for _ in range(8 + len(objectives))), "---"]
+    align = [*("---" for _ in extra), "---", "---:", "---", "---", *("---:" for _ in range(8 + len(objectives)))]
+    align += ["---"] * (len(header) - len(align))
     lines = [f"| {' | '.join(header)} |", f"| {' | '.join(align)} |"]
     for row in table:
         r = row.run
@@ -317,10 +324,21 @@ def markdown(table: list[Row]) -> str:
             *(_or_dash(r.objective_value if r.objective == o else None, "{:.4g}") for o in objectives),
             _or_dash(r.state_mb_per_rank, "{:,.1f}"),
             _or_dash(r.peak_memory_mb, "{:,.0f}"),
+            *(manifest_cells(r.manifest) if manifests else []),
             r.name,
         ]
         lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines)
+
+
+MANIFEST_COLUMNS = ("commit", "torch")  # from each run's manifest.json, where any run has one
+
+
+def manifest_cells(manifest: Mapping[str, Any]) -> list[str]:
+    """The code a run trained with (its commit, + where the tree was dirty: manifest.diff) and its torch."""
+    commit = manifest.get("commit")
+    code = f"{commit[:9]}{'+' if manifest.get('dirty') else ''}" if commit else "—"
+    return [code, manifest.get("torch") or "—"]
 
 
 def _or_dash(value: Any, fmt: str) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from config.redact import redact
 from distributed.collectives import all_reduce_max
 from distributed.context import DistContext
 from errors import ConfigError, Preempted
@@ -116,9 +117,10 @@ def requeue_or_explain(preempted: Preempted, requeue_on: list[signal.Signals], r
 
 
 def resume_command(overrides: list[str], run_dir: str) -> str:
-    """The command that continues this run: the same overrides, this run dir, resume=auto."""
+    """The command that continues this run: the same overrides, this run dir, resume=auto; a password
+    among them shown as *** (it goes to the log): type it again, or give it through the environment."""
     kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", "trainer.resume="))]
-    return shlex.join(["python", "train.py", *kept, f"hydra.run.dir={run_dir}", "trainer.resume=auto"])
+    return redact(shlex.join(["python", "train.py", *kept, f"hydra.run.dir={run_dir}", "trainer.resume=auto"]))
 
 
 def _slurm_job_id() -> str | None:

@@ -24,6 +24,7 @@ from training.checkpoint.checkpointer import Checkpointer
 from training.ema import EMA, adjusted_decay
 from training.evaluation import test
 from training.loggers import build_loggers, takes_images
+from training.manifest import start as start_manifest
 from training.memory import MemoryProbe
 from training.metrics import reset_peak_memory
 from training.mixing import Mixing
@@ -148,8 +149,20 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     best = BestCheckpoints(
         Monitor(settings.checkpoint.monitor, settings.checkpoint.mode.value), settings.checkpoint.save_top_k
     )
+    # Once every part is built (a rank's own check has passed): rank 0's manifest.json, and every checkpoint's.
+    manifest = start_manifest(ctx, job)
     checkpointer = _checkpointer(strategy)(
-        ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema, best, chosen
+        ctx,
+        job.run_dir / "checkpoints",
+        model,
+        optimizer,
+        scheduler,
+        job.config_yaml,
+        scaler,
+        ema,
+        best,
+        chosen,
+        manifest,
     )
     resume = job.resume
     state = checkpointer.restore(resume)
