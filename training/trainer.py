@@ -26,6 +26,7 @@ from errors import NonFiniteLoss
 from training import validation
 from training.batches import Batches
 from training.callbacks import Callback, end_validation, handling
+from training.checkpoint.cadence import SaveCadence
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.state import TrainState, restore_rng
 from training.ema import EMA
@@ -111,7 +112,7 @@ class Trainer:
         self.added = [name for callback in self.callbacks for name in callback.figures]  # to the line and metrics.json
         self.measure_gradients = self.grad_clip is not None or self.skip_check or bool(self.gradient_callbacks)
         self.ema_every = settings.ema_every_n_steps
-        self.save_every = settings.checkpoint_every_n_steps
+        self.saves = SaveCadence(settings.checkpoint_every_n_steps)
         monitored = settings.checkpoint
         self.monitor = Monitor(monitored.monitor, monitored.mode.value)
         limit = settings.overfit_batches or settings.limit_train_batches
@@ -256,7 +257,7 @@ class Trainer:
             if self._done():
                 break
             stop = self.preemption is not None and self.preemption.should_stop(state.step)
-            if stop or (self.save_every and state.step % self.save_every == 0):
+            if stop or self.saves.due(state.step):
                 self._raise_if_nonfinite()
                 self.checkpointer.save(state)
             if stop:
