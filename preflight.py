@@ -5,14 +5,11 @@ and the typed RunConfig every worker receives."""
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
-import itertools
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
-from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
 import data
-from config.overrides import sweep_grid, swept_overrides
+from config.hparams import hparams
 from config.schema import (
     COMPILE_MODES,
     PRECISIONS,
@@ -35,7 +32,6 @@ from config.schema import (
     ScheduleConfig,
     TrainerConfig,
 )
-from config.setup import compose
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError, first_line
@@ -370,7 +366,7 @@ def run_config(
     `requeue_signals`: trainer.preempt_signals and requeue_signals as check_and_plan parsed them
     (its plan's forward_signals and requeue_signals); `sweep_dir`: the -m sweep's or search's dir
     that this job is one of (the loggers group its jobs by it); `varied`: the keys its sweep varies
-    (`varied_hparams`), none for a single run."""
+    (`config.hparams.varied_hparams`), none for a single run."""
     labels = {group: choices[group] for group in ("model", "dataset", "strategy")}
     resolve_num_classes(settings)
     cfg.dataset.num_classes = settings.dataset.num_classes  # the model node interpolates it
@@ -395,7 +391,7 @@ def run_config(
         schedule=schedule_config(cfg.scheduler),
         run_dir=run_dir,
         labels=labels,
-        hparams=_hparams(cfg, choices, swept),
+        hparams=hparams(cfg, choices, swept),
         swept=swept,
         varied=varied or {},
         config_yaml=OmegaConf.to_yaml(cfg, resolve=True),  # the values this run used
@@ -403,53 +399,3 @@ def run_config(
         requeue_signals=requeue_signals,
         sweep_dir=sweep_dir,
     )
-
-
-# The HParams tab's options besides a job's overrides: the group options, then these keys.
-HPARAM_GROUPS = ("model", "dataset", "strategy", "optimizer", "scheduler", "loss")
-HPARAM_KEYS = (
-    "optimizer.lr",
-    "trainer.batch_size",
-    "trainer.epochs",
-    "trainer.seed",
-    "trainer.precision",
-    "trainer.accelerator",
-    "trainer.devices",
-)
-
-
-def _hparams(cfg: DictConfig, choices: dict[str, str], swept: dict[str, Any]) -> dict[str, Any]:
-    """The run's main options and every override of its command line, for the loggers' tables
-    (TensorBoard's HParams tab): each under its key as the command line types it (`optimizer`,
-    `optimizer.lr`, `trainer.epochs`), so that a sweep's and a search's columns read alike and an
-    override is its option; each value as the config spells it (`sgd`, 0.05, 3, `auto`).
-    optimizer.lr is as written: the lr trained with, after optimizer.lr_scaling, is the `lr` series."""
-    options = {group: choices[group] for group in HPARAM_GROUPS}
-    for key in HPARAM_KEYS:
-        value = OmegaConf.select(cfg, key)
-        options[key] = value.name if isinstance(value, Enum) else value
-    options.update((key, value) for key, value in swept.items() if key not in options)
-    return {key: value for key, value in options.items() if value is not None}
-
-
-def varied_hparams(sweep_record: Path) -> dict[str, tuple[Any, ...]]:
-    """The options (_hparams') whose value differs between the jobs of a sweep, each with the values
-    it takes there: the config of every job the sweep's record lists (config.overrides.sweep_grid),
-    composed, so that optimizer.lr differs where optimizer=sgd,adamw picks it. A key an interval or a
-    glob sweeps differs, its values unlisted. {} where there is no record."""
-    return _varied_hparams(sweep_record.read_text()) if sweep_record.is_file() else {}
-
-
-@functools.lru_cache(maxsize=1)  # one per sweep: its jobs run one after another in the sweep's process
-def _varied_hparams(record: str) -> dict[str, tuple[Any, ...]]:
-    fixed, swept = sweep_grid(record)
-    jobs = []
-    for combination in itertools.product(*(lines for lines in swept.values() if lines)):
-        cfg = compose(*fixed, *combination, hydra=True)
-        jobs.append(_hparams(cfg, cfg.hydra.runtime.choices, swept_overrides(combination)))
-    varied = {key: () for key, lines in swept.items() if not lines}
-    for key in dict.fromkeys(key for job in jobs for key in job):
-        values = list(dict.fromkeys(job.get(key) for job in jobs))
-        if len(values) > 1:
-            varied[key] = tuple(value for value in values if value is not None)
-    return varied

@@ -27,10 +27,11 @@ from omegaconf import DictConfig
 
 from config import setup
 from config.callbacks import restore_run_record
+from config.hparams import varied_hparams
 from config.overrides import check_override_keys, swept_overrides
 from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
-from preflight import check_and_plan, check_logger_options, run_config, typed, varied_hparams
+from preflight import check_and_plan, check_logger_options, run_config, typed
 from training.preemption import requeue_or_explain, resume_command
 from training.run import run
 

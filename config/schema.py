@@ -326,6 +326,6 @@ class RunConfig:
     preempt_signals: Tuple[signal.Signals, ...]  # trainer.preempt_signals, parsed once before launch
     requeue_signals: Tuple[signal.Signals, ...] = ()  # trainer.requeue_signals, parsed with them
     sweep_dir: Optional[Path] = None  # the dir of the -m sweep or search this job is one of; None: a single run
-    # The keys the sweep gives more than one value, each with the values it lists (preflight.varied_hparams):
+    # The keys the sweep gives more than one value, each with the values it lists (config.hparams.varied_hparams):
     # the HParams tab's differing ones. {}: a single run.
     varied: Dict[str, Tuple[Any, ...]] = field(default_factory=dict)

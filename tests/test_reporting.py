@@ -112,7 +112,7 @@ def _hparams_plugin_data(events: EventAccumulator, tag: str) -> plugin_data_pb2.
 
 def test_hparams_read_as_the_config_spells_them_and_differ_where_the_sweep_varies_them(tmp_path):
     # The first job of `-m model=simple_cnn,mnist_net optimizer=sgd,adamw trainer.epochs=3`, as
-    # preflight._hparams and preflight.varied_hparams give it: sgd's lr is 0.05, adamw's 0.001.
+    # config.hparams.hparams and varied_hparams give it: sgd's lr is 0.05, adamw's 0.001.
     options = {
         "model": "simple_cnn",
         "dataset": "digits",
