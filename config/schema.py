@@ -99,7 +99,7 @@ class TrainerConfig:
     limit_val_batches: Optional[int] = None
     overfit_batches: Optional[int] = None  # train (unshuffled) and validate on these first batches only
     val_batch_size: Optional[int] = None  # the global validation batch (seed 002's --test-batch-size); null: batch_size
-    log_every_n_steps: int = 50  # train loss, acc and lr to TensorBoard, and to the log where no bar is drawn
+    log_every_n_steps: int = 50  # the loss, acc (train/*_window) and lr since the last point: loggers, log where no bar
     progress_bar: bool = True  # rank 0's, where stderr is a terminal (a SLURM log or a pipe gets lines instead)
     # 32 | bf16-mixed | 16-mixed (fp16 autocast with a GradScaler; CUDA only). At 32, Ampere and later
     # GPUs run cuDNN's convolutions in TF32 (torch.backends.cudnn.allow_tf32, on by default).

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.slow
 SCALARS = {
     "train/loss",
     "train/acc",
+    "train/loss_window",
+    "train/acc_window",
     "val/loss",
     "val/acc",
     "val/acc5",

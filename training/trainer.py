@@ -137,6 +137,7 @@ class Trainer:
         self.train_batches = Batches(ctx.device, limit)
         self.val_batches = Batches(ctx.device, settings.overfit_batches or settings.limit_val_batches)
         self.window = Window()
+        self.since_logged = Accumulator(ctx.device)  # the steps since the last log point (train/loss_window)
         self.skipped_steps = 0
         self._announced = False
 
@@ -168,6 +169,8 @@ class Trainer:
             improved = self._note_best(val, ema)
             memory = peak_memory_mb(self.ctx)  # per device: DP's first card holds more
             scalars = {
+                "train/loss": train.loss,  # the epoch's, as the log line and metrics.json's train_loss
+                "train/acc": train.acc,
                 "val/loss": val.loss,
                 "val/ce": val.ce,
                 "val/acc": val.acc,
@@ -300,11 +303,12 @@ class Trainer:
                 steps_in_window = 0
                 if bar.disable and ctx.is_main:  # no bar (trainer.progress_bar=false, or no terminal): a line
                     log.info(
-                        "step %d  epoch %d batch %d/%d  loss %.4f acc %.4f  lr %.4g",
+                        "step %d  epoch %d batch %d/%d  last %d steps: loss %.4f acc %.4f  lr %.4g",
                         state.step,
                         state.epoch + 1,
                         i + 1,
                         num_batches,
+                        log_every,
                         window.loss,
                         window.acc,
                         self.optimizer.param_groups[0]["lr"],
@@ -318,8 +322,8 @@ class Trainer:
             if stop:
                 bar.close()
                 raise self.preemption.preempted()
-        if steps_in_window:
-            self._report_window(total, bar)
+        if steps_in_window:  # the epoch's last steps: counted in its figures, logged at the next log point
+            self._report_window(total, bar, log_point=False)
         elapsed = time.perf_counter() - start  # the all-reduce above synchronised the device
         bar.close()
         averages = total.averages()
@@ -410,14 +414,19 @@ class Trainer:
         if worst:
             raise NonFiniteLoss(_NO_BAD_STEP - worst)
 
-    def _report_window(self, total: Accumulator, bar: tqdm) -> Averages:
-        """The steps since the last report, over all ranks: to the loggers and the bar."""
+    def _report_window(self, total: Accumulator, bar: tqdm, log_point: bool = True) -> Averages | None:
+        """The steps since the last report, over all ranks, into the epoch's figures (`total`); at a
+        log point (every trainer.log_every_n_steps steps, across epochs), those since the last one to
+        the loggers, as train/loss_window and train/acc_window (train/loss is the epoch's), and the bar."""
         self._raise_if_nonfinite()
         window = self.window.drain(self.ctx.device).all_reduce(self.ctx)
         total.add(window)
-        averages = window.averages()
-        lr = self.optimizer.param_groups[0]["lr"]
-        self._log(self.state.step, {"train/loss": averages.loss, "train/acc": averages.acc, "lr": lr})
+        self.since_logged.add(window)
+        if not log_point:
+            return None
+        averages, self.since_logged = self.since_logged.averages(), Accumulator(self.ctx.device)
+        lr = float(f"{self.optimizer.param_groups[0]['lr']:.6g}")  # as a schedule means it, without float noise
+        self._log(self.state.step, {"train/loss_window": averages.loss, "train/acc_window": averages.acc, "lr": lr})
         bar.set_postfix(loss=f"{averages.loss:.4f}", acc=f"{averages.acc:.3f}", refresh=False)
         return averages
 
