@@ -35,6 +35,7 @@ from config.schema import (
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError, first_line
+from models.summary import summarize
 from training.checkpoint import check_resume
 from training.loggers.packages import check_installed
 from training.optim import scaled_lr
@@ -317,6 +318,19 @@ def _needs_values(error: Exception) -> bool:
     return isinstance(error, NotImplementedError) or "meta" in str(error)
 
 
+def model_figures(cfg: DictConfig) -> dict[str, Any]:
+    """The model summary a job logs as it starts (models.summary: its parameters, size and FLOPs per
+    sample), counted on the meta device before it runs, for what a sweep's jobs differ in besides
+    their config; {} where the config alone cannot build the model (a class count its data tells)."""
+    dataset = cfg.dataset
+    try:
+        with torch.device("meta"):
+            model = factory({**cfg.model, "weights": None} if "weights" in cfg.model else cfg.model)()
+    except Exception:
+        return {}
+    return summarize(model, (dataset.channels, dataset.image_size, dataset.image_size)).metrics()
+
+
 def factory(node: Any) -> Callable[..., Any]:
     """A `_target_` node as a picklable factory: each rank builds its own (Hydra's _partial_)."""
     return instantiate(node, _partial_=True, _convert_="all")
@@ -391,7 +405,7 @@ def run_config(
         schedule=schedule_config(cfg.scheduler),
         run_dir=run_dir,
         labels=labels,
-        hparams=hparams(cfg, choices, swept),
+        hparams=hparams(cfg, choices),
         swept=swept,
         varied=varied or {},
         config_yaml=OmegaConf.to_yaml(cfg, resolve=True),  # the values this run used

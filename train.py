@@ -31,7 +31,7 @@ from config.hparams import varied_hparams
 from config.overrides import check_override_keys, swept_overrides
 from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
-from preflight import check_and_plan, check_logger_options, run_config, typed
+from preflight import check_and_plan, check_logger_options, model_figures, run_config, typed
 from training.preemption import requeue_or_explain, resume_command
 from training.run import run
 
@@ -48,9 +48,10 @@ def main(cfg: DictConfig) -> float | None:
     settings = typed(cfg)
     swept = swept_overrides(overrides, hydra_cfg.job.config.override_dirname.exclude_keys)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    varied = varied_hparams(Path(hydra_cfg.sweep.dir) / "multirun.yaml") if multirun else {}
     try:
         plan = check_and_plan(settings, run_dir, multirun=multirun)
+        # The keys its sweep's jobs differ in, their model summaries included, for the HParams tab.
+        varied = varied_hparams(Path(hydra_cfg.sweep.dir) / "multirun.yaml", model_figures) if multirun else {}
         launch(
             plan,
             run,

@@ -320,12 +320,12 @@ class RunConfig:
     schedule: ScheduleConfig
     run_dir: Path
     labels: Dict[str, str]  # the chosen model, dataset and strategy options, for the log and metrics.json
-    hparams: Dict[str, Any]  # the run's main options and its overrides, {key as typed: value} (HParams tab)
+    hparams: Dict[str, Any]  # every option the run used, {dotted key: value} (config.hparams.hparams): its record
     swept: Dict[str, Any]  # its command-line overrides, {key: value}
     config_yaml: str  # the composed config, saved in every checkpoint
     preempt_signals: Tuple[signal.Signals, ...]  # trainer.preempt_signals, parsed once before launch
     requeue_signals: Tuple[signal.Signals, ...] = ()  # trainer.requeue_signals, parsed with them
     sweep_dir: Optional[Path] = None  # the dir of the -m sweep or search this job is one of; None: a single run
-    # The keys the sweep gives more than one value, each with the values it lists (config.hparams.varied_hparams):
-    # the HParams tab's differing ones. {}: a single run.
+    # The keys whose value differs between the sweep's jobs, each with the values they take
+    # (config.hparams.varied_hparams): the HParams tab's differing ones. {}: a single run.
     varied: Dict[str, Tuple[Any, ...]] = field(default_factory=dict)

@@ -29,7 +29,7 @@ from training.optim import check_arguments, parameter_groups
 from training.precision import Precision
 from training.preemption import PreemptionWatch
 from training.profiling import ProfiledSteps
-from training.reporting import configure_logging, write_metrics
+from training.reporting import configure_logging, write_hparams, write_metrics
 from training.samples import SampleImages
 from training.schedule import with_warmup
 from training.sharded_checkpoint import ShardedCheckpointer
@@ -109,6 +109,8 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         loaders = replace(loaders, val=loaders.train)
     net = job.model().to(ctx.device)
     model_figures = summarized(net, job.dataset) if ctx.is_main else {}  # as built: before a wrapper shards it
+    if ctx.is_main:
+        write_hparams(job.run_dir, {**job.hparams, **model_figures})
     if settings.channels_last:
         net = net.to(memory_format=torch.channels_last)
     strategy = strategies.get(job.strategy)
