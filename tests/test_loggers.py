@@ -123,6 +123,8 @@ def logged(memory_dir):
         ):
             result = run_train(run_dir, *LOGGED, *overrides)
             assert result.returncode == 0, result.stderr[-3000:]
+            if "trainer.profile=2" in overrides:
+                (run_dir.parent / "console.txt").write_text(result.stdout + result.stderr)
     return run_dir
 
 
@@ -199,6 +201,9 @@ def test_trainer_profile_traces_its_steps_after_the_warm_up_and_logs_the_top_ope
     events = json.loads((logged / "profile" / "trace.json").read_text())["traceEvents"]  # Chrome's format
     steps = sorted(e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
     assert steps == ["ProfilerStep#5", "ProfilerStep#6"]  # after steps 0-2 (skipped) and 3-4 (warm-up)
+    # The profiler's libraries' own lines (kineto's profiler_start, ...) in train.log, not on the console.
+    console, log = (logged.parent / "console.txt").read_text(), (logged / "train.log").read_text()
+    assert "] profiler_start" in log and "] profiler_start" not in console and "USDT" not in console
     assert any(e.get("name") == "aten::convolution_backward" and e.get("ph") == "X" for e in events)
     log = (logged / "train.log").read_text()
     assert log.count("profiled 2 steps, top operators by self CPU time") == 1  # the resume profiles nothing

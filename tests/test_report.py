@@ -647,3 +647,7 @@ def test_a_sweep_says_where_it_writes_as_it_starts_and_ends_with_its_report_comm
     assert hydra[0] == f"Sweep dir: {sweep} (a dir per job); once it ends, compare them: {report_command}"
     assert hydra[1].startswith("Launching 4 jobs")
     assert hydra[-1] == f"Sweep done, in {sweep}; compare its jobs: {report_command}"
+    # Each job says its own dir, as it starts and as it ends.
+    said = [line.split("run dir: ", 1)[1] for line in printed.splitlines() if "[train][INFO] - run dir: " in line]
+    jobs = sorted(p for p in sweep.iterdir() if (p / "tb").is_dir())
+    assert said == [text for job in jobs for text in (f"{job}", f"{job} (the run has ended)")]

@@ -29,7 +29,7 @@ from training.optim import check_arguments, parameter_groups
 from training.precision import Precision
 from training.preemption import PreemptionWatch
 from training.profiling import ProfiledSteps
-from training.reporting import configure_logging, write_hparams, write_metrics
+from training.reporting import configure_logging, log_run_dir, write_hparams, write_metrics
 from training.samples import SampleImages
 from training.schedule import with_warmup
 from training.sharded_checkpoint import ShardedCheckpointer
@@ -41,6 +41,7 @@ log = logging.getLogger("train")
 def run(ctx: DistContext, job: RunConfig) -> None:
     """The worker every launcher starts once per device."""
     configure_logging(ctx, job.run_dir)
+    log_run_dir(ctx, job.run_dir)
     context.init(ctx, job.launcher.timeout_s)
     configure_kernels(job.trainer, ctx)
     finished = False
@@ -52,6 +53,7 @@ def run(ctx: DistContext, job: RunConfig) -> None:
         raise
     finally:
         context.shutdown(ctx, clean=finished)
+        log_run_dir(ctx, job.run_dir, ended=True)
 
 
 def configure_kernels(settings: TrainerConfig, ctx: DistContext) -> None:
