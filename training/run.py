@@ -33,7 +33,7 @@ from training.optimizer import check_arguments, parameter_groups
 from training.precision import Precision
 from training.preemption import PreemptionWatch
 from training.profiling import ProfiledSteps
-from training.reporting import configure_logging, write_metrics
+from training.reporting import configure_logging, log_run_dir, write_hparams, write_metrics
 from training.samples import SampleImages
 from training.scheduler import with_warmup
 from training.trainer import Optimization, Reporting, Trainer
@@ -44,6 +44,7 @@ log = logging.getLogger("train")
 def run(ctx: DistContext, job: RunConfig) -> None:
     """The worker every launcher starts once per device."""
     configure_logging(ctx, job.run_dir)
+    log_run_dir(ctx, job.run_dir)
     context.init(ctx, job.launcher.timeout_s)
     configure_kernels(job.trainer, ctx)
     finished = False
@@ -55,6 +56,7 @@ def run(ctx: DistContext, job: RunConfig) -> None:
         raise
     finally:
         context.shutdown(ctx, clean=finished)
+        log_run_dir(ctx, job.run_dir, ended=True)
 
 
 def configure_kernels(settings: TrainerConfig, ctx: DistContext) -> None:
@@ -120,6 +122,8 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         loaders = replace(loaders, val=loaders.train)
     net = job.model().to(ctx.device)
     model_figures = summarized(net, job.dataset) if ctx.is_main else {}  # as built: before a wrapper shards it
+    if ctx.is_main:
+        write_hparams(job.run_dir, {**job.hparams, **model_figures})
     if settings.channels_last:
         net = net.to(memory_format=torch.channels_last)
     strategy = strategies.get(job.strategy)
