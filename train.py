@@ -29,7 +29,6 @@ from config import setup
 from config.callbacks import restore_run_record
 from config.hparams import hparams, varied_hparams
 from config.overrides import check_overrides, swept_overrides
-from config.redact import redacted
 from config.typed import Composition, run_config, typed
 from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
@@ -47,8 +46,7 @@ log = logging.getLogger("train")
 def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir, overrides = Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task)
-    # A password on the command line reaches no record of the run: the loggers' options, run names, manifest.
-    swept = redacted(swept_overrides(overrides, hydra_cfg.job.config.override_dirname.exclude_keys))
+    swept = swept_overrides(overrides, hydra_cfg.job.config.override_dirname.exclude_keys)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
     choices = dict(hydra_cfg.runtime.choices)

@@ -316,6 +316,16 @@ def rows(runs: list[Run]) -> list[Row]:
     return result
 
 
+MANIFEST_COLUMNS = ("commit", "torch")  # from each run's manifest.json, where any run has one
+
+
+def manifest_cells(manifest: Mapping[str, Any]) -> list[str]:
+    """The code a run trained with (its commit, + where the tree was dirty: manifest.diff) and its torch."""
+    commit = manifest.get("commit")
+    code = f"{commit[:9]}{'+' if manifest.get('dirty') else ''}" if commit else "—"
+    return [code, manifest.get("torch") or "—"]
+
+
 def markdown(table: list[Row]) -> str:
     runs = [row.run for row in table]
     extra = [k for k in differing_keys(runs) if k not in SHOWN]
@@ -565,13 +575,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-MANIFEST_COLUMNS = ("commit", "torch")  # from each run's manifest.json, where any run has one
-
-
-def manifest_cells(manifest: Mapping[str, Any]) -> list[str]:
-    """The code a run trained with (its commit, + where the tree was dirty: manifest.diff) and its torch."""
-    commit = manifest.get("commit")
-    code = f"{commit[:9]}{'+' if manifest.get('dirty') else ''}" if commit else "—"
-    return [code, manifest.get("torch") or "—"]

@@ -15,7 +15,7 @@ from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from config.redact import HIDDEN, is_secret_key, redact
+from config.redact import HIDDEN, is_secret_key, redact, redacted
 from config.schema import Config
 from config.setup import compose
 from errors import ConfigError
@@ -159,7 +159,7 @@ def swept_overrides(task_overrides: Sequence[str], exclude_keys: Sequence[str] =
         if override.key_or_group not in exclude_keys and not override.is_delete():
             value = override.value()
             swept[override.key_or_group] = value if isinstance(value, (bool, int, float, str)) else str(value)
-    return swept
+    return redacted(swept)  # a password in an override reaches no record: the loggers' options, the manifest
 
 
 def sweep_grid(record: str) -> tuple[list[str], dict[str, list[str]]]:
