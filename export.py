@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from errors import ConfigError, first_line
-from trained import WEIGHTS, Trained, load, metadata
+from trained import Trained, add_source_arguments, load, metadata
 
 FORMATS = ("pt2", "onnx")
 TOLERANCE = 1e-4  # absolute and relative, on the logits
@@ -44,20 +44,9 @@ def parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parse.add_argument(
-        "source",
-        help="a run dir (its checkpoints/best.pt, else last.pt), or a checkpoint: "
-        "best.pt, last.pt, strategy=fsdp's sharded last.pt",
-    )
+    add_source_arguments(parse)
     parse.add_argument("--out", type=Path, default=None, help="the folder to write to (default <run dir>/export)")
     parse.add_argument("--format", nargs="+", choices=FORMATS, default=list(FORMATS), help="default: both")
-    parse.add_argument(
-        "--weights",
-        choices=WEIGHTS,
-        default="best",
-        help="the model's or the EMA's (trainer.ema_decay) weights; best (default): those that "
-        "scored the checkpoint's best accuracy",
-    )
     parse.add_argument("--check-batches", type=int, default=2, help="validation batches to check on (default 2)")
     return parse
 

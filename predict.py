@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from data.image_paths import ImagePaths, collate, image_paths
 from data.transforms import ToDevice
 from errors import ConfigError
-from trained import WEIGHTS, Trained, load
+from trained import Trained, add_source_arguments, load
 
 SHOWN = 20  # images printed to the screen, at most; more go to the CSV only
 
@@ -37,19 +37,8 @@ def parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parse.add_argument(
-        "source",
-        help="a run dir (its checkpoints/best.pt, else last.pt), or a checkpoint: "
-        "best.pt, last.pt, strategy=fsdp's sharded last.pt",
-    )
+    add_source_arguments(parse)
     parse.add_argument("images", nargs="+", help="image files, folders of them, or globs")
-    parse.add_argument(
-        "--weights",
-        choices=WEIGHTS,
-        default="best",
-        help="the model's or the EMA's (trainer.ema_decay) weights; best (default): those that "
-        "scored the checkpoint's best accuracy",
-    )
     parse.add_argument("--top-k", type=int, default=5, help="classes per image (default 5)")
     parse.add_argument("--out", type=Path, default=Path("predictions.csv"), help="the CSV (default predictions.csv)")
     parse.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64)")

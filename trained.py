@@ -5,6 +5,7 @@ model built from them. Above the layers, as preflight.py is: it types the saved 
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,3 +195,19 @@ def metadata(trained: Trained) -> dict[str, Any]:
         "checkpoint": str(trained.path),
         "commit": (trained.manifest or {}).get("commit"),
     }
+
+
+def add_source_arguments(parse: argparse.ArgumentParser) -> None:
+    """The run to use and whose weights, as predict.py and export.py take them."""
+    parse.add_argument(
+        "source",
+        help="a run dir (its checkpoints/best.pt, else last.pt), or a checkpoint: "
+        "best.pt, last.pt, strategy=fsdp's sharded last.pt",
+    )
+    parse.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        default="best",
+        help="the model's or the EMA's (trainer.ema_decay) weights; best (default): those that "
+        "scored the checkpoint's best accuracy",
+    )

@@ -9,11 +9,11 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from config.overrides import check_overrides
+from config.schema import parse_signals
 from errors import ConfigError
 from preflight import check_and_plan
 from tests.configs import compose_config, typed_config
 from tests.runs import run_train
-from training.preemption import parse_signals
 
 
 def test_default_config_composes_to_the_embedded_dataset():

@@ -26,23 +26,12 @@ import torch
 from config.redact import redact
 from distributed.collectives import all_reduce_max
 from distributed.context import DistContext
-from errors import ConfigError, Preempted
+from errors import Preempted
 
 log = logging.getLogger("train")
 
 # The part of trainer.preempt_grace_s that a signal may wait for the next agreed check.
 _CHECK_SHARE = 0.25
-
-
-def parse_signals(names: list[str], key: str) -> list[signal.Signals]:
-    """`[SIGTERM, USR1]` -> signals; a ConfigError naming `key` for anything else."""
-    parsed = []
-    for name in names or []:
-        full = str(name).upper() if str(name).upper().startswith("SIG") else f"SIG{str(name).upper()}"
-        if full not in signal.Signals.__members__ or full in ("SIGKILL", "SIGSTOP"):
-            raise ConfigError(f"{key}: {name} is not a signal a process can catch; use e.g. [SIGTERM, SIGUSR1]")
-        parsed.append(signal.Signals[full])
-    return parsed
 
 
 class PreemptionWatch:
