@@ -373,12 +373,15 @@ def test_a_gpu_sweep_job_runs_even_one_process_in_a_child(monkeypatch, strategy)
         in_process.clear()
 
 
-def _torchrun(cwd: Path, torchrun_args: list[str], *overrides: str) -> subprocess.Popen:
-    """`torchrun ... train.py` from `cwd`, so Hydra's default run dir lands in cwd/outputs."""
+def _torchrun(
+    cwd: Path, torchrun_args: list[str], *overrides: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """`torchrun ... train.py` from `cwd`, so Hydra's default run dir lands in cwd/outputs; `env`: added
+    to this process's environment."""
     cmd = [*TORCHRUN, *torchrun_args, str(ROOT / "train.py"), "strategy=ddp", *TINY, *overrides]
     # One thread per rank as spawn's 2 ranks use here (torchrun sets it only for nproc_per_node > 1):
     # another thread count sums in another order, and the weights would differ in the last bits.
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -583,6 +586,24 @@ def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(tmp_path, ddp_re
     assert run_dir.name.startswith("torchrun-")
     _assert_rank_zero_wrote(run_dir, 2)
     # Ranks from torchrun's env shard the data exactly as spawn's ranks do: the same weights.
+    assert same_weights(run_dir, ddp_reference)
+
+
+@pytest.mark.slow
+def test_two_torchrun_agents_on_this_host_train_over_loopback_like_spawn(tmp_path, ddp_reference, monkeypatch):
+    """Multi-node rehearsed as torch's elastic docs do: two agents, one rank each, meeting at a loopback
+    --rdzv-endpoint. Every node is this host: no interface variable is needed, and one given is taken."""
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    rendezvous = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}"]
+    agents = [
+        _torchrun(tmp_path, [*rendezvous, "--rdzv-id=loopback"], "trainer.num_nodes=2", env=env)
+        for env in ({}, {"GLOO_SOCKET_IFNAME": "lo"})
+    ]
+    for agent in agents:
+        code, stderr = _finish(agent)
+        assert code == 0, stderr
+    run_dir = _one_run_dir(tmp_path)
+    _assert_rank_zero_wrote(run_dir, 2)
     assert same_weights(run_dir, ddp_reference)
 
 
