@@ -21,6 +21,7 @@ from training.checkpoint import (
     confirm_shared,
     find_resume,
     load_checkpoint,
+    record_torchrun_job,
     restore_rng,
     save_checkpoint,
 )
@@ -272,6 +273,47 @@ def test_a_job_slurm_restarted_resumes_unless_told_otherwise(tmp_path):
     assert find_resume(None, tmp_path, restarted) == tmp_path / "checkpoints" / "last.pt"
     assert find_resume(None, tmp_path, {"SLURM_RESTART_COUNT": "0"}) is None
     assert find_resume("/elsewhere/best.pt", tmp_path, restarted) == Path("/elsewhere/best.pt")
+
+
+TORCHRUN_JOB = {"TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_RESTART_COUNT": "0", "RANK": "0"}
+
+
+def test_a_start_of_the_torchrun_job_a_run_dir_recorded_resumes_another_jobs_does_not(tmp_path):
+    """torchrun's restart count is each agent's: a node that joins a restarted job counts 0. Every node
+    shares the job's rendezvous id, which the run dir recorded at the job's first start."""
+    record_torchrun_job(tmp_path, TORCHRUN_JOB)
+    record_torchrun_job(tmp_path, TORCHRUN_JOB | {"TORCHELASTIC_RUN_ID": "other", "RANK": "1"})  # rank 0 alone writes
+    last = tmp_path / "checkpoints" / "last.pt"
+    save_checkpoint({"epoch": 1}, last)
+    restarted = TORCHRUN_JOB | {"TORCHELASTIC_RESTART_COUNT": "1"}
+    joined = TORCHRUN_JOB | {"RANK": "2"}  # a node that joined the restarted job: its agent counts 0
+    assert find_resume(None, tmp_path, restarted) == find_resume(None, tmp_path, joined) == last
+    # Another torchrun command (--standalone draws a fresh id), one without an id, a spawned run: a first start.
+    for first in ({"TORCHELASTIC_RUN_ID": "def"}, {"TORCHELASTIC_RUN_ID": "none"}, {}):
+        assert find_resume(None, tmp_path, restarted | first if first else {}) is None
+    assert find_resume("/elsewhere/best.pt", tmp_path, restarted) == Path("/elsewhere/best.pt")
+
+
+def test_a_torchrun_start_records_its_job_once_the_pre_flight_lets_it_train(tmp_path, monkeypatch):
+    """A first start of another job over a run dir's last.pt is refused, and leaves the record as it was."""
+    from preflight import check_and_plan
+    from tests.configs import typed_config
+
+    for var, value in (TORCHRUN_JOB | {"LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}).items():
+        monkeypatch.setenv(var, value)
+    check_and_plan(typed_config(), tmp_path)
+    assert (tmp_path / "torchrun_run_id").read_text() == "abc"
+    model = MnistNet(1, 10, 8).state_dict()
+    save_checkpoint(
+        {"model": model, "optimizer": {}, "scheduler": None, "epoch": 1, "step": 3, "best": 0.5},
+        tmp_path / "checkpoints" / "last.pt",
+    )
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    check_and_plan(typed_config(), tmp_path)  # the same job again: it resumes
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "def")
+    with pytest.raises(ConfigError, match="already holds checkpoints/last.pt; continue it with trainer.resume=auto"):
+        check_and_plan(typed_config(), tmp_path)
+    assert (tmp_path / "torchrun_run_id").read_text() == "abc"
 
 
 def test_a_temp_dir_a_rank_cannot_see_stops_it_in_one_line(tmp_path):

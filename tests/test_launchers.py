@@ -6,6 +6,7 @@ import faulthandler
 import gc
 import json
 import os
+import re
 import resource
 import signal
 import socket
@@ -586,6 +587,20 @@ def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(tmp_path, ddp_re
     assert run_dir.name.startswith("torchrun-")
     _assert_rank_zero_wrote(run_dir, 2)
     # Ranks from torchrun's env shard the data exactly as spawn's ranks do: the same weights.
+    assert same_weights(run_dir, ddp_reference)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_under_torchrun_restarts_resumes_and_ends_as_an_unbroken_run(tmp_path, ddp_reference):
+    """torchrun --max-restarts starts the worker group again after rank 1's SIGKILL at its 3rd step; the
+    new group continues from last.pt unasked, as a SLURM requeue does, to the unbroken run's weights."""
+    killer = ["model._target_=tests.faults.FailingNet", "+model.kill=true", "+model.first_attempt_only=true"]
+    agent = ["--standalone", "--nproc_per_node=2", "--max-restarts=1"]
+    run = _torchrun(tmp_path, agent, "trainer.devices=2", "trainer.checkpoint_every_n_steps=1", *killer)
+    code, stderr = _finish(run)
+    assert code == 0, stderr
+    run_dir = _one_run_dir(tmp_path)
+    assert re.search(r"from epoch 1 batch [23] \(.*last\.pt\)", (run_dir / "train.log").read_text())
     assert same_weights(run_dir, ddp_reference)
 
 
