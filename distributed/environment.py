@@ -103,6 +103,16 @@ def from_torchrun(env: Mapping[str, str]) -> EnvRank:
             f"launcher=torchrun but {', '.join(missing)} not set in the environment; "
             "start train.py with torchrun (or set RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT)"
         )
+    restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS") or 0)
+    if restarts and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torch's agent keeps one store for every restart of the group, so a restarted rank may read
+        # the address a rank of the group before left there, dead since, and fail to connect (the
+        # group's keys are the same each time: pytorch/pytorch#135712; seen here in most restarts).
+        raise ConfigError(
+            f"torchrun --max-restarts={restarts} would restart the ranks into the store the ranks before them "
+            "wrote, where a restarted rank can meet a dead rank's address; start torchrun with "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment, which gives each restart a store of its own"
+        )
     world, local_world = int(env["WORLD_SIZE"]), int(env["LOCAL_WORLD_SIZE"])
     return EnvRank(
         launcher="torchrun",

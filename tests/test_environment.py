@@ -229,3 +229,18 @@ def test_with_rank_0_elsewhere_or_named_the_loopback_refusals_stay(monkeypatch, 
     assert _error(environment.check_interfaces, False, True, elsewhere | {"NCCL_SOCKET_IFNAME": "lo"}).startswith(
         "NCCL_SOCKET_IFNAME=lo is loopback"
     )
+
+
+def test_torchrun_restarts_into_the_store_of_the_ranks_before_are_refused_in_one_line():
+    """torch's agent shares one store with every restart of the group: a restarted rank can read a dead
+    rank's address. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (no agent store) gives each restart its own."""
+    restarts = TORCHRUN | {"TORCHELASTIC_MAX_RESTARTS": "1"}
+    assert _error(environment.from_torchrun, restarts | {"TORCHELASTIC_USE_AGENT_STORE": "True"}) == (
+        "torchrun --max-restarts=1 would restart the ranks into the store the ranks before them wrote, where a "
+        "restarted rank can meet a dead rank's address; start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+        "in its environment, which gives each restart a store of its own"
+    )
+    assert environment.from_torchrun(restarts | {"TORCHELASTIC_USE_AGENT_STORE": "False"}).rank == 1
+    assert environment.from_torchrun(
+        TORCHRUN | {"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    )

@@ -596,7 +596,10 @@ def test_a_rank_killed_under_torchrun_restarts_resumes_and_ends_as_an_unbroken_r
     new group continues from last.pt unasked, as a SLURM requeue does, to the unbroken run's weights."""
     killer = ["model._target_=tests.faults.FailingNet", "+model.kill=true", "+model.first_attempt_only=true"]
     agent = ["--standalone", "--nproc_per_node=2", "--max-restarts=1"]
-    run = _torchrun(tmp_path, agent, "trainer.devices=2", "trainer.checkpoint_every_n_steps=1", *killer)
+    separate_stores = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # environment.from_torchrun says why
+    run = _torchrun(
+        tmp_path, agent, "trainer.devices=2", "trainer.checkpoint_every_n_steps=1", *killer, env=separate_stores
+    )
     code, stderr = _finish(run)
     assert code == 0, stderr
     run_dir = _one_run_dir(tmp_path)
