@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 from config import setup
 from config.callbacks import restore_run_record
 from config.overrides import check_override_keys, swept_overrides
-from distributed.launch import launch, skip_collection_at_exit
+from distributed.launch import end_process, launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
 from preflight import check_and_plan, check_logger_options, run_config, typed, varied_hparams
 from training.preemption import requeue_or_explain, resume_command
@@ -93,5 +93,9 @@ if __name__ == "__main__":
         sys.exit(2)
     try:
         main()
-    finally:
+    except SystemExit as e:  # a refusal, a failed or preempted run: the code it chose
+        end_process(e.code)
+    except BaseException:  # the interpreter prints the traceback as it exits
         skip_collection_at_exit()
+        raise
+    end_process(0)

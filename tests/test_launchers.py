@@ -456,6 +456,46 @@ def test_a_rank_freezes_what_it_imported_so_leaving_the_group_walks_only_what_it
         gc.unfreeze()
 
 
+# The teardown abort made certain, in one process with two gloo ranks: allreduces still in flight as
+# the script ends, the last of them on a tensor whose Python object has state of its own (as a
+# Parameter's or a DTensor's), so the worker that drops it asks for the GIL; the last exit handler
+# holds the GIL in C code meanwhile, and finalization, writing stdout's buffer, lets it go. Ended by
+# the interpreter: "terminate called without an active exception", SIGABRT.
+TEARDOWN_RACE = """
+import atexit, sys
+atexit.register(sum, range(2 * 10**7))  # before any import registers its own: it runs last
+import threading
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+from distributed.launch import end_process
+
+store, groups = dist.HashStore(), [None, None]
+def join(rank):
+    groups[rank] = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=30))
+threads = [threading.Thread(target=join, args=(rank,)) for rank in (0, 1)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+for group in groups:
+    group.allreduce([torch.zeros(5 * 10**6)])
+for group in groups:
+    small = torch.ones(4)
+    small.note = "state of its own"
+    group.allreduce([small])
+del small
+print("done")
+end_process(0)
+"""
+
+
+@pytest.mark.slow
+def test_a_process_that_leaves_through_end_process_is_not_aborted_by_a_gloo_thread():
+    done = subprocess.run([sys.executable, "-c", TEARDOWN_RACE], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "done\n"), done.stderr[-3000:]
+
+
 def test_train_py_imports_without_a_full_collection_and_leaves_its_imports_frozen():
     """As every rank imports it (spawned ranks as __mp_main__): what the imports make is walked by
     no full collection, while they run or after."""
