@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from config.schema import TrainerConfig
 from distributed.context import DistContext, make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
@@ -18,6 +19,7 @@ from training.checkpoint import (
     TrainState,
     _host_copy,
     check_resumable,
+    check_resume,
     confirm_shared,
     find_resume,
     load_checkpoint,
@@ -296,23 +298,24 @@ def test_a_start_of_the_torchrun_job_a_run_dir_recorded_resumes_another_jobs_doe
 
 def test_a_torchrun_start_records_its_job_once_the_pre_flight_lets_it_train(tmp_path, monkeypatch):
     """A first start of another job over a run dir's last.pt is refused, and leaves the record as it was."""
-    from preflight import check_and_plan
-    from tests.configs import typed_config
-
-    for var, value in (TORCHRUN_JOB | {"LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}).items():
+    for var, value in TORCHRUN_JOB.items():
         monkeypatch.setenv(var, value)
-    check_and_plan(typed_config(), tmp_path)
+
+    def check() -> None:
+        check_resume(
+            TrainerConfig(), tmp_path, model=lambda: MnistNet(1, 10, 8), scheduler={}, warmup_epochs=0, weights=None
+        )
+
+    check()
     assert (tmp_path / "torchrun_run_id").read_text() == "abc"
     model = MnistNet(1, 10, 8).state_dict()
-    save_checkpoint(
-        {"model": model, "optimizer": {}, "scheduler": None, "epoch": 1, "step": 3, "best": 0.5},
-        tmp_path / "checkpoints" / "last.pt",
-    )
+    last = {"model": model, "optimizer": {}, "scheduler": None, "epoch": 1, "step": 3, "best": 0.5}
+    save_checkpoint(last, tmp_path / "checkpoints" / "last.pt")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    check_and_plan(typed_config(), tmp_path)  # the same job again: it resumes
+    check()  # the same job again: it resumes
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "def")
     with pytest.raises(ConfigError, match="already holds checkpoints/last.pt; continue it with trainer.resume=auto"):
-        check_and_plan(typed_config(), tmp_path)
+        check()
     assert (tmp_path / "torchrun_run_id").read_text() == "abc"
 
 
