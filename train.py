@@ -30,7 +30,7 @@ from config.callbacks import restore_run_record
 from config.hparams import hparams, varied_hparams
 from config.overrides import check_overrides, swept_overrides
 from config.typed import Composition, run_config, typed
-from distributed.launch import launch, skip_collection_at_exit
+from distributed.launch import end_process, launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
 from preflight import check_and_plan, model_figures
 from training.preemption import requeue_or_explain, resume_command
@@ -90,5 +90,9 @@ if __name__ == "__main__":
         sys.exit(2)
     try:
         main()
-    finally:
+    except SystemExit as e:  # a refusal, a failed or preempted run: the code it chose
+        end_process(e.code)
+    except BaseException:  # the interpreter prints the traceback as it exits
         skip_collection_at_exit()
+        raise
+    end_process(0)
