@@ -45,7 +45,9 @@ def log_run_dir(ctx: DistContext, run_dir: Path, ended: bool = False) -> None:
 
 def write_hparams(run_dir: Path, hparams: Mapping[str, Any]) -> None:
     """The run's record (config.hparams: every option it used, flat) and its model summary, as one
-    JSON object, written as it starts: what bench.report compares runs by."""
+    JSON object, written as it starts: what bench.report compares runs by. The first file a run
+    writes: its dir is made here where Hydra has not made it (train() called as a function)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "hparams.json").write_text(json.dumps(hparams) + "\n")
 
 
