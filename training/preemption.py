@@ -84,6 +84,12 @@ class PreemptionWatch:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
+    def __enter__(self) -> PreemptionWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def requeue_or_explain(preempted: Preempted, requeue_on: list[signal.Signals], resume_command: str) -> None:
     """Under SLURM a requeue signal puts the job back in the queue; otherwise say how to resume."""

@@ -102,11 +102,21 @@ def summarized(net: nn.Module, dataset: DatasetConfig) -> dict[str, int | float 
 
 def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     """Build everything `job` names, train, report; return the trained (unwrapped) model."""
+    # From here on a preemption signal is noted, not fatal: the loop stops at an agreed step. Whatever
+    # ends the run, the handlers before it come back (a -m sweep's next job, the launcher's own).
+    with PreemptionWatch(
+        ctx, list(job.preempt_signals), job.trainer.preempt_grace_s, list(job.requeue_signals)
+    ) as preemption:
+        model = _build_and_fit(ctx, job, preemption)
+    if preemption.received:  # after the last step that checked: the run is saved whole, the request still stands
+        raise preemption.preempted()  # (a sweep stops, SLURM requeues the job, which finds nothing left to train)
+    return model
+
+
+def _build_and_fit(ctx: DistContext, job: RunConfig, preemption: PreemptionWatch) -> nn.Module:
     start = time.perf_counter()
     settings = job.trainer
     reset_peak_memory(ctx)
-    # From here on a preemption signal is noted, not fatal: the loop stops at an agreed step.
-    preemption = PreemptionWatch(ctx, list(job.preempt_signals), settings.preempt_grace_s, list(job.requeue_signals))
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     loaders = build_loaders(
         job.dataset,
@@ -218,11 +228,8 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         if profiler is not None:
             profiler.close()
         checkpointer.close()  # the last save is on disk before the process may exit
-        preemption.close()
         for logger in loggers:
             logger.close()
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()  # for the next job of a torchrun/SLURM rank that runs a -m sweep
-    if preemption.received:  # after the last step that checked: the run is saved whole, the request still stands
-        raise preemption.preempted()  # (a sweep stops, SLURM requeues the job, which finds nothing left to train)
     return strategies.unwrap(model)
