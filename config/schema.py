@@ -170,6 +170,9 @@ class TrainerConfig:
     # a last.pt/best.pt path, or auto: this run dir's last.pt if there is one (null: auto in a requeued SLURM job)
     resume: Optional[str] = None
     checkpoint_every_n_steps: Optional[int] = None  # also save last.pt every N steps (mid-epoch)
+    # also save last.pt once N seconds have passed since the last save, by rank 0's clock, at the
+    # preemption watch's checks (training/checkpoint/cadence.py)
+    checkpoint_every_n_seconds: Optional[float] = None
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # the best ones, by a figure
     # Preemption: these signals make every rank finish its step and save last.pt, then exit;
     # under SLURM the requeue signals also requeue the job (SIGTERM is also scancel's: no requeue).
@@ -232,6 +235,12 @@ class TrainerConfig:
                     self.checkpoint_every_n_steps,
                     _at_least_1_or_null(self.checkpoint_every_n_steps),
                     positive,
+                ),
+                (
+                    "checkpoint_every_n_seconds",
+                    self.checkpoint_every_n_seconds,
+                    self.checkpoint_every_n_seconds is None or self.checkpoint_every_n_seconds > 0,
+                    "a positive number of seconds, or null",
                 ),
                 ("overfit_batches", self.overfit_batches, _at_least_1_or_null(self.overfit_batches), positive),
                 ("label_smoothing", self.label_smoothing, 0 <= self.label_smoothing < 1, "0 (off) up to below 1"),
