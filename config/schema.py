@@ -144,6 +144,9 @@ class TrainerConfig:
     epochs: int = 15
     max_steps: Optional[int] = None  # stop early after this many optimizer steps
     batch_size: int = 64  # global: each of N ranks takes batch_size / N
+    # A rank's samples per forward at most (per GPU under dp): a larger share of batch_size is trained
+    # in more, smaller micro-batches, accumulated, so the global batch stays (training/batch_layout.py)
+    max_batch_per_device: Optional[int] = None
     seed: int = 0
     limit_train_batches: Optional[int] = None  # dry runs: batches per epoch
     limit_val_batches: Optional[int] = None
@@ -243,6 +246,12 @@ class TrainerConfig:
                     "a positive number of seconds, or null",
                 ),
                 ("overfit_batches", self.overfit_batches, _at_least_1_or_null(self.overfit_batches), positive),
+                (
+                    "max_batch_per_device",
+                    self.max_batch_per_device,
+                    _at_least_1_or_null(self.max_batch_per_device),
+                    positive,
+                ),
                 ("label_smoothing", self.label_smoothing, 0 <= self.label_smoothing < 1, "0 (off) up to below 1"),
                 ("mixup_alpha", self.mixup_alpha, self.mixup_alpha >= 0, "0 (off) or a Beta(alpha, alpha)"),
                 ("cutmix_alpha", self.cutmix_alpha, self.cutmix_alpha >= 0, "0 (off) or a Beta(alpha, alpha)"),
