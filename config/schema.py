@@ -140,7 +140,9 @@ class TrainerConfig:
     accelerator: Accelerator = Accelerator.auto
     devices: int = 1  # per node: one process each (dp: one process drives them all)
     gpus: Optional[int] = None  # shorthand: trainer.gpus=4 means accelerator=gpu devices=4
-    num_nodes: int = 1  # torchrun/SLURM must start devices x num_nodes processes
+    # torchrun/SLURM must start devices x num_nodes processes; null: as many nodes as the launcher
+    # starts (torchrun --nnodes=MIN:MAX, whose re-forms change the world)
+    num_nodes: Optional[int] = 1
     epochs: int = 15
     max_steps: Optional[int] = None  # stop early after this many optimizer steps
     batch_size: int = 64  # global: each of N ranks takes batch_size / N
@@ -251,6 +253,12 @@ class TrainerConfig:
                     self.max_batch_per_device,
                     _at_least_1_or_null(self.max_batch_per_device),
                     positive,
+                ),
+                (
+                    "num_nodes",
+                    self.num_nodes,
+                    _at_least_1_or_null(self.num_nodes),
+                    "1 or more, or null for as many as the launcher starts",
                 ),
                 ("label_smoothing", self.label_smoothing, 0 <= self.label_smoothing < 1, "0 (off) up to below 1"),
                 ("mixup_alpha", self.mixup_alpha, self.mixup_alpha >= 0, "0 (off) or a Beta(alpha, alpha)"),

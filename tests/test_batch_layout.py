@@ -1,6 +1,6 @@
-"""An elastic world (torchrun --nnodes=MIN:MAX): the global batch and the sample order kept at any
-world size by a derived accumulation (trainer.max_batch_per_device, training/batch_layout.py), and a
-checkpoint resumed at another world."""
+"""An elastic world (torchrun --nnodes=MIN:MAX): the world from the launcher (trainer.num_nodes=null),
+the global batch and the sample order kept at any world size by a derived accumulation
+(trainer.max_batch_per_device, training/batch_layout.py), and a checkpoint resumed at another world."""
 
 from __future__ import annotations
 
@@ -12,9 +12,26 @@ import pytest
 import torch
 
 from config.schema import TrainerConfig
+from distributed import strategies
+from distributed.launch import LaunchPlan, plan_launch
+from errors import ConfigError
+from preflight import _check_world
+from tests.configs import typed_config
 from tests.runs import last_weights, relative_error, run_train
 from training.batch_layout import BatchLayout, carry_over
 from training.checkpoint.state import TrainState
+
+# Two nodes of one rank each, as torchrun --nnodes=1:2 --nproc-per-node=1 starts them.
+TWO_NODES = {
+    "RANK": "1",
+    "LOCAL_RANK": "0",
+    "WORLD_SIZE": "2",
+    "LOCAL_WORLD_SIZE": "1",
+    "GROUP_WORLD_SIZE": "2",
+    "MASTER_ADDR": "node0",
+    "MASTER_PORT": "29500",
+    "TORCHELASTIC_RUN_ID": "elastic",
+}
 
 
 def test_a_rank_share_above_the_limit_trains_as_equal_micro_batches_accumulated_to_the_same_step():
@@ -117,6 +134,36 @@ def test_the_train_state_keeps_the_layout_its_position_counts_in_every_checkpoin
     assert torch.load(tmp_path / "last.pt", weights_only=True)["layout"]["split"] == 2
     restored = checkpointer.restore(resume_point(tmp_path / "last.pt"))
     assert (restored.batch, restored.layout) == (10, layout)
+
+
+def test_num_nodes_null_takes_the_nodes_torchrun_started_and_a_fixed_count_must_agree():
+    cfg = typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.num_nodes=null")
+    assert plan_launch(cfg.trainer, strategies.get(cfg.strategy), cfg.launcher, TWO_NODES).num_nodes == 2
+    assert plan_launch(cfg.trainer, strategies.get(cfg.strategy), cfg.launcher, {}).num_nodes == 1  # spawn: here
+    fixed = typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.num_nodes=1")
+    with pytest.raises(ConfigError, match="on 2 node.*but trainer.devices=1 trainer.num_nodes=1; set"):
+        plan_launch(fixed.trainer, strategies.get(fixed.strategy), fixed.launcher, TWO_NODES)
+
+
+def test_a_batch_per_device_or_node_needs_a_count_of_nodes_in_one_line():
+    for experiment, resolver in [("mnist_net_ddp", "per_device:64"), ("imagenet_resnet50_ddp", "per_node:256")]:
+        with pytest.raises(ConfigError) as error:
+            typed_config(f"experiment={experiment}", "trainer.num_nodes=null")
+        assert str(error.value) == (
+            f"${{{resolver}}} counts the nodes, and trainer.num_nodes=null leaves them to the launcher; give the "
+            "global batch itself (trainer.batch_size=N), or trainer.num_nodes"
+        )
+
+
+def test_an_elastic_world_the_global_batch_does_not_split_over_names_the_fix():
+    plan = LaunchPlan("torchrun", "cpu", 1, 1, 3, True, None, None)
+    with pytest.raises(ConfigError) as error:
+        _check_world(TrainerConfig(batch_size=64, num_nodes=None), plan)
+    assert str(error.value) == (
+        "trainer.batch_size=64 is the global batch and must split evenly over 3 processes; use a multiple of 3, and "
+        "with trainer.num_nodes=null, of every world size torchrun may re-form the job at (--nnodes=MIN:MAX x "
+        "--nproc-per-node)"
+    )
 
 
 @pytest.mark.slow
