@@ -1,6 +1,7 @@
 """An elastic world (torchrun --nnodes=MIN:MAX): the world from the launcher (trainer.num_nodes=null),
 the global batch and the sample order kept at any world size by a derived accumulation
-(trainer.max_batch_per_device, training/batch_layout.py), and a checkpoint resumed at another world."""
+(trainer.max_batch_per_device, training/batch_layout.py), and a checkpoint resumed at another world.
+The re-forms themselves, on two nodes: tests/test_slurm_elastic.py."""
 
 from __future__ import annotations
 
