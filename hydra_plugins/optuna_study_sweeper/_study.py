@@ -33,11 +33,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.exceptions import ExperimentalWarning
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
+from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import Trial, TrialState
 
 from errors import first_line
-from hydra_plugins.optuna_study_sweeper import _optuna_private
+from hydra_plugins.optuna_study_sweeper import _optuna_private, _storage
 
 log = logging.getLogger(__name__)
 
@@ -115,25 +115,14 @@ def open_study(
     command: dict[str, Any],
     heartbeat_interval: int,
     grace_period: int | None,
-) -> tuple[optuna.Study, RDBStorage | None]:
+) -> tuple[optuna.Study, BaseStorage | None]:
     """Create the study, or load it if the storage holds one of this name run by the same command;
     with the storage it is in, for heartbeats (the study's own handle on it is private)."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeats: experimental since Optuna 2.9
-            rdb = (
-                _optuna_private.HeartbeatStorage(
-                    storage,
-                    heartbeat_interval=heartbeat_interval,
-                    grace_period=grace_period,
-                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
-                )
-                if storage
-                else None
-            )
-    except Exception as e:  # SQLAlchemy's errors, a missing database driver, Optuna's own checks
-        raise SearchError(f"hydra.sweeper.storage={storage}: {type(e).__name__}: {first_line(e)}") from None
-    earlier = _trial_count(rdb, name)
+        opened = _storage.open_storage(storage, heartbeat_interval, grace_period)
+    except _storage.StorageError as e:
+        raise SearchError(str(e)) from None
+    earlier = _trial_count(opened, name)
     try:
         built = instantiate(sampler, **_reseeded(sampler.get("seed"), earlier))
     except Exception as e:  # e.g. another sampler's _target_ with TPESampler's constant_liar still set
@@ -141,9 +130,11 @@ def open_study(
             f"hydra.sweeper.sampler: {first_line(e.__cause__ or e)}; drop the keys the sampler does not take "
             "(~hydra.sweeper.sampler.constant_liar)"
         ) from None
-    study = optuna.create_study(study_name=name, storage=rdb, sampler=built, direction=direction, load_if_exists=True)
+    study = optuna.create_study(
+        study_name=name, storage=opened, sampler=built, direction=direction, load_if_exists=True
+    )
     _check_same_search(study, storage, direction, command)
-    return study, rdb
+    return study, opened
 
 
 def _reseeded(seed: int | None, earlier: int) -> dict[str, int]:
@@ -155,7 +146,7 @@ def _reseeded(seed: int | None, earlier: int) -> dict[str, int]:
     return {"seed": int(np.random.SeedSequence([seed, earlier]).generate_state(1)[0])}
 
 
-def _trial_count(storage: RDBStorage | None, name: str) -> int:
+def _trial_count(storage: BaseStorage | None, name: str) -> int:
     if storage is None:
         return 0
     try:
@@ -222,7 +213,7 @@ def run(
     *,
     n_trials: int,
     n_jobs: int,
-    heartbeat: RDBStorage | None = None,
+    heartbeat: BaseStorage | None = None,
     max_failure_rate: float = 0.0,
     poll_s: float = 10.0,
     after_batch: Callable[[], None] = lambda: None,
@@ -271,7 +262,7 @@ def _run_batch(
     fixed: list[str],
     launch: Launch,
     sweep_dir: Path,
-    heartbeat: RDBStorage | None,
+    heartbeat: BaseStorage | None,
     parallel: bool,
 ) -> list[str]:
     """Launch the trials, tell the study how each went as it ends; what went wrong in those that failed."""
@@ -381,7 +372,7 @@ class _Heartbeat:
     """Beats for the trials this sweeper runs, so that other sweepers of the study, and this command
     run again after a kill, can tell them from trials whose sweeper is gone."""
 
-    def __init__(self, storage: RDBStorage | None, trials: list[Trial]) -> None:
+    def __init__(self, storage: BaseStorage | None, trials: list[Trial]) -> None:
         self._storage = storage
         self._trial_ids = [_optuna_private.trial_id(trial) for trial in trials]
         self._stop = threading.Event()
@@ -454,6 +445,10 @@ def sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any]
 
 
 def check_options(sweeper: Any) -> None:
+    try:
+        _storage.check_url(sweeper.storage)
+    except _storage.StorageError as e:
+        raise SearchError(str(e)) from None
     if sweeper.direction not in ("maximize", "minimize"):
         raise SearchError(f"hydra.sweeper.direction={sweeper.direction}: choose maximize or minimize")
     check_direction(sweeper.metric, sweeper.direction)

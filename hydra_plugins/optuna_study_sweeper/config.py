@@ -15,8 +15,10 @@ class OptunaStudySweeperConf:
     direction: str = "maximize"  # maximize | minimize
     # The study's name is its identity in the storage: the same name, the same study.
     study_name: str = "${hydra.job.name}"
-    # Any SQLAlchemy URL (postgresql://..., mysql+pymysql://...) to share a study between machines;
-    # null: in memory, gone with the process.
+    # sqlite:///PATH (no set-up; one writer at a time), journal:///PATH (a file that sweepers and trials
+    # on a shared filesystem write at once, no server), or any SQLAlchemy URL, e.g.
+    # postgresql+psycopg://USER@HOST:PORT/DB (scripts/postgres.sh), its password in PGPASSWORD or
+    # ~/.pgpass, never in the URL; null: in memory, gone with the process.
     storage: Optional[str] = "sqlite:///${hydra.sweep.dir}/optuna.db"
     n_trials: int = 20  # complete trials in the study, counting those of earlier runs
     n_jobs: int = 1  # trials launched at once (in parallel by a parallel launcher such as submitit)
