@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -207,3 +208,16 @@ def test_a_search_on_postgresql_through_train_py_keeps_the_password_out_of_its_f
     assert not [p for p in files if password.encode() in p.read_bytes()]
     assert password not in done.stdout + done.stderr
 
+
+def test_bench_study_storage_counts_each_storages_failed_and_slow_operations(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.study_storage", f"sqlite:///{tmp_path}/s.db", f"journal:///{tmp_path}/j.journal"]
+        + ["--writers", "2", "--epochs", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith(("| sqlite", "| journal"))]
+    assert [(row[0], row[1], row[2]) for row in rows] == [("| sqlite", "2", "0"), ("| journal", "2", "0")]
