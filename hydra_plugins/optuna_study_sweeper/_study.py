@@ -37,7 +37,7 @@ from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback, fail_
 from optuna.trial import Trial, TrialState
 
 from errors import first_line
-from hydra_plugins.optuna_study_sweeper import _optuna_private, _storage
+from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _storage
 
 log = logging.getLogger(__name__)
 
@@ -496,6 +496,11 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
         sweeper.validate_batch_is_legal(batch)
         return sweeper.launcher.launch(batch, initial_job_idx=first)
 
+    # Hydra's basic launcher runs each job in this process, one at a time: n_jobs of them at once
+    # run each in a process of its own. Other launchers' jobs (submitit's) run elsewhere already.
+    here = isinstance(sweeper.launcher, BasicLauncher)
+    if here and sweeper.n_jobs > 1:
+        launch = _processes.TrialProcesses(launch, _processes.machine_shares(sweeper.n_jobs))
     path = sweep_dir / RESULTS
     run(
         study,
@@ -509,8 +514,7 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
         max_failure_rate=sweeper.max_failure_rate,
         poll_s=sweeper.heartbeat_interval,
         after_batch=lambda: write_results(path, results(study, sweeper.metric, sweeper.n_trials)),
-        # Hydra's basic launcher runs each job in this process: one at a time.
-        parallel=not isinstance(sweeper.launcher, BasicLauncher),
+        parallel=not here or sweeper.n_jobs > 1,
     )
     summary = results(study, sweeper.metric, sweeper.n_trials)
     write_results(path, summary)

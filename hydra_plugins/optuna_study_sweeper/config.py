@@ -21,7 +21,9 @@ class OptunaStudySweeperConf:
     # ~/.pgpass, never in the URL; null: in memory, gone with the process.
     storage: Optional[str] = "sqlite:///${hydra.sweep.dir}/optuna.db"
     n_trials: int = 20  # complete trials in the study, counting those of earlier runs
-    n_jobs: int = 1  # trials launched at once (in parallel by a parallel launcher such as submitit)
+    # Trials at once: on this machine each in a process of its own, on its share of the CPUs and GPUs
+    # (_processes.py); with hydra/launcher=submitit_slurm, as many SLURM jobs.
+    n_jobs: int = 1
     max_failure_rate: float = 0.0  # failed trials in a batch, as a share, before the sweep stops
     # The sweeper beats for its running trials; one silent for grace_period (null: 2 x interval)
     # was left by a killed sweep and is run again with the same parameters.
