@@ -32,6 +32,7 @@ from config.typed import Composition, run_config, typed
 from distributed.launch import launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
 from preflight import check_and_plan, hparams, varied_hparams
+from training.compile_cache import use_compile_cache
 from training.preemption import requeue_or_explain, resume_command
 from training.run import run
 
@@ -59,6 +60,8 @@ def main(cfg: DictConfig) -> float | None:
     )
     try:
         config = typed(cfg)
+        if config.trainer.compile:  # inductor reads it as it compiles, here or in the ranks started here
+            use_compile_cache(sweep_dir or run_dir)
         plan = check_and_plan(config, run_dir, multirun=multirun)
         launch(plan.launch, run, run_config(config, composition, num_classes=plan.num_classes, resume=plan.resume))
     except ConfigError as e:
