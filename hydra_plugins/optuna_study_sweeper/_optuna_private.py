@@ -51,7 +51,7 @@ class JournalHeartbeatStorage(optuna.storages.JournalStorage, BaseHeartbeat):
     def __init__(
         self,
         backend: optuna.storages.journal.BaseJournalBackend,
-        heartbeat_interval: int,
+        heartbeat_interval: int | None,
         grace_period: int | None,
         heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None],
     ) -> None:
@@ -76,7 +76,7 @@ class JournalHeartbeatStorage(optuna.storages.JournalStorage, BaseHeartbeat):
                 stale.append(trial_id(trial))
         return stale
 
-    def get_heartbeat_interval(self) -> int:
+    def get_heartbeat_interval(self) -> int | None:
         return self.heartbeat_interval
 
     def get_heartbeat_stale_trial_callback(self) -> Callable[[optuna.Study, FrozenTrial], None]:

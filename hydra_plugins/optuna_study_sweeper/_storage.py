@@ -48,7 +48,7 @@ def check_url(url: str | None) -> None:
         )
 
 
-def _database(url: str, heartbeat_interval: int, grace_period: int | None) -> BaseStorage:
+def _database(url: str, heartbeat_interval: int | None, grace_period: int | None) -> BaseStorage:
     """Optuna's RDB storage. Sweepers that open an empty PostgreSQL database at once each create its
     tables, and CREATE TABLE IF NOT EXISTS is not atomic there: the losers fail on a duplicate key of
     pg_type (or DuplicateTable). The tables then exist, and a second try finds them."""
@@ -74,8 +74,9 @@ def journal_path(url: str) -> Path | None:
     return Path(url.removeprefix(JOURNAL)) if url.startswith(JOURNAL) else None
 
 
-def open_storage(url: str | None, heartbeat_interval: int, grace_period: int | None) -> BaseStorage | None:
-    """The storage `url` names, beating for its running trials; None: a study in memory."""
+def open_storage(url: str | None, heartbeat_interval: int | None, grace_period: int | None) -> BaseStorage | None:
+    """The storage `url` names, beating for its running trials (none: a trial's own process); None: a study
+    in memory."""
     if url is None:
         return None
     check_url(url)

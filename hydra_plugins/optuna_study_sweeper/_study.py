@@ -1,7 +1,7 @@
 """The search: Optuna's ask/tell over Hydra's launcher, on a study kept in a database.
 
-The study, not this process, holds the progress: a sweep counts the study's complete trials and
-launches only what is missing to reach n_trials, so the same command run again after a kill
+The study, not this process, holds the progress: a sweep counts the study's finished trials
+(complete, or pruned) and launches only what is missing to reach n_trials, so the same command run again after a kill
 carries on. Trials a killed sweep left RUNNING stop getting heartbeats (or never got one); once
 they are older than the grace period any sweeper of the study fails them and runs their parameters
 again. What this takes from Optuna's private API is in _optuna_private.py, and nowhere else.
@@ -37,13 +37,22 @@ from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback, fail_
 from optuna.trial import Trial, TrialState
 
 from errors import first_line
-from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _storage
+from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _storage, pruning
 
 log = logging.getLogger(__name__)
 
 # (overrides of each job, number of the first job) -> one JobReturn per job, in order
 Launch = Callable[[list[list[str]], int], Sequence[JobReturn]]
 RESULTS = "optimization_results.yaml"
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+# The callback a pruned search adds to each trial (pruning.py), built from the trial's own job:
+# the study and pruner from its hydra.sweeper, its trial number from its job's.
+PRUNING = "callbacks.optuna_pruning"
+PRUNING_OVERRIDE = (
+    f"+{PRUNING}={{_target_:{pruning.__name__}.{pruning.OptunaPruning.__name__},"
+    "storage:${hydra:sweeper.storage},study_name:${hydra:sweeper.study_name},trial:${hydra:job.num},"
+    "pruner:${hydra:sweeper.pruner},metric:${optimized_metric}}"
+)
 
 
 class SearchError(Exception):
@@ -219,17 +228,19 @@ def run(
     after_batch: Callable[[], None] = lambda: None,
     parallel: bool = False,
 ) -> None:
-    """Launch batches of up to n_jobs trials until the study holds n_trials complete ones; with
+    """Launch batches of up to n_jobs trials until the study holds n_trials finished ones (complete, or
+    pruned: an answer too); with
     `parallel` (a launcher whose jobs run outside this process) a batch's trials run at once."""
     waiting_for = 0
     failed = 0
     while True:
         _fail_stale(study)  # their retries come back WAITING, and ask() takes those first
         states = [t.state for t in study.get_trials(deepcopy=False)]
-        complete, running = states.count(TrialState.COMPLETE), states.count(TrialState.RUNNING)
-        if complete >= n_trials:
+        finished = states.count(TrialState.COMPLETE) + states.count(TrialState.PRUNED)
+        running = states.count(TrialState.RUNNING)
+        if finished >= n_trials:
             return
-        size = min(n_jobs, n_trials - complete - running)
+        size = min(n_jobs, n_trials - finished - running)
         if size <= 0:
             if running != waiting_for:
                 log.info(
@@ -337,6 +348,7 @@ def _tell(study: optuna.Study, trial: Trial, ret: JobReturn | Exception, sweep_d
         value = float(value)
         if not math.isfinite(value):  # Optuna would fail the trial itself, unseen by max_failure_rate
             raise ValueError(f"the job returned {value}")
+        pruned = study.get_trials(deepcopy=False)[trial.number].user_attrs.get(pruning.PRUNED)
     except Exception as e:
         log.warning("trial %d failed: %s: %s", trial.number, type(e).__name__, e)
         study.tell(trial, state=TrialState.FAIL)
@@ -344,7 +356,11 @@ def _tell(study: optuna.Study, trial: Trial, ret: JobReturn | Exception, sweep_d
         return f"(trial {trial.number}) with {type(e).__name__}: {said}" + (
             f"; its log: {job / 'train.log'}" if job else ""
         )
-    study.tell(trial, value)
+    if pruned:  # its value: the last figure it reported, as Optuna records a pruned trial's
+        log.info("trial %d %s", trial.number, pruned)
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, value)
     return None
 
 
@@ -409,6 +425,7 @@ def results(study: optuna.Study, metric: str, n_trials: int) -> dict[str, Any]:
         "direction": study.direction.name.lower(),
         "n_trials": n_trials,
         "complete": len(complete),
+        "pruned": sum(t.state == TrialState.PRUNED for t in trials),
     }
     if complete:
         best = study.best_trial
@@ -456,6 +473,25 @@ def check_options(sweeper: Any) -> None:
         raise SearchError("hydra.sweeper: n_jobs must be 1 or more, n_trials 0 or more, max_failure_rate in [0, 1]")
     if sweeper.heartbeat_interval < 1:
         raise SearchError(f"hydra.sweeper.heartbeat_interval={sweeper.heartbeat_interval}: give 1 s or more")
+    check_pruner(sweeper.pruner, sweeper.storage, sweeper.config.get("optimized_metric"))
+
+
+def check_pruner(pruner: str, storage: str | None, metric: str | None) -> None:
+    """A pruner Optuna has, a study the trials can reach, and a figure each epoch to report."""
+    if pruner not in pruning.PRUNERS:
+        raise SearchError(f"hydra.sweeper.pruner={pruner}: choose {', '.join(pruning.PRUNERS)}")
+    if pruner == "none":
+        return
+    if storage is None:
+        raise SearchError(
+            f"hydra.sweeper.pruner={pruner} needs a study its trials can reach: a storage, not memory "
+            "(drop hydra.sweeper.storage=null)"
+        )
+    if metric is None or pruning.epoch_figure(metric) is None:
+        raise SearchError(
+            f"hydra.sweeper.pruner={pruner}: optimized_metric={metric} has no figure each epoch to compare trials "
+            "by; optimise val_loss or an accuracy, or hydra.sweeper.pruner=none"
+        )
 
 
 def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any]:
@@ -465,6 +501,8 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
     if not space:
         raise SearchError("nothing to search: give hydra.sweeper.params (or pick one with hparams_search=...)")
     command = {"overrides": sorted(fixed), "search_space": {k: repr(d) for k, d in sorted(space.items())}}
+    if sweeper.pruner != "none":  # not part of the search: a study goes on with another pruner, or none
+        fixed = [*fixed, PRUNING_OVERRIDE]
     sweep_dir.mkdir(parents=True, exist_ok=True)  # the default storage's database is in it
     study, storage = open_study(
         sweeper.study_name,
@@ -481,9 +519,9 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
         study.set_metric_names([sweeper.metric])  # the dashboard's axis says best_val_acc, not "Objective 0"
     # Only now: a refused command leaves the record of the search the dir holds as it was.
     OmegaConf.save(sweeper.config, sweep_dir / "multirun.yaml")
-    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    done = len(study.get_trials(deepcopy=False, states=FINISHED))
     log.info(
-        "Study %s (%s %s) in %s: %d of %d trials complete; after a kill, run the same command again to go on",
+        "Study %s (%s %s) in %s: %d of %d trials finished; after a kill, run the same command again to go on",
         study.study_name,
         sweeper.direction,
         sweeper.metric,
@@ -499,6 +537,14 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
     # Hydra's basic launcher runs each job in this process, one at a time: n_jobs of them at once
     # run each in a process of its own. Other launchers' jobs (submitit's) run elsewhere already.
     here = isinstance(sweeper.launcher, BasicLauncher)
+    if sweeper.pruner != "none" and not here and sweeper.storage.startswith("sqlite"):
+        log.warning(
+            "hydra.sweeper.pruner=%s: trials on other machines will write to SQLite (%s) over a shared filesystem, "
+            "whose locks NFS does not keep; give hydra.sweeper.storage=journal:///<shared dir>/optuna.journal or a "
+            "database server (docs/sweeps.md)",
+            sweeper.pruner,
+            sweeper.storage,
+        )
     if here and sweeper.n_jobs > 1:
         launch = _processes.TrialProcesses(launch, _processes.machine_shares(sweeper.n_jobs))
     path = sweep_dir / RESULTS

@@ -20,7 +20,7 @@ class OptunaStudySweeperConf:
     # postgresql+psycopg://USER@HOST:PORT/DB (scripts/postgres.sh), its password in PGPASSWORD or
     # ~/.pgpass, never in the URL; null: in memory, gone with the process.
     storage: Optional[str] = "sqlite:///${hydra.sweep.dir}/optuna.db"
-    n_trials: int = 20  # complete trials in the study, counting those of earlier runs
+    n_trials: int = 20  # finished trials in the study (complete or pruned), counting those of earlier runs
     # Trials at once: on this machine each in a process of its own, on its share of the CPUs and GPUs
     # (_processes.py); with hydra/launcher=submitit_slurm, as many SLURM jobs.
     n_jobs: int = 1
@@ -29,6 +29,9 @@ class OptunaStudySweeperConf:
     # was left by a killed sweep and is run again with the same parameters.
     heartbeat_interval: int = 10
     grace_period: Optional[int] = None
+    # Stop a hopeless trial at an epoch's end (pruning.py): median | hyperband | successive_halving |
+    # none, Optuna's pruners. Each trial reports optimized_metric's figure each epoch to the study.
+    pruner: str = "none"
     sampler: Any = field(
         default_factory=lambda: {"_target_": "optuna.samplers.TPESampler", "seed": None, "constant_liar": True}
     )
