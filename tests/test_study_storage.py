@@ -142,12 +142,15 @@ def test_two_servers_installing_at_once_on_a_machine_without_postgresql_both_suc
 def postgres():
     """A server from scripts/postgres.sh in a dir the postgres user can reach (pytest's tmp_path is
     private to root): its PGPASSFILE and storage URL."""
-    if os.geteuid() != 0:
-        pytest.skip("scripts/postgres.sh up runs the server as the postgres user: it needs root")
     where = Path(tempfile.mkdtemp(prefix="study-postgres-"))
     where.chmod(0o755)
     up = subprocess.run([str(POSTGRES), "up", str(where)], capture_output=True, text=True, timeout=300)
     try:
+        if up.returncode == 3:  # not root, or no postgresql and no apt-get that can install it
+            reason = f"cannot start PostgreSQL here: {up.stderr.strip().splitlines()[-1]}"
+            if os.environ.get("CI") == "true":  # CI must run these tests, not report them skipped
+                pytest.fail(reason)
+            pytest.skip(reason)
         assert up.returncode == 0, up.stderr
         exports = dict(line.removeprefix("export ").split("=", 1) for line in up.stdout.splitlines())
         assert exports.keys() == {"PGPASSFILE", "STUDY_STORAGE"}, up.stdout
