@@ -7,6 +7,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -91,12 +92,11 @@ def test_the_rung_pruners_stop_worse_trials_at_a_rung_and_never_the_best(tmp_pat
     assert stopped_at[0.95] is None and stopped_at[0.96] is None and stopped_at[0.8] is None
 
 
-def test_other_ranks_leave_the_study_to_rank_zero(tmp_path, monkeypatch):
+def test_other_ranks_leave_the_study_to_rank_zero(tmp_path):
     study = _study_with_finished_trials(tmp_path, [[0.5]] * 5)
     trial = study.ask(SPACE)
-    monkeypatch.setattr(pruning.dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(pruning.dist, "get_rank", lambda: 1)
     callback = OptunaPruning(_url(tmp_path), "s", trial.number, "median", "best_val_acc")
+    callback.setup(SimpleNamespace(ctx=SimpleNamespace(is_main=False)))  # the Trainer's RunInfo, rank 1's
     assert callback.on_validation_end(0, 1, {"val/best_acc": 0.0}) is None  # rank 0's answer stops every rank
     assert study.get_trials()[trial.number].intermediate_values == {}
 

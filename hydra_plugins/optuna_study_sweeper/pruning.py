@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
-import torch.distributed as dist
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.pruners import BasePruner, HyperbandPruner, MedianPruner, NopPruner, SuccessiveHalvingPruner
 
 from errors import first_line
 from hydra_plugins.optuna_study_sweeper import _optuna_private, _storage
 from training.callbacks import Callback
+
+if TYPE_CHECKING:
+    from training.callbacks import RunInfo  # issue #39's: what setup() gives a callback of its run
 
 log = logging.getLogger("train")
 
@@ -37,12 +39,6 @@ PRUNERS: dict[str, type[BasePruner]] = {
     "hyperband": HyperbandPruner,
 }
 PRUNED = "pruned"  # the trial's user attribute that says so, with the reason
-
-
-def _rank_zero() -> bool:
-    """This process is rank 0 of the run (or its only process). The callback API gives no
-    DistContext, and rank 0 alone talks to the study."""
-    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def epoch_figure(metric: str) -> str | None:
@@ -75,10 +71,14 @@ class OptunaPruning(Callback):
             figure,
         )
         self._trial: optuna.Trial | None = None
+        self._main = True  # rank 0, or the run's only process, until setup() says otherwise
+
+    def setup(self, run: RunInfo) -> None:
+        self._main = run.ctx.is_main  # rank 0 alone talks to the study
 
     def on_validation_end(self, epoch: int, step: int, figures: dict[str, float]) -> str | None:
         """Rank 0 reports epoch `epoch`'s figure and asks the pruner; its reason to stop, or None."""
-        if not _rank_zero():
+        if not self._main:
             return None
         value = figures[self.figure]
         try:
