@@ -2,13 +2,14 @@
 
 python -m bench.study_storage URL [URL ...] [--writers 1 8 32] [--epochs 10] [--epoch-s 0]
 
-Each writer is a process doing what one trial of a pruned search does to the study: ask for a trial,
-then each epoch report its figure, ask the pruner whether to stop (which reads every trial) and beat
-for it, then tell the result. All N start together (epochs back to back with --epoch-s 0: the worst
-case, many trials ending their epochs at once). A URL is any hydra.sweeper.storage
-(sqlite:///PATH, journal:///PATH, postgresql+psycopg://USER@HOST:PORT/DB), opened as the sweeper opens
-it. Figures per storage and N: trials that failed (an operation raised: SQLite's "database is
-locked"), operations that waited over 1 s, the median and longest operation, and the wall time.
+Each writer is a process doing what one trial of a pruned search does to the study: open it, ask
+for a trial, then each epoch report its figure, ask the pruner whether to stop (which reads every
+trial) and beat for it, then tell the result. All N start together (epochs back to back with
+--epoch-s 0: the worst case, many trials ending their epochs at once). A URL is any
+hydra.sweeper.storage (sqlite:///PATH, journal:///PATH, postgresql+psycopg://USER@HOST:PORT/DB),
+opened as the sweeper opens it. Figures per storage and N: trials that failed (an operation raised:
+SQLite's "database is locked"), operations that waited over 1 s, the median and longest operation,
+and the wall time.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from errors import first_line
 from hydra_plugins.optuna_study_sweeper import _storage
 
 SLOW_S = 1.0
+TIMEOUT_S = 900  # a writer that never answers (killed): the measurement stops, not waits for ever
 
 
 def writer(url: str, study_name: str, epochs: int, epoch_s: float, start, results) -> None:
@@ -42,12 +44,11 @@ def writer(url: str, study_name: str, epochs: int, epoch_s: float, start, result
         finally:
             times.append(time.perf_counter() - began)
 
+    start.wait()  # before anything that may fail: a writer missing at the barrier would hold up the others
     try:
-        storage = _storage.open_storage(url, heartbeat_interval=60, grace_period=None)
-        study = optuna.load_study(
-            study_name=study_name, storage=storage, pruner=optuna.pruners.MedianPruner(n_startup_trials=0)
-        )
-        start.wait()
+        storage = timed(_storage.open_storage, url, 60, None)
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=0)
+        study = timed(lambda: optuna.load_study(study_name=study_name, storage=storage, pruner=pruner))
         trial = timed(study.ask)
         for epoch in range(epochs):
             time.sleep(epoch_s)
@@ -73,7 +74,7 @@ def measure(url: str, writers: int, epochs: int, epoch_s: float) -> list[object]
         process.start()
     start.wait()
     began = time.perf_counter()
-    outcomes = [results.get() for _ in processes]
+    outcomes = [results.get(timeout=TIMEOUT_S) for _ in processes]
     wall = time.perf_counter() - began
     for process in processes:
         process.join()
