@@ -408,6 +408,7 @@ def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
         f"hydra.sweep.dir={sweep}",
         "hydra.sweeper.n_trials=4",
         "hydra.sweeper.heartbeat_interval=1",
+        "hydra.sweeper.pruner=median",  # its trials report to the study as the kill comes
         "trainer.epochs=1",
         "trainer.limit_train_batches=3",
         "trainer.limit_val_batches=1",

@@ -3,6 +3,7 @@ epoch, the epoch's figures), and the sweeper recording a trial whose run was pru
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -18,6 +19,8 @@ from optuna.trial import TrialState
 
 from hydra_plugins.optuna_study_sweeper import _study, pruning
 from hydra_plugins.optuna_study_sweeper.pruning import OptunaPruning
+from tests import train_server
+from tests.runs import FORK_RANKS
 from tests.test_hparams_search import COMMAND, SAMPLER, _states
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
@@ -204,3 +207,38 @@ def test_a_pruned_search_killed_mid_trial_goes_on_to_n_trials(tmp_path):
     retry = study.get_trials()[9]
     assert retry.params == killed.params and retry.system_attrs["failed_trial"] == killed.number
     assert retry.intermediate_values[0] == pytest.approx(_curve(killed.params["lr"], 0))  # its own, from epoch 0
+
+
+@pytest.mark.slow
+def test_a_pruned_ddp_trial_stops_every_rank_at_the_epochs_end_and_its_run_says_so(tmp_path):
+    """Through train.py: five trials already in the study at 0.99 each epoch (median's startup
+    trials), then one of 2 DDP ranks whose first epoch is far below: rank 0 reports, the pruner says
+    stop, both ranks stop after epoch 1 of 3, and the run ends as a finished one."""
+    sweep = tmp_path / "search"
+    sweep.mkdir()
+    study = optuna.create_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}", direction="maximize")
+    for _ in range(5):
+        study.add_trial(optuna.create_trial(value=0.99, intermediate_values={0: 0.99, 1: 0.99, 2: 0.99}))
+    done = train_server.run(
+        [
+            "hparams_search=digits",
+            f"hydra.sweep.dir={sweep}",
+            "hydra.sweeper.n_trials=6",
+            "hydra.sweeper.pruner=median",
+            "debug=ddp_cpu",
+            FORK_RANKS,
+            "trainer.epochs=3",
+            "trainer.progress_bar=false",
+        ]
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    trial = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}").trials[5]
+    assert trial.state == TrialState.PRUNED and list(trial.intermediate_values) == [0]
+    reason = trial.user_attrs["pruned"]
+    assert reason.startswith("pruned by Optuna's median pruner at epoch 1: val/best_acc ")
+    run = sweep / trial.user_attrs["job"]
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert (metrics["stopped_early"], metrics["epochs"], metrics["world_size"]) == (reason, 1, 2)
+    assert f"stopping early at step 3: {reason}; last.pt is saved" in (run / "train.log").read_text()
+    assert (run / "checkpoints" / "last.pt").is_file()
+    assert f"trial 5 {reason}" in done.stdout
