@@ -17,11 +17,16 @@ from omegaconf import OmegaConf
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
+import preflight
+from config.setup import compose
+from config.typed import typed
+from errors import ConfigError
 from hydra_plugins.optuna_study_sweeper import _study, pruning
 from hydra_plugins.optuna_study_sweeper.pruning import OptunaPruning
 from tests import train_server
 from tests.runs import FORK_RANKS
 from tests.test_hparams_search import COMMAND, SAMPLER, _states
+from training.validation import produced
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
 SPACE = {"lr": FloatDistribution(1e-4, 1e-1, log=True)}
@@ -41,6 +46,15 @@ def tmp_path(memory_dir: Path, request) -> Path:
     path = memory_dir / request.node.name
     path.mkdir()
     return path
+
+
+def test_each_metrics_figure_is_one_validation_makes_and_the_pre_flight_checks_the_runs_makes_it():
+    metrics = ("best_val_acc", "best_val_acc5", "val_acc", "val_acc5", "val_loss", "val_ce", "val_ema_acc")
+    assert all(pruning.epoch_figure(metric) in produced(True, []) for metric in metrics)
+    without_ema = typed(compose("hparams_search=digits", "optimized_metric=val_ema_acc"))
+    callback = OptunaPruning("sqlite:///x.db", "s", 0, "median", "val_ema_acc")
+    with pytest.raises(ConfigError, match=r"^callbacks.optuna_pruning.monitor=val_ema/acc: this run produces no such"):
+        preflight._check_monitors(without_ema, {"optuna_pruning": callback})
 
 
 def _url(tmp_path: Path) -> str:

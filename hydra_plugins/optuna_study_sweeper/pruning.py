@@ -43,9 +43,10 @@ PRUNED = "pruned"  # the trial's user attribute that says so, with the reason
 
 def epoch_figure(metric: str) -> str | None:
     """The figure validation reports each epoch that ends as `metric` in metrics.json (best_val_acc:
-    val/best_acc, val_loss: val/loss, val_ema_acc: val_ema/acc); None for one it has not (wall_s)."""
-    if metric == "best_val_acc":
-        return "val/best_acc"
+    val/best_acc, val_loss: val/loss, val_ema_acc: val_ema/acc); None for one it has not (wall_s).
+    test_pruning holds these to the figures the Trainer makes (training.validation.produced)."""
+    if metric.startswith("best_val_"):
+        return f"val/best_{metric.removeprefix('best_val_')}"
     for group in ("val_ema", "val"):
         if metric.startswith(f"{group}_"):
             return f"{group}/{metric.removeprefix(f'{group}_')}"
@@ -60,16 +61,12 @@ class OptunaPruning(Callback):
     def __init__(self, storage: str, study_name: str, trial: int, pruner: str, metric: str) -> None:
         if pruner not in PRUNERS:
             raise ValueError(f"no pruner {pruner}: choose {', '.join(PRUNERS)}")
-        figure = epoch_figure(metric)
-        if figure is None:
+        monitor = epoch_figure(metric)
+        if monitor is None:
             raise ValueError(f"{metric} has no figure each epoch to report; prune on val_loss or an accuracy")
-        self.storage, self.study_name, self.number, self.pruner, self.figure = (
-            storage,
-            study_name,
-            trial,
-            pruner,
-            figure,
-        )
+        self.storage, self.study_name, self.number, self.pruner = storage, study_name, trial, pruner
+        # The figure it reports, named `monitor` for the pre-flight, which checks that the run makes it.
+        self.monitor = monitor
         self._trial: optuna.Trial | None = None
         self._main = True  # rank 0, or the run's only process, until setup() says otherwise
 
@@ -80,13 +77,13 @@ class OptunaPruning(Callback):
         """Rank 0 reports epoch `epoch`'s figure and asks the pruner; its reason to stop, or None."""
         if not self._main:
             return None
-        value = figures[self.figure]
+        value = figures[self.monitor]
         try:
             trial = self._trial or self._open()
             trial.report(value, epoch)
             if not trial.should_prune():
                 return None
-            reason = f"pruned by Optuna's {self.pruner} pruner at epoch {epoch + 1}: {self.figure} {value:.4g}"
+            reason = f"pruned by Optuna's {self.pruner} pruner at epoch {epoch + 1}: {self.monitor} {value:.4g}"
             trial.set_user_attr(PRUNED, reason)
             return reason
         except UpdateFinishedTrialError:  # a sweeper of the study failed it as stale, and runs it again
