@@ -10,26 +10,23 @@ import difflib
 import functools
 import importlib
 import inspect
-import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import torch
 from hydra.utils import get_object
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
 import data
-from config.overrides import sweep_grid, swept_overrides
 from config.schema import Accelerator, Config, ResumePoint, TrainerConfig, parse_signals
-from config.setup import compose
 from config.typed import factory, model_factory, scheduler_options
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError, first_line
+from models.summary import summarize
 from training.checkpoint.resume import decide_resume
 from training.loggers.packages import check_installed
 from training.profiling import WAIT, WARMUP
@@ -278,51 +275,14 @@ def _needs_values(error: Exception) -> bool:
     return isinstance(error, NotImplementedError) or "meta" in str(error)
 
 
-# The HParams tab's options besides a job's overrides: the group options, then these keys.
-HPARAM_GROUPS = ("model", "dataset", "strategy", "optimizer", "scheduler", "loss")
-HPARAM_KEYS = (
-    "optimizer.lr",
-    "trainer.batch_size",
-    "trainer.epochs",
-    "trainer.seed",
-    "trainer.precision",
-    "trainer.accelerator",
-    "trainer.devices",
-)
-
-
-def hparams(cfg: DictConfig, choices: dict[str, str], swept: dict[str, Any]) -> dict[str, Any]:
-    """The run's main options and every override of its command line, for the loggers' tables
-    (TensorBoard's HParams tab): each under its key as the command line types it (`optimizer`,
-    `optimizer.lr`, `trainer.epochs`), so that a sweep's and a search's columns read alike and an
-    override is its option; each value as the config spells it (`sgd`, 0.05, 3, `auto`).
-    optimizer.lr is as written: the lr trained with, after optimizer.lr_scaling, is the `lr` series."""
-    options = {group: choices[group] for group in HPARAM_GROUPS}
-    for key in HPARAM_KEYS:
-        value = OmegaConf.select(cfg, key)
-        options[key] = value.name if isinstance(value, Enum) else value
-    options.update((key, value) for key, value in swept.items() if key not in options)
-    return {key: value for key, value in options.items() if value is not None}
-
-
-def varied_hparams(sweep_record: Path) -> dict[str, tuple[Any, ...]]:
-    """The options (_hparams') whose value differs between the jobs of a sweep, each with the values
-    it takes there: the config of every job the sweep's record lists (config.overrides.sweep_grid),
-    composed, so that optimizer.lr differs where optimizer=sgd,adamw picks it. A key an interval or a
-    glob sweeps differs, its values unlisted. {} where there is no record."""
-    return _varied_hparams(sweep_record.read_text()) if sweep_record.is_file() else {}
-
-
-@functools.lru_cache(maxsize=1)  # one per sweep: its jobs run one after another in the sweep's process
-def _varied_hparams(record: str) -> dict[str, tuple[Any, ...]]:
-    fixed, swept = sweep_grid(record)
-    jobs = []
-    for combination in itertools.product(*(lines for lines in swept.values() if lines)):
-        cfg = compose(*fixed, *combination, hydra=True)
-        jobs.append(hparams(cfg, cfg.hydra.runtime.choices, swept_overrides(combination)))
-    varied = {key: () for key, lines in swept.items() if not lines}
-    for key in dict.fromkeys(key for job in jobs for key in job):
-        values = list(dict.fromkeys(job.get(key) for job in jobs))
-        if len(values) > 1:
-            varied[key] = tuple(value for value in values if value is not None)
-    return varied
+def model_figures(cfg: DictConfig) -> dict[str, Any]:
+    """The model summary a job logs as it starts (models.summary: its parameters, size and FLOPs per
+    sample), counted on the meta device before it runs, for what a sweep's jobs differ in besides
+    their config; {} where the config alone cannot build the model (a class count its data tells)."""
+    dataset = cfg.dataset
+    try:
+        with torch.device("meta"):
+            model = factory({**cfg.model, "weights": None} if "weights" in cfg.model else cfg.model)()
+    except Exception:
+        return {}
+    return summarize(model, (dataset.channels, dataset.image_size, dataset.image_size)).metrics()

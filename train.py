@@ -27,11 +27,12 @@ from omegaconf import DictConfig
 
 from config import setup
 from config.callbacks import restore_run_record
+from config.hparams import hparams, varied_hparams
 from config.overrides import check_overrides, swept_overrides
 from config.typed import Composition, run_config, typed
-from distributed.launch import launch, skip_collection_at_exit
+from distributed.launch import end_process, launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
-from preflight import check_and_plan, hparams, varied_hparams
+from preflight import check_and_plan, model_figures
 from training.compile_cache import use_compile_cache
 from training.preemption import requeue_or_explain, resume_command
 from training.run import run
@@ -50,19 +51,20 @@ def main(cfg: DictConfig) -> float | None:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
     choices = dict(hydra_cfg.runtime.choices)
-    composition = Composition(
-        run_dir=run_dir,
-        choices=choices,
-        swept=swept,
-        hparams=hparams(cfg, choices, swept),
-        sweep_dir=sweep_dir,
-        varied=varied_hparams(sweep_dir / "multirun.yaml") if multirun else {},
-    )
     try:
         config = typed(cfg)
         if config.trainer.compile:  # inductor reads it as it compiles, here or in the ranks started here
             use_compile_cache(sweep_dir or run_dir)
         plan = check_and_plan(config, run_dir, multirun=multirun)
+        composition = Composition(
+            run_dir=run_dir,
+            choices=choices,
+            swept=swept,
+            hparams=hparams(cfg, choices),
+            sweep_dir=sweep_dir,
+            # The keys its sweep's jobs differ in, their model summaries included, for the HParams tab.
+            varied=varied_hparams(sweep_dir / "multirun.yaml", model_figures) if multirun else {},
+        )
         launch(plan.launch, run, run_config(config, composition, num_classes=plan.num_classes, resume=plan.resume))
     except ConfigError as e:
         restore_run_record()
@@ -91,5 +93,9 @@ if __name__ == "__main__":
         sys.exit(2)
     try:
         main()
-    finally:
+    except SystemExit as e:  # a refusal, a failed or preempted run: the code it chose
+        end_process(e.code)
+    except BaseException:  # the interpreter prints the traceback as it exits
         skip_collection_at_exit()
+        raise
+    end_process(0)

@@ -1,15 +1,18 @@
 """Summarise a sweep: python -m bench.report <sweep or outputs dir> [--png PATH].
 
-Reads every run's metrics.json under the directory, the overrides that made it
-(.hydra/overrides.yaml) and the config it ran with (.hydra/config.yaml, .hydra/hydra.yaml's group
-choices), prints a markdown table with a column per overridden key whose value differs between the
-runs (each cell what that run used, override or default), speed-up and scaling efficiency where
+Reads every run's metrics.json under the directory and its record: every option it used, flat, and
+its model summary (hparams.json, which train.py writes; for a run from before it, the config and
+group choices in .hydra/), and the overrides that made it (.hydra/overrides.yaml). Prints a markdown
+table with a column per key whose value is not the same in every run, whichever way it came to
+differ (a group's defaults, an interpolation, an override), the commit and torch it trained with
+(its manifest.json), speed-up and scaling efficiency where
 runs differ in device count and nothing else, and, for an hparams_search, the best trial from
-optimization_results.yaml. report.png holds the plots that fit: scaling against devices when
-devices vary, else the optimised metric per configuration; accuracy against wall time; the metric
-over a search's trials. Runs are labelled by their own overrides, shortened from the middle where
-long, with a legend under the plots that gives each shortened label's overrides and each trial's
-parameters.
+optimization_results.yaml. report.png (in the directory, unless --png says where) holds the plots
+that fit: scaling against devices when devices vary, else the optimised metric per configuration;
+accuracy against wall time; the metric over a search's trials. A run is labelled by the values it
+used of the overridden keys that differ, after its sweep's dir where the runs come from several;
+a label is shortened from the middle where long, with a legend under the plots that gives each
+shortened label's overrides and each trial's parameters.
 """
 
 from __future__ import annotations
@@ -26,15 +29,23 @@ from typing import Any
 
 import yaml
 
+from config.hparams import differing
 from training.loggers.tensorboard import HPARAM_METRICS
+from training.manifest import read_manifest
 
 # Overrides that only change how many devices train: runs differing in these alone compare in speed.
 DEVICE_KEYS = frozenset({"trainer.devices", "trainer.gpus", "trainer.num_nodes"})
 # Overrides that pick a strategy and a device count together (conf/parallelism, swept by
 # sweep=strategies): metrics.json records both, so a run's identity keeps its strategy without them.
 LAYOUT_KEYS = frozenset({"parallelism"})
-# Swept keys the table already shows in a column of its own.
-SHOWN = frozenset({"strategy", "model", "dataset", "trainer.batch_size"}) | DEVICE_KEYS | LAYOUT_KEYS
+# Keys the table already shows in a column of its own.
+SHOWN = (
+    frozenset({"strategy", "strategy.name", "model", "dataset", "dataset.name", "trainer.batch_size"})
+    | DEVICE_KEYS
+    | LAYOUT_KEYS
+)
+# A run's flat records in its dir, joined into one (a later file's key wins): what runs are compared by.
+RECORDS = ("hparams.json",)
 SEARCH_RESULTS = "optimization_results.yaml"  # written by the hparams_search sweeper in the sweep dir
 # A run's samples/s (training.metrics.samples_per_s), titled as in the HParams tab.
 SAMPLES_PER_S = HPARAM_METRICS["throughput/median_samples_per_s"]
@@ -57,9 +68,10 @@ class Run:
     overrides: tuple[tuple[str, str], ...] = ()  # (key, value) from .hydra/overrides.yaml, as typed
     objective: str = "best_val_acc"  # the run's optimized_metric
     objective_value: float | None = None
-    # Every key of .hydra/config.yaml (dotted) and every group's option (.hydra/hydra.yaml), as a
-    # config spells them: what the run used where it overrode nothing.
-    settings: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # Every option the run used, flat ({dotted key: value}), and its model summary: its RECORDS.
+    record: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    sweep: str | None = None  # the dir of the sweep it is a job of, relative to the directory reported on
+    manifest: Mapping[str, Any] = field(default_factory=dict, compare=False)  # its manifest.json; {}: none
 
     @property
     def identity(self) -> tuple[Any, ...]:
@@ -83,7 +95,7 @@ def load_runs(root: Path) -> list[Run]:
             if "weights" in metrics:  # trainer.test_only's: what it evaluated, with no training to compare
                 print(f"skipped {path}: a trainer.test_only evaluation, not a training run", file=sys.stderr)
                 continue
-            runs.append(_run(str(path.parent.relative_to(root)), metrics, path.parent))
+            runs.append(_run(str(path.parent.relative_to(root)), metrics, path.parent, root))
         except (json.JSONDecodeError, KeyError) as e:
             print(f"skipped {path}: not a metrics.json written by train.py ({type(e).__name__}: {e})", file=sys.stderr)
     return runs
@@ -94,10 +106,11 @@ def _natural(name: str) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def _run(name: str, m: dict[str, Any], run_dir: Path) -> Run:
-    settings = read_settings(run_dir)
-    objective = settings.get("optimized_metric", "null")
-    objective = "best_val_acc" if objective == "null" else objective
+def _run(name: str, m: dict[str, Any], run_dir: Path, root: Path) -> Run:
+    overrides = read_overrides(run_dir)
+    record = read_record(run_dir, overrides)
+    objective = record.get("optimized_metric") or "best_val_acc"
+    sweep = run_dir.parent
     return Run(
         name=name,
         strategy=m.get("strategy", "?"),
@@ -111,10 +124,12 @@ def _run(name: str, m: dict[str, Any], run_dir: Path) -> Run:
         wall_s=float(m.get("wall_s", float("nan"))),
         peak_memory_mb=_largest(m.get("peak_memory_mb")),
         state_mb_per_rank=_state_mb(m),
-        overrides=read_overrides(run_dir),
+        overrides=overrides,
         objective=objective,
         objective_value=float(m[objective]) if isinstance(m.get(objective), (int, float)) else None,
-        settings=settings,
+        record=record,
+        sweep=str(sweep.relative_to(root)) if (sweep / "multirun.yaml").is_file() else None,
+        manifest=read_manifest(run_dir) or {},
     )
 
 
@@ -131,45 +146,57 @@ def read_overrides(run_dir: Path) -> tuple[tuple[str, str], ...]:
     )
 
 
-def read_settings(run_dir: Path) -> dict[str, str]:
-    """What the run's record says it used: {dotted key: value} from .hydra/config.yaml, and
-    {group: option} from .hydra/hydra.yaml (optimizer: sgd); empty if it kept no record."""
-    record = run_dir / ".hydra"
-    settings: dict[str, str] = {}
-    if (record / "config.yaml").is_file():
-        _flatten(yaml.safe_load((record / "config.yaml").read_text()) or {}, "", settings)
-    if (record / "hydra.yaml").is_file():
-        hydra = yaml.safe_load((record / "hydra.yaml").read_text()) or {}
+def read_record(run_dir: Path, overrides: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+    """The run's RECORDS joined, nested keys dotted; for a run that kept none, what its .hydra/ says:
+    {dotted key: value} from config.yaml (unresolved: an interpolation is its text) and {group:
+    option} from hydra.yaml, each overridden key as its override typed it. Empty if it kept nothing."""
+    record: dict[str, Any] = {}
+    for name in RECORDS:
+        if (run_dir / name).is_file():
+            _flatten(json.loads((run_dir / name).read_text()), "", record)
+    if record:
+        return record
+    hydra_record = run_dir / ".hydra"
+    if (hydra_record / "config.yaml").is_file():
+        _flatten(yaml.safe_load((hydra_record / "config.yaml").read_text()) or {}, "", record)
+    if (hydra_record / "hydra.yaml").is_file():
+        hydra = yaml.safe_load((hydra_record / "hydra.yaml").read_text()) or {}
         choices = hydra.get("hydra", {}).get("runtime", {}).get("choices") or {}
-        settings.update((group, _spelled(option)) for group, option in choices.items())
-    return settings
+        record.update((group, option) for group, option in choices.items() if option is not None)
+    record.update((key, _typed(value)) for key, value in overrides)
+    return record
 
 
-def _flatten(node: Mapping[str, Any], prefix: str, into: dict[str, str]) -> None:
+def _typed(value: str) -> Any:
+    """An override's value as the config would hold it (1, 0.05, true, sgd)."""
+    try:
+        typed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    return json.dumps(typed) if isinstance(typed, list) else typed if isinstance(typed, (bool, int, float)) else value
+
+
+def _flatten(node: Mapping[str, Any], prefix: str, into: dict[str, Any]) -> None:
     for key, value in node.items():
         if isinstance(value, Mapping):
             _flatten(value, f"{prefix}{key}.", into)
-        else:
-            into[f"{prefix}{key}"] = _spelled(value)
+        elif value is not None:
+            into[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, list) else value
 
 
-def _spelled(value: Any) -> str:
-    """A YAML value as an override would give it: null, true, 0.05."""
-    return json.dumps(value) if value is None or isinstance(value, (bool, list)) else str(value)
+def used(run: Run, key: str) -> Any:
+    """What the run used for `key` (for a group, the option Hydra picked); None where it kept no record of it."""
+    return run.record.get(key)
 
 
-def used(run: Run, key: str) -> str | None:
-    """What the run used for `key`: its override as typed, else its config's value (for a group,
-    the option Hydra picked); None where the run kept no record of it."""
-    return dict(run.overrides).get(key, run.settings.get(key))
-
-
-def _comparable(value: str | None) -> Any:
-    """1 and 1.0 are one value."""
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return value
+def cell(value: Any) -> str:
+    """A value as a config spells it (true, null), a float to 4 significant digits (a search's
+    sampled 0.015171717849735478: 0.01517); "—" where the run has none."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return json.dumps(value)
+    return f"{value:.4g}" if isinstance(value, float) else short(str(value))
 
 
 def _state_mb(m: dict[str, Any]) -> float | None:
@@ -185,34 +212,44 @@ def _largest(peak: float | list[float] | None) -> float | None:
     return max(peak, default=None) if isinstance(peak, list) else peak
 
 
+def differing_keys(runs: list[Run]) -> list[str]:
+    """The keys whose value, as each run's record holds it, is not the same in every run."""
+    return list(differing([run.record for run in runs]))
+
+
 def swept_keys(runs: list[Run]) -> list[str]:
-    """Overridden keys whose value, as each run used it, is not the same in every run, in command-line order."""
-    keys: dict[str, None] = {}
-    for run in runs:
-        keys.update(dict.fromkeys(k for k, _ in run.overrides))
-    return [k for k in keys if len({_comparable(used(run, k)) for run in runs}) > 1]
+    """The differing keys that some run set on its command line, in command-line order: what a label names."""
+    differs = set(differing_keys(runs))
+    overridden = dict.fromkeys(key for run in runs for key, _ in run.overrides)
+    return [key for key in overridden if key in differs]
 
 
-def label(run: Run, keys: list[str]) -> str:
-    """The run named by its own overrides of the keys that tell the runs apart."""
-    values = dict(run.overrides)
-    own = " ".join(f"{k}={short(values[k])}" for k in keys if k in values)
-    return own or ("(shared overrides only)" if run.overrides else "(defaults)")
+def several_sweeps(runs: list[Run]) -> bool:
+    """Runs from more than one sweep (runs of none together count as one)."""
+    return len({run.sweep for run in runs}) > 1
 
 
-LONGEST = 48  # characters of a label in a plot: a search's sampled floats run past it
+def label(run: Run, keys: list[str], by_sweep: bool = False) -> str:
+    """The run named by the values it used of `keys` (swept_keys), after its sweep's dir where
+    `by_sweep` (runs from several sweeps: a run of none is its own); its dir where nothing else tells it."""
+    values = " ".join(f"{key}={cell(used(run, key))}" for key in keys)
+    if not by_sweep:
+        return values or run.name
+    sweep = run.sweep if run.sweep is not None else run.name
+    return f"{sweep}: {values}" if values else sweep
 
 
-def plot_labels(runs: list[Run], keys: list[str]) -> dict[str, str]:
+LINE, LINES = 40, 3  # a label in a plot: characters a line, and lines at most
+LONGEST = LINE * LINES
+
+
+def plot_labels(runs: list[Run], keys: list[str], by_sweep: bool = False) -> dict[str, str]:
     """Each run's label for a plot (by run name): label(), shortened from the middle past LONGEST
-    characters, and numbered (2), (3), ... in the table's order where runs would share one."""
-    labels: dict[str, str] = {}
-    seen: dict[str, int] = {}
-    for run in runs:
-        text = middle(label(run, keys), LONGEST)
-        seen[text] = seen.get(text, 0) + 1
-        labels[run.name] = text if seen[text] == 1 else f"{text} ({seen[text]})"
-    return labels
+    characters, then wrapped to lines of LINE; where two runs' would be the same, each after its dir."""
+    labels = {run.name: middle(label(run, keys, by_sweep), LONGEST) for run in runs}
+    repeated = {text for text in labels.values() if list(labels.values()).count(text) > 1}
+    unique = {name: middle(f"{name}: {text}", LONGEST) if text in repeated else text for name, text in labels.items()}
+    return {name: "\n".join(textwrap.wrap(text, LINE)) for name, text in unique.items()}
 
 
 def middle(text: str, longest: int) -> str:
@@ -227,13 +264,15 @@ def middle(text: str, longest: int) -> str:
     return f"{text[:head]}…{text[len(text) - (longest - 1 - head) :]}"
 
 
-def legend(runs: list[Run], labels: Mapping[str, str], keys: list[str], search: dict[str, Any] | None) -> list[str]:
+def legend(
+    runs: list[Run], labels: Mapping[str, str], keys: list[str], search: dict[str, Any] | None, by_sweep: bool = False
+) -> list[str]:
     """The lines under the plots: each shortened label with every override of its run, and each of
     a search's trials with its parameters."""
     lines = [
         f"{labels[run.name]}: {' '.join(f'{k}={v}' for k, v in run.overrides)}"
         for run in runs
-        if len(label(run, keys)) > LONGEST
+        if labels[run.name].replace("\n", " ") != label(run, keys, by_sweep)
     ]
     for trial in (search or {}).get("trials") or []:
         params = " ".join(f"{k}={short(str(v))}" for k, v in (trial.get("params") or {}).items())
@@ -277,10 +316,21 @@ def rows(runs: list[Run]) -> list[Row]:
     return result
 
 
+MANIFEST_COLUMNS = ("commit", "torch")  # from each run's manifest.json, where any run has one
+
+
+def manifest_cells(manifest: Mapping[str, Any]) -> list[str]:
+    """The code a run trained with (its commit, + where the tree was dirty: manifest.diff) and its torch."""
+    commit = manifest.get("commit")
+    code = f"{commit[:9]}{'+' if manifest.get('dirty') else ''}" if commit else "—"
+    return [code, manifest.get("torch") or "—"]
+
+
 def markdown(table: list[Row]) -> str:
     runs = [row.run for row in table]
-    extra = [k for k in swept_keys(runs) if k not in SHOWN]
+    extra = [k for k in differing_keys(runs) if k not in SHOWN]
     objectives = sorted({r.objective for r in runs} - {"val_acc", "best_val_acc"})
+    manifests = any(r.manifest for r in runs)
     header = [
         *extra,
         "strategy",
@@ -296,14 +346,16 @@ def markdown(table: list[Row]) -> str:
         *objectives,
         "state MB/rank",
         "peak MB/device",
+        *(MANIFEST_COLUMNS if manifests else ()),
         "run",
     ]
-    align = [*("---" for _ in extra), "---", "---:", "---", "---", *("---:" for _ in range(8 + len(objectives))), "---"]
+    align = [*("---" for _ in extra), "---", "---:", "---", "---", *("---:" for _ in range(8 + len(objectives)))]
+    align += ["---"] * (len(header) - len(align))
     lines = [f"| {' | '.join(header)} |", f"| {' | '.join(align)} |"]
     for row in table:
         r = row.run
         cells = [
-            *(short(used(r, k)) for k in extra),
+            *(cell(used(r, k)) for k in extra),
             r.strategy,
             str(r.devices),
             r.model,
@@ -317,6 +369,7 @@ def markdown(table: list[Row]) -> str:
             *(_or_dash(r.objective_value if r.objective == o else None, "{:.4g}") for o in objectives),
             _or_dash(r.state_mb_per_rank, "{:,.1f}"),
             _or_dash(r.peak_memory_mb, "{:,.0f}"),
+            *(manifest_cells(r.manifest) if manifests else []),
             r.name,
         ]
         lines.append(f"| {' | '.join(cells)} |")
@@ -352,20 +405,25 @@ def plot(table: list[Row], path: Path, search: dict[str, Any] | None = None) -> 
     import matplotlib.pyplot as plt
 
     fig = figure(table, search)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")  # the legend beside the last plot and the notes under them
     plt.close(fig)
 
 
+# A bar of the per-configuration plot: what its label's lines in small print take, and a gap to the next.
+LINE_INCHES, BAR_GAP_INCHES = 0.16, 0.1
+
+
 def figure(table: list[Row], search: dict[str, Any] | None = None) -> Any:
-    """Scaling panels when devices vary, else the optimised metric per configuration; accuracy against
-    wall time; a search's metric over its trials; under them, the legend()."""
+    """Scaling panels when devices vary, else the optimised metric per configuration; a search's
+    metric over its trials; accuracy against wall time, its runs in a legend beside it; under them,
+    the legend()."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: a file is the point
     import matplotlib.pyplot as plt
 
     runs = [row.run for row in table]
-    keys = swept_keys(runs)
+    keys, by_sweep = swept_keys(runs), several_sweeps(runs)
     devices_vary = len({r.devices for r in runs}) > 1
     panels = (3 if devices_vary else 2) + (search is not None)
     if devices_vary:  # a line per configuration, named by what it is apart from its device count
@@ -376,31 +434,33 @@ def figure(table: list[Row], search: dict[str, Any] | None = None) -> Any:
         labelled = list(first.values())
     else:
         labelled = runs
-    labels = plot_labels(labelled, keys)
-    width = 5.5 * panels
+    labels = plot_labels(labelled, keys, by_sweep)
+    widest = max(len(line) for text in labels.values() for line in text.splitlines())
+    # The per-configuration plot is as wide as its labels need (~14 characters an inch in small print) besides its bars.
+    widths = [5.5] * panels if devices_vary else [3.0 + widest / 14, *([5.5] * (panels - 1))]
+    width = sum(widths)
     notes = [
         wrapped
-        for line in legend(labelled, labels, keys, search)  # ~14 monospace characters an inch
+        for line in legend(labelled, labels, keys, search, by_sweep)  # ~14 monospace characters an inch
         for wrapped in textwrap.wrap(line, int(width * 14) - 4, subsequent_indent="    ")
     ]
-    notes_inches = 0.15 * len(notes) + 0.2 if notes else 0.0
-    fig, axes = plt.subplots(1, panels, figsize=(width, 4.8 + notes_inches), squeeze=False)
+    # The bars are evenly spaced: each as tall as the label of the most lines needs.
+    lines = 0 if devices_vary else max(1 + text.count("\n") for text in labels.values())
+    height = max(4.8, 1.5 + (LINE_INCHES * lines + BAR_GAP_INCHES) * len(runs))
+    fig, axes = plt.subplots(1, panels, figsize=(width, height), squeeze=False, gridspec_kw={"width_ratios": widths})
     axes = list(axes[0])
     if devices_vary:
         _scaling(axes[0], axes[1], table, labels, keys)
     else:
         _objective_per_configuration(axes[0], runs, labels)
-    _accuracy_vs_wall_time(axes[2 if devices_vary else 1], runs, labels, annotate=not devices_vary)
     if search is not None:
-        _search_trials(axes[-1], search)
+        _search_trials(axes[-2], search)
+    _accuracy_vs_wall_time(axes[-1], runs, labels, legend=not devices_vary)
     for ax in axes:
         ax.grid(alpha=0.3)
-    below = notes_inches / (4.8 + notes_inches)  # the figure's share under the plots, for the legend
-    fig.tight_layout(rect=(0, below, 1, 1))
-    if notes:
-        fig.text(
-            0.01, below - 0.1 / (4.8 + notes_inches), "\n".join(notes), va="top", family="monospace", fontsize="small"
-        )
+    fig.tight_layout()
+    if notes:  # under the plots, however many lines: the saved figure grows to hold them
+        fig.text(0.01, 0, "\n".join(notes), va="top", family="monospace", fontsize="small")
     return fig
 
 
@@ -432,29 +492,33 @@ def _objective_per_configuration(ax: Any, runs: list[Run], labels: Mapping[str, 
     objective = runs[0].objective if len({r.objective for r in runs}) == 1 else "best_val_acc"
     values = [r.objective_value if r.objective == objective else r.best_val_acc for r in runs]
     positions = range(len(runs))
-    ax.barh(positions, [v if v is not None else 0.0 for v in values], color="tab:blue")
+    colours = [_style(i)[0] for i in positions]  # each run's in the accuracy plot too
+    ax.barh(positions, [v if v is not None else 0.0 for v in values], color=colours)
     ax.set_yticks(positions, [labels[r.name] for r in runs], fontsize="small")
-    ax.invert_yaxis()  # first run on top, as in the table
+    ax.set_ylim(len(runs) - 0.5, -0.5)  # first run on top, as in the table
     ax.set(title=f"{objective} per configuration", xlabel=objective)
 
 
-def _accuracy_vs_wall_time(ax: Any, runs: list[Run], labels: Mapping[str, str], annotate: bool) -> None:
-    ax.scatter([r.wall_s for r in runs], [r.best_val_acc for r in runs], color="tab:blue")
-    if annotate:
-        times = [r.wall_s for r in runs]
-        middle_s = (min(times) + max(times)) / 2
-        for r in runs:
-            left = r.wall_s > middle_s  # a label runs towards the middle, not off the right edge
-            ax.annotate(
-                labels[r.name],
-                (r.wall_s, r.best_val_acc),
-                fontsize="x-small",
-                ha="right" if left else "left",
-                xytext=(-4 if left else 4, 4),
-                textcoords="offset points",
-            )
+MARKERS = "osD^v<>ph*"
+
+
+def _style(i: int) -> tuple[str, str]:
+    """The i-th run's colour and marker: matplotlib's ten colours C0..C9, then the next marker."""
+    return f"C{i % 10}", MARKERS[i // 10 % len(MARKERS)]
+
+
+def _accuracy_vs_wall_time(ax: Any, runs: list[Run], labels: Mapping[str, str], legend: bool) -> None:
+    """One point per run; with `legend`, each its own colour and marker, named beside the plot
+    (labels on the plot would print over each other where runs end alike)."""
+    if not legend:
+        ax.scatter([r.wall_s for r in runs], [r.best_val_acc for r in runs], color="tab:blue")
+    else:
+        for i, r in enumerate(runs):
+            colour, marker = _style(i)
+            ax.scatter([r.wall_s], [r.best_val_acc], color=colour, marker=marker, label=labels[r.name])
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small", frameon=False)
         ax.margins(x=0.1, y=0.1)
-    ax.set(title="Accuracy vs wall time", xlabel="wall time (s)", ylabel="best val accuracy")
+    ax.set(title="best_val_acc vs wall time", xlabel="wall time (s)", ylabel="best_val_acc")
 
 
 def _search_trials(ax: Any, search: dict[str, Any]) -> None:
@@ -481,13 +545,13 @@ def _search_trials(ax: Any, search: dict[str, Any]) -> None:
             )
         ax.legend(fontsize="small")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trials are whole numbers: no tick at 0.5
-    ax.set(title=f"{metric} over the trials (parameters: below)", xlabel="trial (its job's number)", ylabel=metric)
+    ax.set(title=f"{metric} over the trials (parameters below)", xlabel="trial (its job's number)", ylabel=metric)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
     parser.add_argument("directory", type=Path, help="a sweep dir (multirun/<date>/<time>) or outputs/")
-    parser.add_argument("--png", type=Path, help="where to write the plot (default: <directory>/report.png)")
+    parser.add_argument("--png", type=Path, help="where to write the plot (default: report.png in the directory)")
     args = parser.parse_args(argv)
     runs = load_runs(args.directory) if args.directory.is_dir() else []
     if not runs:
@@ -504,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{search_summary(search)}")
     png = args.png or args.directory / "report.png"
     plot(table, png, search)
-    print(f"\nplot: {png}")
+    where = "" if args.png else " (in the directory reported on; --png PATH writes it elsewhere)"
+    print(f"\nplot: {png}{where}")
     return 0
 
 

@@ -1,3 +1,6 @@
-"""The bottom layer: `schema` declares every key (plain dataclasses, imported everywhere); the rest
-is Hydra's setup: `setup` registers the schema and the resolvers and composes, `overrides` reads
-the command line's keys, `callbacks` holds Hydra's callbacks. Only these three import Hydra."""
+"""The bottom layer: the config from end to end. `schema` declares every key and checks its value
+(plain dataclasses, imported everywhere); `typed` turns Hydra's composition into them and into the
+workers' RunConfig; `launcher_env` reads what the resolvers need of torchrun's and SLURM's
+environment; `redact` keeps secrets out of records. Hydra's setup: `setup` registers the schema and
+the resolvers and composes, `overrides` reads the command line's keys, `callbacks` holds Hydra's
+callbacks. Nothing here imports a layer above it."""

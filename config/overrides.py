@@ -15,6 +15,7 @@ from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
+from config.redact import HIDDEN, is_secret_key, redact, redacted
 from config.schema import Config
 from config.setup import compose
 from errors import ConfigError
@@ -33,6 +34,7 @@ def check_overrides(overrides: Sequence[str]) -> None:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception:  # bad syntax: Hydra's own message names it
         return
+    _check_no_secret(parsed)
     free_form = _check_schema_keys(parsed)
     loggers = _unchosen_logger_options(parsed)
     if not free_form and not loggers:
@@ -58,6 +60,19 @@ def check_overrides(overrides: Sequence[str]) -> None:
             raise ConfigError(
                 f"{line} sets an option of logger={backend}, which this run does not choose; add it: "
                 f"logger={backend}, or a list such as 'logger=[tensorboard,{backend}]'"
+            )
+
+
+def _check_no_secret(parsed: list[Override]) -> None:
+    """A password or key on the command line would be written as typed to .hydra/ (Hydra's record
+    of the run, before main() runs) and could reach a log: refused, in one line that hides it."""
+    for override in parsed:
+        line = override.input_line
+        if is_secret_key(override.key_or_group) or redact(line) != line:
+            raise ConfigError(
+                f"{redact(line) if redact(line) != line else override.key_or_group + '=' + HIDDEN}: a password or key "
+                "on the command line is written to the run's records (.hydra/); give it through the environment "
+                "instead (PGPASSWORD or ~/.pgpass for a database, MLFLOW_TRACKING_PASSWORD, WANDB_API_KEY)"
             )
 
 
@@ -144,7 +159,7 @@ def swept_overrides(task_overrides: Sequence[str], exclude_keys: Sequence[str] =
         if override.key_or_group not in exclude_keys and not override.is_delete():
             value = override.value()
             swept[override.key_or_group] = value if isinstance(value, (bool, int, float, str)) else str(value)
-    return swept
+    return redacted(swept)  # a password in an override reaches no record: the loggers' options, the manifest
 
 
 def sweep_grid(record: str) -> tuple[list[str], dict[str, list[str]]]:

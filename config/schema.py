@@ -149,7 +149,7 @@ class TrainerConfig:
     limit_val_batches: Optional[int] = None
     overfit_batches: Optional[int] = None  # train (unshuffled) and validate on these first batches only
     val_batch_size: Optional[int] = None  # the global validation batch (seed 002's --test-batch-size); null: batch_size
-    log_every_n_steps: int = 50  # train loss, acc and lr to TensorBoard, and to the log where no bar is drawn
+    log_every_n_steps: int = 50  # the loss, acc (train/*_window) and lr since the last point: loggers, log where no bar
     progress_bar: bool = True  # rank 0's, where stderr is a terminal (a SLURM log or a pipe gets lines instead)
     # 32 | bf16-mixed | 16-mixed (fp16 autocast with a GradScaler; CUDA only). At 32, Ampere and later
     # GPUs run cuDNN's convolutions in TF32 (torch.backends.cudnn.allow_tf32, on by default).
@@ -484,13 +484,13 @@ class RunConfig:
     scheduler_options: SchedulerOptions  # scheduler.* beside the scheduler's own arguments
     run_dir: Path
     choices: Dict[str, str]  # the chosen model, dataset and strategy options, for the log and metrics.json
-    hparams: Dict[str, Any]  # the run's main options and its overrides, {key as typed: value} (HParams tab)
+    hparams: Dict[str, Any]  # every option the run used, {dotted key: value} (config.hparams.hparams): its record
     swept: Dict[str, Any]  # its command-line overrides, {key: value}
     config_yaml: str  # the composed config, saved in every checkpoint
     preempt_signals: Tuple[signal.Signals, ...]  # trainer.preempt_signals, parsed once before launch
     requeue_signals: Tuple[signal.Signals, ...] = ()  # trainer.requeue_signals, parsed with them
     sweep_dir: Optional[Path] = None  # the dir of the -m sweep or search this job is one of; None: a single run
-    # The keys the sweep gives more than one value, each with the values it lists (preflight.varied_hparams):
-    # the HParams tab's differing ones. {}: a single run.
+    # The keys whose value differs between the sweep's jobs, each with the values they take
+    # (config.hparams.varied_hparams): the HParams tab's differing ones. {}: a single run.
     varied: Dict[str, Tuple[Any, ...]] = field(default_factory=dict)
     resume: Optional[ResumePoint] = None  # the checkpoint to continue, decided once before launch; None: afresh

@@ -14,6 +14,7 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
+from config.redact import redact
 from config.schema import (
     Config,
     LrScaling,
@@ -135,7 +136,8 @@ def config_yaml(config: Config, num_classes: int) -> str:
     dataset = replace(config.dataset, num_classes=num_classes)
     counted = "num_classes" in config.model and config.model["num_classes"] is None
     model = {**config.model, "num_classes": num_classes} if counted else config.model
-    return OmegaConf.to_yaml(OmegaConf.structured(replace(config, dataset=dataset, model=model)))
+    # A password in the config reaches no checkpoint.
+    return redact(OmegaConf.to_yaml(OmegaConf.structured(replace(config, dataset=dataset, model=model))))
 
 
 def run_config(

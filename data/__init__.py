@@ -81,7 +81,7 @@ and `read` (OnDisk). Optional:
 - PER_IMAGE_TRANSFORMS: bool, whether `load` or `image_files` takes the per-image options (auto_augment, resize, ...);
 - check(cfg): its own checks before launch, as one-line ConfigErrors;
 - count_classes(cfg) -> int: what dataset.num_classes=null counts;
-- class_names(cfg) -> list[str]: the classes' names, in class-index order (else their indices).
+- class_names(cfg) -> list[str]: each class's name, by label (else class_names() gives the labels' numbers).
 Every function takes the typed DatasetConfig (config.schema) or dataset.root; docs/EXTENDING.md has the recipe.
 """
 
@@ -121,12 +121,13 @@ def num_classes(dataset: DatasetConfig) -> int:
 
 
 def class_names(dataset: DatasetConfig) -> list[str]:
-    """The classes' names in class-index order, for what shows them (the confusion matrix): the
-    dataset's own, where its module names them (optional: DatasetModule), else their indices."""
+    """Each class's name, by label: what the dataset calls them (its optional class_names(cfg): CIFAR-10's
+    names, an image folder's folders), else the label's number. Runs record them (training.manifest),
+    so that what reads a run back names its classes without the dataset's files."""
     module = dataset_module(dataset.name)
-    if hasattr(module, "class_names"):
+    if hasattr(module, "class_names"):  # optional (DatasetModule)
         return list(module.class_names(dataset))
-    return [str(i) for i in range(dataset.num_classes)]
+    return [str(label) for label in range(dataset.num_classes)]
 
 
 def check(dataset: DatasetConfig, data: DataConfig) -> None:

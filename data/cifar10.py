@@ -22,6 +22,8 @@ from errors import ConfigError
 FOLDER = "cifar-10-batches-py"
 IMAGE_SIZE = 32  # every stored image's side, in pixels
 PER_IMAGE_TRANSFORMS = True  # PIL images through torchvision transforms (dataset.auto_augment, ...)
+# Label i's name, as the release's batches.meta lists them (a subset may come without that file).
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 TRAIN = [f"data_batch_{i}" for i in range(1, 6)]
 VAL = ["test_batch"]
 # What a CIFAR batch may contain: numpy arrays and nothing else (pickle could run any code).
@@ -34,10 +36,6 @@ _ALLOWED = {
     ("numpy._core.numeric", "_frombuffer"),
     ("_codecs", "encode"),  # how Python 3 pickles bytes at protocol 2
 }
-
-
-# batches.meta's label_names, which every copy of the dataset holds in this order.
-CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
 def class_names(cfg: DatasetConfig) -> list[str]:

@@ -48,6 +48,10 @@ def check(cfg: DatasetConfig) -> None:
         )
 
 
+def class_names(cfg: DatasetConfig) -> list[str]:
+    return [str(digit) for digit in range(10)]  # a label is the digit drawn
+
+
 def arrays(cfg: DatasetConfig) -> tuple[ImageArrays, ImageArrays]:
     images, labels = images_and_labels()
     # A fixed split, independent of trainer.seed, so every run tests on the same images.

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from config.schema import DatasetConfig
@@ -67,7 +67,8 @@ def read(path: str) -> Encoded:
                 path,
             )
     except OSError as e:  # PIL's UnidentifiedImageError is an OSError too
-        raise ConfigError(f"{path}: unreadable image ({e}); delete or replace it") from None
+        why = "not an image file PIL knows" if isinstance(e, UnidentifiedImageError) else e  # its text names a BytesIO
+        raise ConfigError(f"{path}: unreadable image ({why}); delete or replace it") from None
 
 
 def cpu_only(image: Image.Image, data: bytes) -> str | None:
@@ -86,26 +87,29 @@ def cpu_only(image: Image.Image, data: bytes) -> str | None:
     return None
 
 
-def decode_here(encoded: Encoded, box: Sequence[int], size: int) -> torch.Tensor:
-    """The image's box, resized to 3 x size x size uint8, decoded on this CPU no larger than needed."""
+def decode_here(encoded: Encoded, box: Sequence[int], size: int, grey: bool = False) -> torch.Tensor:
+    """The image's box, resized to 3 x size x size uint8 (`grey`: 1 x size x size), decoded on this
+    CPU no larger than needed."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     top, left, h, w = box
     factor = 8  # PIL's draft() scales a JPEG by 1/2, 1/4 or 1/8 in the DCT domain
     while factor > 1 and factor * size > min(h, w):
         factor //= 2
+    mode = "L" if grey else "RGB"
     try:
         if factor == 1 and encoded.why is None:
-            return cut(decode_jpeg(encoded.data, mode=ImageReadMode.RGB), box, size)
+            return cut(decode_jpeg(encoded.data, mode=ImageReadMode.GRAY if grey else ImageReadMode.RGB), box, size)
         with Image.open(io.BytesIO(encoded.data.numpy().tobytes())) as image:
-            if factor > 1 and image.draft("RGB", (image.width // factor, image.height // factor)) is None:
+            if factor > 1 and image.draft(mode, (image.width // factor, image.height // factor)) is None:
                 factor = 1  # not a JPEG: decoded whole
             # PIL's resize takes the box in fractions of a pixel, which the scaled box needs.
             scaled = (left / factor, top / factor, (left + w) / factor, (top + h) / factor)
-            crop = image.convert("RGB").resize((size, size), Image.BILINEAR, box=scaled)
+            crop = image.convert(mode).resize((size, size), Image.BILINEAR, box=scaled)
     except (OSError, RuntimeError) as e:  # PIL's errors, and torchvision.io's
         raise ConfigError(f"{encoded.path}: unreadable image ({e}); delete or replace it") from None
-    return torch.from_numpy(np.asarray(crop).copy()).permute(2, 0, 1)
+    pixels = torch.from_numpy(np.asarray(crop).copy())
+    return pixels[None] if grey else pixels.permute(2, 0, 1)
 
 
 class EncodedFiles(Dataset):

@@ -56,6 +56,12 @@ class IdxDataset:
     def load(self, cfg: DatasetConfig) -> tuple[ArrayDataset, ArrayDataset]:
         return transformed(self.arrays(cfg), cfg)
 
+    def class_names(self, cfg: DatasetConfig) -> list[str]:
+        """torchvision's names for the labels (MNIST: '0 - zero', ...; KMNIST: the hiragana's romaji)."""
+        import torchvision.datasets
+
+        return list(getattr(torchvision.datasets, self.torchvision_class).classes)
+
     def _read_split(self, images_path: Path, labels_path: Path) -> ImageArrays:
         images = read_idx(images_path, ndim=3, fix=self._fix(images_path))
         labels = read_idx(labels_path, ndim=1, fix=self._fix(labels_path)).astype(np.int64)

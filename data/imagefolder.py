@@ -20,7 +20,7 @@ def count_classes(cfg: DatasetConfig) -> int:
 
 
 def class_names(cfg: DatasetConfig) -> list[str]:
-    """As torchvision's ImageFolder indexes them: train/'s folders, sorted."""
+    """The class folders of train/, sorted: ImageFolder's labels are their positions."""
     return _classes(_root(cfg) / "train")
 
 

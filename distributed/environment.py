@@ -18,7 +18,10 @@ from config.launcher_env import TORCHRUN_VARS
 from errors import ConfigError
 
 _SIOCGIFFLAGS, _IFF_LOOPBACK = 0x8913, 0x8  # netdevice(7)
-_FIND_IT = "the interface the nodes reach each other on (`ip -br addr` lists them; docs/clusters.md)"
+_FIND_IT = (
+    "the interface the nodes reach each other on (`ip -br addr` lists them; docs/clusters.md), or, with every "
+    "node on this host, give rank 0's address as 127.0.0.1 (torchrun --local-addr=127.0.0.1 on every node)"
+)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,16 @@ def from_torchrun(env: Mapping[str, str]) -> EnvRank:
         raise ConfigError(
             f"launcher=torchrun but {', '.join(missing)} not set in the environment; "
             "start train.py with torchrun (or set RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT)"
+        )
+    restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS") or 0)
+    if restarts and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torch's agent keeps one store for every restart of the group, so a restarted rank may read
+        # the address a rank of the group before left there, dead since, and fail to connect (the
+        # group's keys are the same each time: pytorch/pytorch#135712; seen here in most restarts).
+        raise ConfigError(
+            f"torchrun --max-restarts={restarts} would restart the ranks into the store the ranks before them "
+            "wrote, where a restarted rank can meet a dead rank's address; start torchrun with "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment, which gives each restart a store of its own"
         )
     world, local_world = int(env["WORLD_SIZE"]), int(env["LOCAL_WORLD_SIZE"])
     return EnvRank(
@@ -121,12 +134,19 @@ def check_interfaces(gloo: bool, nccl: bool, env: Mapping[str, str]) -> None:
     """Ranks on several nodes must not talk over loopback, where gloo's default often lands: it
     binds the address the hostname resolves to, and Debian's /etc/hosts maps that to 127.0.1.1.
     A peer told that address connects to its own node and fails (connection refused), while the
-    rank that waits for it hangs well past launcher.timeout_s. NCCL skips loopback unless told."""
+    rank that waits for it hangs well past launcher.timeout_s. NCCL skips loopback unless told.
+
+    Unless rank 0's address (MASTER_ADDR) is loopback itself: every rank reaches rank 0 there, so
+    every "node" runs on this one host (two torchrun agents rehearsing multi-node with
+    --rdzv-endpoint=127.0.0.1:PORT), and loopback is right; an interface named then is taken as it
+    is. A hostname that resolves to loopback here does not count: on Debian, rank 0's own node
+    resolves its name to 127.0.1.1 while the other nodes resolve it to the address they reach."""
+    peers_here = _loopback(env.get("MASTER_ADDR", ""))
     if gloo:
         names = [name for name in env.get("GLOO_SOCKET_IFNAME", "").split(",") if name]
         for name in names:
-            _check_interface("GLOO_SOCKET_IFNAME", name, exact=True)
-        if not names:
+            _check_interface("GLOO_SOCKET_IFNAME", name, exact=True, loopback_ok=peers_here)
+        if not names and not peers_here:
             host = socket.gethostname()
             address = _resolved(host)
             if address is None or ipaddress.ip_address(address).is_loopback:
@@ -138,10 +158,21 @@ def check_interfaces(gloo: bool, nccl: bool, env: Mapping[str, str]) -> None:
     ifname = env.get("NCCL_SOCKET_IFNAME", "")
     if nccl and ifname and not ifname.startswith("^"):  # ^: the interfaces it must not use
         for name in ifname.removeprefix("=").split(","):
-            _check_interface("NCCL_SOCKET_IFNAME", name, exact=False)  # NCCL takes a prefix: eth, ib
+            # NCCL takes a prefix: eth, ib
+            _check_interface("NCCL_SOCKET_IFNAME", name, exact=False, loopback_ok=peers_here)
 
 
-def _check_interface(var: str, name: str, exact: bool) -> None:
+def _loopback(address: str) -> bool:
+    """An address that means this host on every host: `localhost`, 127.0.0.0/8, ::1."""
+    if address.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a hostname, or nothing
+        return False
+
+
+def _check_interface(var: str, name: str, exact: bool, loopback_ok: bool) -> None:
     host = socket.gethostname()
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -151,7 +182,7 @@ def _check_interface(var: str, name: str, exact: bool) -> None:
         if exact:
             raise ConfigError(f"{var}={name}: {host} has no such interface; set it to {_FIND_IT}") from None
         return  # NCCL may mean it as a prefix
-    if flags & _IFF_LOOPBACK:
+    if flags & _IFF_LOOPBACK and not loopback_ok:
         raise ConfigError(f"{var}={name} is loopback, which the other nodes cannot reach; set it to {_FIND_IT}")
 
 

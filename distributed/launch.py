@@ -3,6 +3,7 @@ rank of a world that torchrun or SLURM's srun started."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import errno
@@ -12,9 +13,10 @@ import pickle
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -378,9 +380,14 @@ def _spawned_rank(
     try:
         _run_rank(local_rank, plan, worker, args)
     except Preempted as e:
-        sys.exit(e.exit_code)
+        code = e.exit_code
+    else:
+        code = 0
     finally:
-        skip_collection_at_exit()
+        skip_collection_at_exit()  # a rank that raised leaves through torch's error file and the interpreter
+    if plan.start_method == "spawn":  # a fresh interpreter, finalized as it exits; forked ranks end in os._exit
+        end_process(code)
+    sys.exit(code)
 
 
 def skip_collection_at_exit() -> None:
@@ -389,6 +396,32 @@ def skip_collection_at_exit() -> None:
     own; BENCHMARKS.md: Default job, time to accuracy). Objects still alive then need not be
     finalized (Python's own rule), and a run has closed all it writes by this point."""
     gc.freeze()
+
+
+def end_process(code: object = 0) -> NoReturn:
+    """Leave as `sys.exit(code)` would, less the interpreter's finalization, which can abort a run
+    that ended well (BENCHMARKS.md: issue 40, every finished run exits 0).
+
+    A gloo group may outlive destroy_process_group (an FSDP run's DTensor caches hold its mesh, and
+    the mesh the group), and its worker threads with it. A worker that drops a finished collective
+    whose tensor's Python object has state of its own (a Parameter's, a DTensor's) takes the GIL to
+    free that object; if it waits for the GIL as finalization begins, CPython ends the thread with
+    pthread_exit once it gets it, and the unwinding through the work's destructor calls
+    std::terminate: "terminate called without an active exception", SIGABRT, after metrics.json and
+    the checkpoints were written. So what finalization does that a run needs is done here, while the
+    interpreter is whole (threads joined, exit handlers run: logging's flush, multiprocessing's,
+    the loggers'; the streams flushed), and the process ends with os._exit."""
+    skip_collection_at_exit()
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit's rule: anything else is printed, status 1
+        print(code, file=sys.stderr)
+        code = 1
+    threading._shutdown()  # what the interpreter's exit does first: join the threads that are not daemons
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _run_rank(local_rank: int, plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:

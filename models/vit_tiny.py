@@ -35,7 +35,8 @@ class TinyViT(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = self.patches(x).flatten(2).transpose(1, 2)  # N x patches x dim
-        tokens = torch.cat([self.cls.expand(len(tokens), -1, -1), tokens], dim=1) + self.positions
+        # shape[0], not len(): torch.export reads len() as a constant, and the batch must stay dynamic
+        tokens = torch.cat([self.cls.expand(tokens.shape[0], -1, -1), tokens], dim=1) + self.positions
         return self.head(self.encoder(tokens)[:, 0])
 
 

@@ -6,12 +6,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, open_dict
 
+from config.hparams import hparams
 from config.overrides import swept_overrides
 from config.schema import Config, RunConfig
 from config.setup import compose
 from config.typed import Composition, run_config, typed
 from data import num_classes
-from preflight import hparams
 
 
 def compose_config(*overrides: str) -> DictConfig:
@@ -31,5 +31,5 @@ def job_config(run_dir: Path, *overrides: str) -> RunConfig:
         del cfg["hydra"]
     config = typed(cfg)
     swept = swept_overrides(overrides)
-    composition = Composition(run_dir, choices, swept, hparams(cfg, choices, swept))
+    composition = Composition(run_dir, choices, swept, hparams(cfg, choices))
     return run_config(config, composition, num_classes=config.dataset.num_classes or num_classes(config.dataset))

@@ -14,17 +14,27 @@ from training.callbacks import Callback, RunInfo
 
 
 class FailingNet(MnistNet):
-    """MnistNet whose rank `fail_rank` raises (or, with `kill`, dies by SIGKILL) at forward `at_step`."""
+    """MnistNet whose rank `fail_rank` raises (or, with `kill`, dies by SIGKILL) at forward `at_step`;
+    with `first_attempt_only`, not in a worker group that torchrun restarted."""
 
-    def __init__(self, *args, fail_rank: int = 1, at_step: int = 3, kill: bool = False, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        fail_rank: int = 1,
+        at_step: int = 3,
+        kill: bool = False,
+        first_attempt_only: bool = False,
+        **kwargs,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.fail_rank, self.at_step, self.kill = fail_rank, at_step, kill
+        self.fails = not (first_attempt_only and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0)
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         rank = dist.get_rank() if dist.is_initialized() else 0
-        if rank == self.fail_rank and self.calls == self.at_step:
+        if rank == self.fail_rank and self.calls == self.at_step and self.fails:
             if self.kill:
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"injected failure on rank {rank}")

@@ -17,11 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Modules of which only a part is scored (the rest: every function of the module).
 PARTS = {
-    "training/checkpoint.py": [
-        "save_checkpoint",
-        "check_resume",
-        "_check_schedule",
-    ],  # the atomic write; a resume's check
+    # the atomic write; a resume's decision and checks
+    "training/checkpoint/files.py": ["save_checkpoint"],
+    "training/checkpoint/resume.py": ["decide_resume", "_check_schedule", "open_resume"],
     "hydra_plugins/optuna_study_sweeper/_study.py": [
         "run",
         "search_space",
@@ -29,20 +27,38 @@ PARTS = {
         "_distribution",
         "override_of",
     ],
-    # The pre-flight checks, not the RunConfig it builds; of config/overrides.py the override keys' checks,
-    # not swept_overrides (a job's record).
+    # The pre-flight's checks, not the Plan it returns; of config/overrides.py the command line's
+    # checks, not swept_overrides (a job's record); of config/schema.py the values' checks.
     "preflight.py": [
         "check_and_plan",
-        "_check_trainer",
-        "_check_recipe",
-        "_check_loggers_and_profiler",
+        "_check_world",
+        "_check_profiler",
         "_steps_at_most",
-        "check_logger_options",
         "_check_model",
         "_check_built",
+        "_check_monitors",
         "_check_forward",
     ],
-    "config/overrides.py": ["check_overrides", "_check_free_form_keys", "_no_such_key"],
+    "config/overrides.py": [
+        "check_overrides",
+        "_check_no_secret",
+        "_check_schema_keys",
+        "_unchosen_logger_options",
+        "_check_free_form_keys",
+        "_no_such_callback",
+        "_no_such_key",
+    ],
+    "config/schema.py": [
+        "parse_signals",
+        "check_ranges",
+        "_at_least_1_or_null",
+        "xǁCheckpointConfigǁ__post_init__",
+        "xǁTrainerConfigǁ__post_init__",
+        "xǁDataConfigǁ__post_init__",
+        "xǁDatasetConfigǁ__post_init__",
+        "xǁOptimizerOptionsǁ__post_init__",
+        "xǁSchedulerOptionsǁ__post_init__",
+    ],
 }
 KILLED = {1, 3, 24, -24, 36, 152, 255}  # a failing test, or a test timed out (mutmut's exit codes)
 
@@ -56,7 +72,11 @@ def modules() -> list[str]:
 def patterns(module: str) -> list[str]:
     """mutmut's names for the module's mutants in scope: `training.checkpoint.x_save_checkpoint__mutmut_3`."""
     dotted = module.removesuffix(".py").replace("/", ".")
-    return [f"{dotted}.x_{name}__mutmut_*" for name in PARTS[module]] if module in PARTS else [f"{dotted}.*"]
+    return (
+        [f"{dotted}.{name if name.startswith('xǁ') else 'x_' + name}__mutmut_*" for name in PARTS[module]]
+        if module in PARTS
+        else [f"{dotted}.*"]
+    )
 
 
 def equivalents() -> set[str]:

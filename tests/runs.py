@@ -92,3 +92,8 @@ def wandb_records(run_file: Path):
 def resume_point(path: Path) -> ResumePoint:
     """The ResumePoint the pre-flight would decide on for the checkpoint file `path`."""
     return ResumePoint(path, int(torch.load(path, weights_only=True, mmap=True)["step"]), path.stat().st_size)
+
+
+# A password in an override, which no record of the run may show: digits never reads dataset.root.
+PASSWORD = "s3cret-h41"
+SECRET_ROOT = f"https://user:{PASSWORD}@example.org/data"

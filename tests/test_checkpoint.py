@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from config.schema import TrainerConfig
 from distributed.context import DistContext, make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
@@ -17,7 +18,7 @@ from tests.runs import resume_point
 from training.checkpoint.best import BestCheckpoints
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.files import load_checkpoint, save_checkpoint
-from training.checkpoint.resume import check_resumable, confirm_shared, find_resume
+from training.checkpoint.resume import check_resumable, confirm_shared, decide_resume, find_resume, record_torchrun_job
 from training.checkpoint.state import TrainState, host_copy, restore_rng
 from training.monitor import Monitor
 
@@ -271,6 +272,48 @@ def test_a_job_slurm_restarted_resumes_unless_told_otherwise(tmp_path):
     assert find_resume(None, tmp_path, restarted) == tmp_path / "checkpoints" / "last.pt"
     assert find_resume(None, tmp_path, {"SLURM_RESTART_COUNT": "0"}) is None
     assert find_resume("/elsewhere/best.pt", tmp_path, restarted) == Path("/elsewhere/best.pt")
+
+
+TORCHRUN_JOB = {"TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_RESTART_COUNT": "0", "RANK": "0"}
+
+
+def test_a_start_of_the_torchrun_job_a_run_dir_recorded_resumes_another_jobs_does_not(tmp_path):
+    """torchrun's restart count is each agent's: a node that joins a restarted job counts 0. Every node
+    shares the job's rendezvous id, which the run dir recorded at the job's first start."""
+    record_torchrun_job(tmp_path, TORCHRUN_JOB)
+    record_torchrun_job(tmp_path, TORCHRUN_JOB | {"TORCHELASTIC_RUN_ID": "other", "RANK": "1"})  # rank 0 alone writes
+    last = tmp_path / "checkpoints" / "last.pt"
+    save_checkpoint({"epoch": 1}, last)
+    restarted = TORCHRUN_JOB | {"TORCHELASTIC_RESTART_COUNT": "1"}
+    joined = TORCHRUN_JOB | {"RANK": "2"}  # a node that joined the restarted job: its agent counts 0
+    assert find_resume(None, tmp_path, restarted) == find_resume(None, tmp_path, joined) == last
+    # Another torchrun command (--standalone draws a fresh id), one without an id, a spawned run: a first start.
+    for first in ({"TORCHELASTIC_RUN_ID": "def"}, {"TORCHELASTIC_RUN_ID": "none"}, {}):
+        assert find_resume(None, tmp_path, restarted | first if first else {}) is None
+    assert find_resume("/elsewhere/best.pt", tmp_path, restarted) == Path("/elsewhere/best.pt")
+
+
+def test_a_torchrun_start_records_its_job_once_the_pre_flight_lets_it_train(tmp_path, monkeypatch):
+    """A first start of another job over a run dir's last.pt is refused, and leaves the record as it was."""
+    for var, value in TORCHRUN_JOB.items():
+        monkeypatch.setenv(var, value)
+
+    def check() -> None:
+        decide_resume(
+            TrainerConfig(), tmp_path, model=lambda: MnistNet(1, 10, 8), scheduler={}, warmup_epochs=0, weights=None
+        )
+
+    check()
+    assert (tmp_path / "torchrun_run_id").read_text() == "abc"
+    model = MnistNet(1, 10, 8).state_dict()
+    last = {"model": model, "optimizer": {}, "scheduler": None, "epoch": 1, "step": 3, "best": 0.5}
+    save_checkpoint(last, tmp_path / "checkpoints" / "last.pt")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    check()  # the same job again: it resumes
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "def")
+    with pytest.raises(ConfigError, match="already holds checkpoints/last.pt; continue it with trainer.resume=auto"):
+        check()
+    assert (tmp_path / "torchrun_run_id").read_text() == "abc"
 
 
 def test_a_temp_dir_a_rank_cannot_see_stops_it_in_one_line(tmp_path):

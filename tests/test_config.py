@@ -9,11 +9,11 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from config.overrides import check_overrides
+from config.schema import parse_signals
 from errors import ConfigError
 from preflight import check_and_plan
 from tests.configs import compose_config, typed_config
 from tests.runs import run_train
-from training.preemption import parse_signals
 
 
 def test_default_config_composes_to_the_embedded_dataset():
@@ -245,3 +245,18 @@ def test_launcher_backend_picks_the_process_groups_backend(monkeypatch):
 def test_sync_batchnorm_under_dp_is_refused_not_ignored():
     with pytest.raises(ConfigError, match="^strategy.sync_batchnorm=true under strategy=dp: .*use strategy=ddp"):
         check_and_plan(typed_config("strategy=dp", "strategy.sync_batchnorm=true"))
+
+
+@pytest.mark.parametrize(
+    "override, shown",
+    [
+        ("logger.mlflow.tracking_uri=https://me:pw-123@mlflow.example.org", "https://me:***@mlflow.example.org"),
+        ("+logger.wandb.api_key=pw-123", "logger.wandb.api_key=***"),
+        ("hydra.sweeper.storage=postgresql://me:pw-123@db/optuna", "postgresql://me:***@db/optuna"),
+    ],
+)
+def test_a_password_on_the_command_line_is_refused_in_one_line_that_hides_it(override, shown):
+    with pytest.raises(ConfigError) as refused:
+        check_overrides(["trainer.epochs=2", override])
+    message = str(refused.value)
+    assert shown in message and "pw-123" not in message and "give it through the environment" in message

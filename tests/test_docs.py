@@ -17,6 +17,8 @@ What each treatment checks:
 - `slurm/rig.sh <sub> ...`, `scripts/postgres.sh <sub> ...`: a subcommand the script has; the rig's
   `on DIR NODE <command>` checks the command.
 - `python download.py ...`: composes, and names a dataset download.py fetches.
+- `python predict.py ...`, `python export.py ...`: the CLI's own parser takes the arguments (running
+  them needs a trained run: tests/test_using.py runs both, and the page's Python).
 - `python -m pytest paths`: the paths exist. `python -m <module> ...`: `<module> --help` runs.
 - `.venv/bin/python -m tests.mutation ...`: the modules named are the ones it mutates.
 - `make <target>`: a target of the Makefile. `tensorboard --logdir DIR`: TensorBoard is installed.
@@ -168,6 +170,8 @@ def check_python(words: list[str], tmp_path: Path) -> None:
 
         assert typed(compose(*words[2:])).dataset.name in serving(OnDisk)
         return
+    if words[1] in ("predict.py", "export.py"):
+        return check_cli(words[1], words[2:])
     assert words[1] == "-m", f"python {words[1]}: a script test_docs.py has no treatment for"
     module, args = words[2], words[3:]
     if module == "pytest":
@@ -186,6 +190,14 @@ def check_python(words: list[str], tmp_path: Path) -> None:
     finally:
         sys.argv = saved
     assert exit_.value.code in (0, None), f"python -m {module} --help exited {exit_.value.code}"
+
+
+def check_cli(script: str, args: list[str]) -> None:
+    cli = importlib.import_module(script.removesuffix(".py"))
+    try:
+        cli.parser().parse_args(args)
+    except SystemExit:  # argparse printed which argument on stderr
+        pytest.fail(f"`python {script} {shlex.join(args)}`: {script} refuses its arguments")
 
 
 def check_torchrun(words: list[str], tmp_path: Path) -> None:

@@ -198,3 +198,50 @@ def test_gloo_without_an_interface_needs_the_hostname_to_resolve_off_loopback(mo
     assert "resolves to, none: then loopback, which" in _error(environment.check_interfaces, True, False, {})
     monkeypatch.setattr(socket, "getaddrinfo", _resolving_to("10.0.0.7", "127.0.1.1"))
     environment.check_interfaces(True, False, {})
+
+
+@pytest.mark.parametrize("master", ["127.0.0.1", "127.0.1.1", "localhost", "::1"])
+def test_with_rank_0_on_a_loopback_address_every_node_is_this_host_and_loopback_is_right(monkeypatch, master):
+    """Two torchrun agents on one host (--rdzv-endpoint=127.0.0.1:PORT): unset, gloo binds loopback;
+    GLOO_SOCKET_IFNAME=lo or NCCL_SOCKET_IFNAME=lo is taken as given. A name no interface has is not."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "node07")
+    monkeypatch.setattr(socket, "getaddrinfo", _resolving_to("127.0.1.1"))  # Debian's /etc/hosts
+    here = {"MASTER_ADDR": master}
+    environment.check_interfaces(True, True, here)
+    environment.check_interfaces(True, True, here | {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"})
+    assert _error(environment.check_interfaces, True, False, here | {"GLOO_SOCKET_IFNAME": "nope0"}).startswith(
+        "GLOO_SOCKET_IFNAME=nope0: node07 has no such interface"
+    )
+
+
+@pytest.mark.parametrize("master", ["10.0.0.7", "node07", "node07.cluster", ""])
+def test_with_rank_0_elsewhere_or_named_the_loopback_refusals_stay(monkeypatch, master):
+    """A name counts as elsewhere even where it resolves to loopback: rank 0's own node resolves its
+    name to 127.0.1.1 (Debian) while the other nodes reach it at its real address."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "node07")
+    monkeypatch.setattr(socket, "getaddrinfo", _resolving_to("127.0.1.1"))
+    elsewhere = {"MASTER_ADDR": master}
+    assert _error(environment.check_interfaces, True, False, elsewhere).startswith(
+        "GLOO_SOCKET_IFNAME is not set, so gloo binds the address node07 resolves to, 127.0.1.1"
+    )
+    assert _error(environment.check_interfaces, True, False, elsewhere | {"GLOO_SOCKET_IFNAME": "lo"}).startswith(
+        "GLOO_SOCKET_IFNAME=lo is loopback, which the other nodes cannot reach"
+    )
+    assert _error(environment.check_interfaces, False, True, elsewhere | {"NCCL_SOCKET_IFNAME": "lo"}).startswith(
+        "NCCL_SOCKET_IFNAME=lo is loopback"
+    )
+
+
+def test_torchrun_restarts_into_the_store_of_the_ranks_before_are_refused_in_one_line():
+    """torch's agent shares one store with every restart of the group: a restarted rank can read a dead
+    rank's address. TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (no agent store) gives each restart its own."""
+    restarts = TORCHRUN | {"TORCHELASTIC_MAX_RESTARTS": "1"}
+    assert _error(environment.from_torchrun, restarts | {"TORCHELASTIC_USE_AGENT_STORE": "True"}) == (
+        "torchrun --max-restarts=1 would restart the ranks into the store the ranks before them wrote, where a "
+        "restarted rank can meet a dead rank's address; start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+        "in its environment, which gives each restart a store of its own"
+    )
+    assert environment.from_torchrun(restarts | {"TORCHELASTIC_USE_AGENT_STORE": "False"}).rank == 1
+    assert environment.from_torchrun(
+        TORCHRUN | {"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    )

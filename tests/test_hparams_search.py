@@ -438,7 +438,7 @@ def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
     assert "Best parameters: optimizer.lr=" in again.stdout
     assert all((sweep / t.user_attrs["job"] / "metrics.json").is_file() for t in complete)
     # TensorBoard: each run named by its job's dir, its sampled floats to 4 digits; in the HParams tab
-    # the sampled keys differ, and those sampled from an interval are numbers (sorted, plotted as such).
+    # the sampled keys differ, and are numbers (sorted, plotted as such).
     runs = EventMultiplexer().AddRunsFromDirectory(str(sweep))
     runs.Reload()
     sampled = [float(x) for run in runs.Runs() for x in re.findall(r"\.(?:lr|weight_decay)-([\d.e-]+)", run)]
@@ -448,7 +448,7 @@ def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
         assert {info.name: api_pb2.DataType.Name(info.type) for info in experiment.hparam_infos if info.differs} == {
             "optimizer.lr": "DATA_TYPE_FLOAT64",
             "optimizer.weight_decay": "DATA_TYPE_FLOAT64",
-            "trainer.batch_size": "DATA_TYPE_STRING",
+            "trainer.batch_size": "DATA_TYPE_FLOAT64",
         }
 
 

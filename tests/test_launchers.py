@@ -6,6 +6,7 @@ import faulthandler
 import gc
 import json
 import os
+import re
 import resource
 import signal
 import socket
@@ -374,12 +375,15 @@ def test_a_gpu_sweep_job_runs_even_one_process_in_a_child(monkeypatch, strategy)
         in_process.clear()
 
 
-def _torchrun(cwd: Path, torchrun_args: list[str], *overrides: str) -> subprocess.Popen:
-    """`torchrun ... train.py` from `cwd`, so Hydra's default run dir lands in cwd/outputs."""
+def _torchrun(
+    cwd: Path, torchrun_args: list[str], *overrides: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """`torchrun ... train.py` from `cwd`, so Hydra's default run dir lands in cwd/outputs; `env`: added
+    to this process's environment."""
     cmd = [*TORCHRUN, *torchrun_args, str(ROOT / "train.py"), "strategy=ddp", *TINY, *overrides]
     # One thread per rank as spawn's 2 ranks use here (torchrun sets it only for nproc_per_node > 1):
     # another thread count sums in another order, and the weights would differ in the last bits.
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -451,6 +455,46 @@ def test_a_rank_freezes_what_it_imported_so_leaving_the_group_walks_only_what_it
     finally:
         context.shutdown(ctx, clean=True)
         gc.unfreeze()
+
+
+# The teardown abort made certain, in one process with two gloo ranks: allreduces still in flight as
+# the script ends, the last of them on a tensor whose Python object has state of its own (as a
+# Parameter's or a DTensor's), so the worker that drops it asks for the GIL; the last exit handler
+# holds the GIL in C code meanwhile, and finalization, writing stdout's buffer, lets it go. Ended by
+# the interpreter: "terminate called without an active exception", SIGABRT.
+TEARDOWN_RACE = """
+import atexit, sys
+atexit.register(sum, range(2 * 10**7))  # before any import registers its own: it runs last
+import threading
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+from distributed.launch import end_process
+
+store, groups = dist.HashStore(), [None, None]
+def join(rank):
+    groups[rank] = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=30))
+threads = [threading.Thread(target=join, args=(rank,)) for rank in (0, 1)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+for group in groups:
+    group.allreduce([torch.zeros(5 * 10**6)])
+for group in groups:
+    small = torch.ones(4)
+    small.note = "state of its own"
+    group.allreduce([small])
+del small
+print("done")
+end_process(0)
+"""
+
+
+@pytest.mark.slow
+def test_a_process_that_leaves_through_end_process_is_not_aborted_by_a_gloo_thread():
+    done = subprocess.run([sys.executable, "-c", TEARDOWN_RACE], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "done\n"), done.stderr[-3000:]
 
 
 def test_train_py_imports_without_a_full_collection_and_leaves_its_imports_frozen():
@@ -584,6 +628,41 @@ def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(tmp_path, ddp_re
     assert run_dir.name.startswith("torchrun-")
     _assert_rank_zero_wrote(run_dir, 2)
     # Ranks from torchrun's env shard the data exactly as spawn's ranks do: the same weights.
+    assert same_weights(run_dir, ddp_reference)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_under_torchrun_restarts_resumes_and_ends_as_an_unbroken_run(tmp_path, ddp_reference):
+    """torchrun --max-restarts starts the worker group again after rank 1's SIGKILL at its 3rd step; the
+    new group continues from last.pt unasked, as a SLURM requeue does, to the unbroken run's weights."""
+    killer = ["model._target_=tests.faults.FailingNet", "+model.kill=true", "+model.first_attempt_only=true"]
+    agent = ["--standalone", "--nproc_per_node=2", "--max-restarts=1"]
+    separate_stores = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # environment.from_torchrun says why
+    run = _torchrun(
+        tmp_path, agent, "trainer.devices=2", "trainer.checkpoint_every_n_steps=1", *killer, env=separate_stores
+    )
+    code, stderr = _finish(run)
+    assert code == 0, stderr
+    run_dir = _one_run_dir(tmp_path)
+    assert re.search(r"from epoch 1 batch [23] \(.*last\.pt\)", (run_dir / "train.log").read_text())
+    assert same_weights(run_dir, ddp_reference)
+
+
+@pytest.mark.slow
+def test_two_torchrun_agents_on_this_host_train_over_loopback_like_spawn(tmp_path, ddp_reference, monkeypatch):
+    """Multi-node rehearsed as torch's elastic docs do: two agents, one rank each, meeting at a loopback
+    --rdzv-endpoint. Every node is this host: no interface variable is needed, and one given is taken."""
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    rendezvous = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}"]
+    agents = [
+        _torchrun(tmp_path, [*rendezvous, "--rdzv-id=loopback"], "trainer.num_nodes=2", env=env)
+        for env in ({}, {"GLOO_SOCKET_IFNAME": "lo"})
+    ]
+    for agent in agents:
+        code, stderr = _finish(agent)
+        assert code == 0, stderr
+    run_dir = _one_run_dir(tmp_path)
+    _assert_rank_zero_wrote(run_dir, 2)
     assert same_weights(run_dir, ddp_reference)
 
 

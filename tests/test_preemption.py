@@ -176,3 +176,14 @@ def test_outside_slurm_it_says_how_to_resume(scontrol, caplog):
 def test_the_resume_command_keeps_the_overrides_and_pins_the_run_dir():
     command = resume_command(["strategy=ddp", "trainer.resume=/old.pt", "hydra.run.dir=x", "model.name=a b"], "/runs/r")
     assert command == "python train.py strategy=ddp 'model.name=a b' hydra.run.dir=/runs/r trainer.resume=auto"
+
+
+def test_a_run_that_fails_while_it_is_built_gives_the_signals_back(tmp_path):
+    """train() notes SIGUSR1/SIGTERM from its start; a run that fails before its loop (here its
+    model) leaves the handlers it found, not a watch of a run that is gone (a -m sweep's next job,
+    or the rest of the process, would have its signals swallowed)."""
+    job = job_config(tmp_path, "trainer.epochs=1", "logger=none", "+model.no_such_argument=1")
+    handlers = {sig: signal.getsignal(sig) for sig in job.preempt_signals}
+    with pytest.raises(TypeError, match="no_such_argument"):
+        train(make_context(0, 0, 1, 1, "cpu", use_process_group=False), job)
+    assert {sig: signal.getsignal(sig) for sig in job.preempt_signals} == handlers

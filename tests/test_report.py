@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import io
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from google.protobuf import json_format
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
-from tensorboard.plugins.hparams import plugin_data_pb2
+from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
 from bench import report
+from config.setup import ROOT
 from tests import train_server
 from tests.runs import FORK_RANKS
 from training.loggers.tensorboard import HPARAM_METRICS
@@ -53,22 +59,20 @@ def _record(run_dir: Path, overrides: list[str], config: dict, choices: dict) ->
 
 
 def _parent_of_sweeps_and_a_search(root: Path) -> Path:
-    """multirun/ as two sweeps, a search and outputs/ leave it (dated dirs: the year is no job number)."""
-    defaults = {"optimizer": "sgd", "model": "mnist_net", "hparams_search": None}
-    config = {"optimizer": {"lr": 0.05, "weight_decay": 5e-4}, "trainer": {"batch_size": 64, "epochs": 15}}
+    """multirun/ as two sweeps, a search and outputs/ leave it (dated dirs: the year is no job number),
+    each run with its record (hparams.json, as train.py writes it) and its overrides; each sweep with its multirun.yaml."""
+    defaults = {"model": "mnist_net", "optimizer": "sgd", "optimizer.lr": 0.05, "optimizer.weight_decay": 5e-4}
+    defaults |= {"trainer.batch_size": 64, "trainer.epochs": 15, "parameters": 53002}
 
-    def run(path, overrides, choices=(), lr=0.05, decay=5e-4, batch=64, **metrics):
-        _write(root, path, **metrics)
-        used = {
-            **config,
-            "optimizer": {"lr": lr, "weight_decay": decay},
-            "trainer": {"batch_size": batch, "epochs": 15},
-        }
-        _record(root / path, overrides, used, {**defaults, **dict(choices)})
+    def run(path, overrides, best_val_acc=0.95, sweep=True, **used):
+        _write(root, path, overrides, best_val_acc=best_val_acc)
+        (root / path / "hparams.json").write_text(json.dumps({**defaults, **used}))
+        if sweep:
+            (root / path).parent.joinpath("multirun.yaml").write_text("hydra: {}\n")  # what makes it a sweep's job
 
-    run("2026-11-26/10-00-00/0_model-simple_cnn", ["model=simple_cnn"], {"model": "simple_cnn"})
+    run("2026-11-26/10-00-00/0_model-simple_cnn", ["model=simple_cnn"], model="simple_cnn", parameters=21386)
     run("2026-11-26/10-00-00/1_model-mnist_net", ["model=mnist_net"])
-    run("2026-11-26/11-00-00/0_optimizer-adamw", ["optimizer=adamw"], {"optimizer": "adamw"}, lr=1e-3, decay=0.01)
+    run("2026-11-26/11-00-00/0_optimizer-adamw", ["optimizer=adamw"], optimizer="adamw", **{"optimizer.lr": 1e-3})
     for trial, (lr, decay, batch) in enumerate(
         [(0.03028525153605885, 0.0007257005721594283, 128), (0.015171717849735478, 0.0036905577292137633, 16)]
     ):
@@ -80,17 +84,44 @@ def _parent_of_sweeps_and_a_search(root: Path) -> Path:
                 f"optimizer.weight_decay={decay}",
                 f"trainer.batch_size={batch}",
             ],
-            {"hparams_search": "digits"},
-            lr=lr,
-            decay=decay,
-            batch=batch,
+            hparams_search="digits",
             best_val_acc=0.5 + trial / 10,
+            **{"optimizer.lr": lr, "optimizer.weight_decay": decay, "trainer.batch_size": batch},
         )
-    run("2026-11-27/09-00-00", [])  # outputs/: a plain run, no overrides
+    run("2026-11-27/09-00-00", [], sweep=False)  # outputs/: a plain run, no overrides
     return root
 
 
-def test_labels_come_from_each_runs_own_overrides_never_its_path(tmp_path):
+def test_every_column_is_a_key_that_differs_with_what_each_run_used_whichever_way_it_came_to(tmp_path):
+    runs = report.load_runs(_parent_of_sweeps_and_a_search(tmp_path))
+    assert [run.sweep for run in runs] == [
+        *["2026-11-26/10-00-00"] * 2,
+        "2026-11-26/11-00-00",
+        None,
+        *["search/digits"] * 2,
+    ]
+    header, _, *lines = report.markdown(report.rows(runs)).splitlines()
+    # model and batch have columns of their own; parameters differs by the model, adamw's lr by its own default.
+    assert header.split(" | ")[:6] == [
+        "| optimizer",
+        "optimizer.lr",
+        "optimizer.weight_decay",
+        "parameters",
+        "hparams_search",
+        "strategy",
+    ]
+    cells = {line.split(" | ")[-1].rstrip(" |").split("/")[-1]: line.split(" | ")[:5] for line in lines}
+    assert cells == {
+        "0_model-simple_cnn": ["| sgd", "0.05", "0.0005", "21386", "—"],
+        "1_model-mnist_net": ["| sgd", "0.05", "0.0005", "53002", "—"],
+        "0_optimizer-adamw": ["| adamw", "0.001", "0.0005", "53002", "—"],
+        "09-00-00": ["| sgd", "0.05", "0.0005", "53002", "—"],
+        "0_optimizer.lr-0.03029": ["| sgd", "0.03029", "0.0007257", "53002", "digits"],
+        "1_optimizer.lr-0.01517": ["| sgd", "0.01517", "0.003691", "53002", "digits"],
+    }
+
+
+def test_labels_name_each_run_by_its_sweep_and_what_it_used_of_the_overridden_keys_that_differ(tmp_path):
     runs = report.load_runs(_parent_of_sweeps_and_a_search(tmp_path))
     keys = report.swept_keys(runs)
     assert keys == [
@@ -101,44 +132,30 @@ def test_labels_come_from_each_runs_own_overrides_never_its_path(tmp_path):
         "optimizer.weight_decay",
         "trainer.batch_size",
     ]
-    labels = {run.name.split("/")[-1]: report.label(run, keys) for run in runs}
-    assert labels == {
-        "0_model-simple_cnn": "model=simple_cnn",
-        "1_model-mnist_net": "model=mnist_net",
-        "0_optimizer-adamw": "optimizer=adamw",
-        "09-00-00": "(defaults)",
-        "0_optimizer.lr-0.03029": "hparams_search=digits optimizer.lr=0.03029 optimizer.weight_decay=0.0007257 "
-        "trainer.batch_size=128",
-        "1_optimizer.lr-0.01517": "hparams_search=digits optimizer.lr=0.01517 optimizer.weight_decay=0.003691 "
-        "trainer.batch_size=16",
+    assert report.several_sweeps(runs)
+    labels = {run.name: report.label(run, keys[:2], by_sweep=True) for run in runs}
+    assert labels == {  # every run says its model and optimizer, overridden or not; a run of no sweep its dir
+        "2026-11-26/10-00-00/0_model-simple_cnn": "2026-11-26/10-00-00: model=simple_cnn optimizer=sgd",
+        "2026-11-26/10-00-00/1_model-mnist_net": "2026-11-26/10-00-00: model=mnist_net optimizer=sgd",
+        "2026-11-26/11-00-00/0_optimizer-adamw": "2026-11-26/11-00-00: model=mnist_net optimizer=adamw",
+        "2026-11-27/09-00-00": "2026-11-27/09-00-00: model=mnist_net optimizer=sgd",
+        "search/digits/0_optimizer.lr-0.03029": "search/digits: model=mnist_net optimizer=sgd",
+        "search/digits/1_optimizer.lr-0.01517": "search/digits: model=mnist_net optimizer=sgd",
     }
-    # The same overrides twice (outputs/ holds many runs of the default job): numbered, in the table's order.
-    (plain,) = [run for run in runs if run.name == "2026-11-27/09-00-00"]
-    again = report.Run(**{**vars(plain), "name": "2026-11-28/09-00-00"})
-    assert report.plot_labels([plain, again], keys) == {plain.name: "(defaults)", again.name: "(defaults) (2)"}
-    # A search's long labels, shortened, keep their first and last overrides whole.
-    shortened = report.plot_labels(runs, keys)
-    assert shortened["search/digits/0_optimizer.lr-0.03029"] == "hparams_search=digits … trainer.batch_size=128"
+    # One sweep's runs: no sweep named; a search's sampled floats to 4 digits.
+    search = report.load_runs(tmp_path / "search" / "digits")
+    assert not report.several_sweeps(search)
+    assert [report.label(run, report.swept_keys(search)) for run in search] == [
+        "optimizer.lr=0.03029 optimizer.weight_decay=0.0007257 trainer.batch_size=128",
+        "optimizer.lr=0.01517 optimizer.weight_decay=0.003691 trainer.batch_size=16",
+    ]
+    # The same sweep twice (its dir copied): each run after its sweep, not numbered.
+    again = [report.Run(**{**vars(run), "name": "b/" + run.name, "sweep": "b"}) for run in search]
+    plotted = report.plot_labels([*search, *again], report.swept_keys(search), by_sweep=True)
+    assert len(set(plotted.values())) == 4 and plotted["b/0_optimizer.lr-0.03029"].startswith("b: optimizer.lr=0.03029")
 
 
-def test_every_column_shows_what_the_run_used_be_it_an_override_or_a_default(tmp_path):
-    runs = report.load_runs(_parent_of_sweeps_and_a_search(tmp_path))
-    header, _, *lines = report.markdown(report.rows(runs)).splitlines()
-    cells = {line.split(" | ")[-1].rstrip(" |").split("/")[-1]: line.split(" | ")[:5] for line in lines}
-    assert header.split(" | ")[:5] == [
-        "| optimizer",
-        "hparams_search",
-        "optimizer.lr",
-        "optimizer.weight_decay",
-        "strategy",
-    ]  # model and batch: columns of their own
-    assert cells["0_optimizer.lr-0.03029"] == ["| sgd", "digits", "0.03029", "0.0007257", "?"]  # sgd: its default
-    assert cells["0_optimizer-adamw"] == ["| adamw", "null", "0.001", "0.01", "?"]  # adamw's own lr and decay
-    assert cells["09-00-00"] == ["| sgd", "null", "0.05", "0.0005", "?"]
-    assert not any(" — " in " | ".join(c) for c in cells.values())  # every run kept its record
-
-
-def test_a_key_set_on_the_command_line_to_what_the_other_runs_used_tells_no_run_apart(tmp_path):
+def test_a_run_from_before_hparams_json_is_compared_by_its_hydra_record(tmp_path):
     for name, overrides, epochs in [
         ("a", ["optimizer=adadelta", "optimizer.lr=1"], 15),
         ("b", [], 15),
@@ -153,14 +170,35 @@ def test_a_key_set_on_the_command_line_to_what_the_other_runs_used_tells_no_run_
         )
     runs = report.load_runs(tmp_path)
     assert report.swept_keys(runs) == ["trainer.epochs"]  # adadelta and its lr 1 (1.0) were every run's
-    assert [report.label(run, ["trainer.epochs"]) for run in runs] == [
-        "(shared overrides only)",
-        "(defaults)",
-        "trainer.epochs=2",
+    assert [report.label(run, ["trainer.epochs"]) for run in runs] == ["trainer.epochs=15"] * 2 + ["trainer.epochs=2"]
+
+
+def test_labels_never_print_over_each_other_and_each_figure_has_one_name(tmp_path):
+    import matplotlib.pyplot as plt
+
+    runs = report.load_runs(_parent_of_sweeps_and_a_search(tmp_path))  # several runs end alike: 10 s, 95%
+    # A search's further trials (each label three lines).
+    (trial,) = [run for run in runs if run.name.startswith("search/digits/0")]
+    runs += [
+        report.Run(**{**vars(trial), "name": f"search/digits/{i}", "record": {**trial.record, "optimizer.lr": i / 100}})
+        for i in range(2, 10)
     ]
+    fig = report.figure(report.rows(runs))
+    per_configuration, accuracy = fig.axes
+    assert not accuracy.texts  # its runs named in a legend beside it, in the table's order
+    labels = report.plot_labels(runs, report.swept_keys(runs), by_sweep=True)
+    assert [t.get_text() for t in accuracy.get_legend().get_texts()] == list(labels.values())
+    fig.canvas.draw()
+    boxes = [tick.get_window_extent() for tick in per_configuration.get_yticklabels()]
+    assert len(boxes) == 14 and not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    titles = [ax.title.get_window_extent() for ax in fig.axes]
+    assert not titles[0].overlaps(titles[1])
+    names = {ax.get_xlabel() for ax in fig.axes} | {ax.get_ylabel() for ax in fig.axes}
+    assert names == {"best_val_acc", "wall time (s)", ""}  # best_val_acc, the one name of the optimised figure
+    plt.close(fig)
 
 
-def test_a_plot_shortens_long_labels_in_the_middle_maps_them_and_each_trial_in_a_legend(tmp_path):
+def test_a_plot_wraps_long_labels_cuts_longer_ones_in_the_middle_and_lists_each_trial_in_a_legend(tmp_path):
     root = _parent_of_sweeps_and_a_search(tmp_path)
     runs, search = (
         report.load_runs(root / "search" / "digits"),
@@ -192,24 +230,39 @@ def test_a_plot_shortens_long_labels_in_the_middle_maps_them_and_each_trial_in_a
         },
     )
     fig = report.figure(report.rows(runs), search)
-    per_configuration, _, trials = fig.axes
+    per_configuration, trials, _ = fig.axes
     shown = [tick.get_text() for tick in per_configuration.get_yticklabels()]
-    assert shown == ["optimizer.lr=0.03029 … trainer.batch_size=128", "optimizer.lr=0.01517 … trainer.batch_size=16"]
+    assert shown == [
+        "optimizer.lr=0.03029\noptimizer.weight_decay=0.0007257\ntrainer.batch_size=128",
+        "optimizer.lr=0.01517\noptimizer.weight_decay=0.003691\ntrainer.batch_size=16",
+    ]
     assert fig.texts[0].get_text().splitlines() == [  # under the plots
-        "optimizer.lr=0.03029 … trainer.batch_size=128: hparams_search=digits optimizer.lr=0.03028525153605885 "
-        "optimizer.weight_decay=0.0007257005721594283 trainer.batch_size=128",
-        "optimizer.lr=0.01517 … trainer.batch_size=16: hparams_search=digits optimizer.lr=0.015171717849735478 "
-        "optimizer.weight_decay=0.0036905577292137633 trainer.batch_size=16",
         "trial 0: optimizer.lr=0.03029 trainer.batch_size=128",
         "trial 1: optimizer.lr=0.01517 trainer.batch_size=16",
         "trial 2: optimizer.lr=0.4 trainer.batch_size=16 (fail)",
     ]
     assert all(tick == int(tick) for tick in trials.get_xticks())  # trials 0, 1: no tick at 0.5
+    long = report.Run(**{**vars(runs[0]), "record": {**runs[0].record, "optimizer.lr": "x" * 200}})
+    (label,) = report.plot_labels([long], ["optimizer.lr"]).values()
+    assert len(label.replace("\n", "")) <= report.LONGEST and "…" in label
 
 
 def _run(name="r", strategy="ddp", devices=1, batch_size=64, samples_per_s=100.0, overrides=()):
+    overrides = tuple(overrides)
     return report.Run(
-        name, strategy, devices, "m", "d", batch_size, samples_per_s, 0.9, 0.95, 10.0, None, overrides=tuple(overrides)
+        name,
+        strategy,
+        devices,
+        "m",
+        "d",
+        batch_size,
+        samples_per_s,
+        0.9,
+        0.95,
+        10.0,
+        None,
+        overrides=overrides,
+        record=dict(overrides),
     )
 
 
@@ -345,13 +398,20 @@ def test_a_scaling_plot_names_each_line_by_what_it_is_apart_from_its_device_coun
     assert [text.get_text() for text in throughput.get_legend().get_texts()] == ["optimizer=sgd", "optimizer=adamw"]
 
 
-def test_main_prints_the_table_and_writes_the_plot(tmp_path, capsys):
+def test_main_prints_the_table_and_writes_the_plot_where_asked_by_default_in_the_directory_saying_so(tmp_path, capsys):
     _write(tmp_path, "0", strategy="ddp", devices=1, train_samples_per_s=100.0)
     _write(tmp_path, "1", strategy="ddp", devices=2, train_samples_per_s=150.0)
     assert report.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| 1.50× | 75% |" in out
-    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png = tmp_path / "report.png"
+    assert out.endswith(f"plot: {png} (in the directory reported on; --png PATH writes it elsewhere)\n")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png.unlink()
+    elsewhere = tmp_path.parent / f"{tmp_path.name}.png"
+    assert report.main([str(tmp_path), "--png", str(elsewhere)]) == 0
+    assert capsys.readouterr().out.endswith(f"plot: {elsewhere}\n")
+    assert elsewhere.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not png.exists()
 
 
 def test_runs_are_named_by_the_overrides_that_differ(tmp_path):
@@ -372,10 +432,11 @@ def test_runs_are_named_by_the_overrides_that_differ(tmp_path):
     assert [r.name for r in runs] == ["0_x", "1_x", "2_x", "3_x", "10_x"]  # job 10 after job 3
     keys = report.swept_keys(runs)
     assert keys == ["model", "optimizer", "optimizer.lr"]  # trainer.epochs is the same everywhere
-    assert report.label(runs[1], keys) == "model=simple_cnn optimizer=adamw"
+    # Each run says what it used of every key that differs: these runs kept no record of the lr they took.
+    assert report.label(runs[1], keys) == "model=simple_cnn optimizer=adamw optimizer.lr=—"
     assert report.label(runs[4], keys) == "model=mnist_net optimizer=adamw optimizer.lr=0.003162"
-    labels = report.plot_labels(runs, keys)  # the long one cut in the middle, not named by its dir's number
-    assert (labels["1_x"], labels["10_x"]) == (report.label(runs[1], keys), "model=mnist_net … optimizer.lr=0.003162")
+    labels = report.plot_labels(runs, keys)  # the long one wrapped, not named by its dir's number
+    assert labels["10_x"] == "model=mnist_net optimizer=adamw\noptimizer.lr=0.003162"
     header, _, *lines = report.markdown(report.rows(runs)).splitlines()
     assert header.startswith("| optimizer | optimizer.lr | strategy | devices | model |")  # model: its own column
     assert lines[1].startswith("| adamw | — | ? | 1 | simple_cnn |")
@@ -414,10 +475,10 @@ def test_main_without_runs_says_what_to_do(tmp_path, capsys):
     assert not (tmp_path / "report.png").exists()
 
 
-def _sweep_and_report(sweep: Path, *overrides: str) -> tuple[list[str], str]:
+def _sweep_and_report(sweep: Path, *overrides: str, tiny: tuple[str, ...] = TINY) -> tuple[list[str], str]:
     """Run `python train.py -m` (job dirs as conf/config.yaml names them), then bench.report on it: the
     table's lines, and what the sweep printed."""
-    result = train_server.run(["-m", FORK_RANKS, f"hydra.sweep.dir={sweep}", *TINY, *overrides])
+    result = train_server.run(["-m", FORK_RANKS, f"hydra.sweep.dir={sweep}", *tiny, *overrides])
     assert result.returncode == 0, result.stderr[-3000:]
     # bench.report in this process (tests/test_sweeps.py runs it as `python -m bench.report`).
     with contextlib.redirect_stdout(io.StringIO()) as out:
@@ -426,52 +487,147 @@ def _sweep_and_report(sweep: Path, *overrides: str) -> tuple[list[str], str]:
     return [line for line in out.getvalue().splitlines() if line.startswith("|")], result.stdout
 
 
+def documented_sweep() -> list[str]:
+    """The overrides of the 4-job sweep docs/sweeps.md shows beside its HParams screenshot (the README's too)."""
+    text = (ROOT / "docs" / "sweeps.md").read_text()
+    (line,) = [line for line in text.splitlines() if line.startswith("python train.py -m ") and "# 4 jobs" in line]
+    assert "docs/tensorboard_hparams.png" in (ROOT / "README.md").read_text() and "tensorboard_hparams.png" in text
+    return line.split("#")[0].split()[3:]
+
+
+# The HParams tab of the documented sweep, as docs/tensorboard_hparams.png shows it: the columns ticked
+# (TensorBoard ticks the first five hyperparameters, those that differ first, by name; and the first
+# five metrics), and those it lists as differing.
+SCREENSHOT_TICKED = ["flops_per_sample", "model", "model_mb", "optimizer", "optimizer.lr"]
+SCREENSHOT_METRICS = [
+    "final val acc",
+    "best val acc",
+    "final val loss",
+    "samples/s (median of epochs 2+)",
+    "training time (s)",
+]
+SCREENSHOT_DIFFER = [
+    *SCREENSHOT_TICKED,
+    "optimizer.momentum",
+    "optimizer.nesterov",
+    "optimizer.weight_decay",
+    "parameters",
+    "trainable_parameters",
+]
+
+
 @pytest.fixture(scope="module")
 def model_optimizer_sweep(tmp_path_factory) -> tuple[Path, list[str], str]:
+    """The documented sweep, each job 2 short epochs logged every 2 steps, to TensorBoard and CSV."""
     sweep = tmp_path_factory.mktemp("sweep") / "models"
-    return sweep, *_sweep_and_report(sweep, "model=simple_cnn,mnist_net", "optimizer=sgd,adamw")
+    tiny = (*TINY[:1], "trainer.epochs=2", *TINY[2:], "trainer.log_every_n_steps=2", "logger=[tensorboard,csv]")
+    return sweep, *_sweep_and_report(sweep, *documented_sweep(), tiny=tiny)
 
 
-@pytest.mark.slow
-def test_a_model_and_optimizer_sweep_reports_per_override_without_speedups(model_optimizer_sweep):
-    sweep, (header, _, *lines), _ = model_optimizer_sweep
-    assert header.startswith("| optimizer | strategy | devices | model |")
-    assert f"| {HPARAM_METRICS['throughput/median_samples_per_s']} |" in header  # one samples/s, one title
-    assert [line.split(" | ")[0] for line in lines] == ["| sgd", "| adamw", "| sgd", "| adamw"]
-    assert all(line.count(" | — | — | ") == 1 for line in lines)  # speed-up, efficiency: nothing to compare
-    # What each job used where it overrode nothing, from the .hydra/ files Hydra wrote.
-    runs = report.load_runs(sweep)
-    assert [(report.used(r, "optimizer.lr"), report.used(r, "scheduler")) for r in runs] == [
-        ("0.05", "cosine"),
-        ("0.001", "cosine"),
-    ] * 2
-
-
-@pytest.mark.slow
-def test_tensorboard_names_each_sweep_run_by_its_overrides(model_optimizer_sweep):
-    sweep, _, _ = model_optimizer_sweep
+def _experiment_and_rows(sweep: Path) -> tuple[Any, dict[str, Any]]:
+    """The sweep's HParams experiment (one of its jobs', as TensorBoard reads it) and each job's session start."""
     runs = EventMultiplexer().AddRunsFromDirectory(str(sweep))
     runs.Reload()
-    expected = {  # TensorBoard's run name -> the (model, optimizer, optimizer.lr) in its HParams row
-        "0_model-simple_cnn+optimizer-sgd+trainer.epochs-1/tb": ("simple_cnn", "sgd", "0.05"),
-        "1_model-simple_cnn+optimizer-adamw+trainer.epochs-1/tb": ("simple_cnn", "adamw", "0.001"),
-        "2_model-mnist_net+optimizer-sgd+trainer.epochs-1/tb": ("mnist_net", "sgd", "0.05"),
-        "3_model-mnist_net+optimizer-adamw+trainer.epochs-1/tb": ("mnist_net", "adamw", "0.001"),
+    data = plugin_data_pb2.HParamsPluginData.FromString
+    tags = runs.PluginRunToTagToContent("hparams")
+    experiments = {data(t["_hparams_/experiment"]).experiment.SerializeToString() for t in tags.values()}
+    assert len(experiments) == 1  # every job writes the same: whichever TensorBoard reads is right
+    experiment = data(next(iter(tags.values()))["_hparams_/experiment"]).experiment
+    return experiment, {
+        run: data(t["_hparams_/session_start_info"]).session_start_info for run, t in sorted(tags.items())
     }
-    assert sorted(runs.Runs()) == list(expected)
-    for run, tags in runs.PluginRunToTagToContent("hparams").items():
-        data = plugin_data_pb2.HParamsPluginData.FromString
-        hparams = data(tags["_hparams_/session_start_info"]).session_start_info.hparams
+
+
+@pytest.mark.slow
+def test_a_model_and_optimizer_sweep_reports_what_its_jobs_used_that_differs_without_speedups(model_optimizer_sweep):
+    sweep, (header, _, *lines), _ = model_optimizer_sweep
+    columns = header.strip("| ").split(" | ")
+    # weight_decay differs by each optimizer's defaults, the model's size by the model: nothing on the command line says so.
+    assert columns[:9] == [
+        "optimizer",
+        "optimizer.lr",
+        "optimizer.momentum",
+        "optimizer.weight_decay",
+        "optimizer.nesterov",
+        "parameters",
+        "trainable_parameters",
+        "model_mb",
+        "flops_per_sample",
+    ]
+    assert f"{HPARAM_METRICS['throughput/median_samples_per_s']}" in columns  # one samples/s, one title
+    cells = [dict(zip(columns, line.strip("| ").split(" | "))) for line in lines]
+    assert [
+        (c["model"], c["optimizer"], c["optimizer.weight_decay"], c["parameters"], c["flops_per_sample"]) for c in cells
+    ] == [
+        ("simple_cnn", "sgd", "0.0005", "21386", "133200"),
+        ("simple_cnn", "adamw", "0.01", "21386", "133200"),
+        ("mnist_net", "sgd", "0.0005", "53002", "678656"),
+        ("mnist_net", "adamw", "0.01", "53002", "678656"),
+    ]
+    assert all((c["speed-up"], c["efficiency"]) == ("—", "—") for c in cells)  # nothing to compare
+    runs = report.load_runs(sweep)
+    assert [report.used(r, "scheduler") for r in runs] == ["cosine"] * 4  # what each used where it overrode nothing
+
+
+@pytest.mark.slow
+def test_tensorboard_shows_what_the_sweeps_jobs_differ_in_as_numbers_each_row_named_by_its_sweep(model_optimizer_sweep):
+    sweep, _, _ = model_optimizer_sweep
+    experiment, rows = _experiment_and_rows(sweep)
+    infos = {info.name: info for info in experiment.hparam_infos}
+    # As the HParams tab lists them: those that differ first, by name (TensorBoard's order), the first five ticked.
+    listed = sorted(infos, key=lambda name: (not infos[name].differs, name))
+    assert listed[:5] == SCREENSHOT_TICKED and [name for name in listed if infos[name].differs] == SCREENSHOT_DIFFER
+    assert [m.display_name for m in experiment.metric_infos][:5] == SCREENSHOT_METRICS
+    assert "trainer.epochs" in infos and not infos["trainer.epochs"].differs  # given to every job alike
+    assert api_pb2.DataType.Name(infos["optimizer.weight_decay"].type) == "DATA_TYPE_FLOAT64"  # sorted as a number
+    values = {run: {k: json_format.MessageToDict(v) for k, v in start.hparams.items()} for run, start in rows.items()}
+    assert [
+        (
+            v["model"],
+            v["optimizer"],
+            v["optimizer.weight_decay"],
+            v["parameters"],
+            v["flops_per_sample"],
+            v["trainer.epochs"],
+        )
+        for v in values.values()
+    ] == [
+        ("simple_cnn", "sgd", 0.0005, 21386, 133200, 2),
+        ("simple_cnn", "adamw", 0.01, 21386, 133200, 2),
+        ("mnist_net", "sgd", 0.0005, 53002, 678656, 2),
+        ("mnist_net", "adamw", 0.01, 53002, 678656, 2),
+    ]
+    assert [start.group_name for start in rows.values()] == [  # the Trial IDs
+        f"model={m} optimizer={o} · {sweep.parent.name}/models #{i}"
+        for i, (m, o) in enumerate(
+            [("simple_cnn", "sgd"), ("simple_cnn", "adamw"), ("mnist_net", "sgd"), ("mnist_net", "adamw")]
+        )
+    ]
+
+
+@pytest.mark.slow
+def test_train_loss_is_the_epochs_in_the_log_tensorboard_the_csv_and_metrics_json(model_optimizer_sweep):
+    sweep, _, _ = model_optimizer_sweep
+    for job in sorted(p for p in sweep.iterdir() if (p / "tb").is_dir()):
+        log = re.findall(r"epoch \d/2  train loss (\d\.\d{4}) acc (\d\.\d{4})", (job / "train.log").read_text())
+        events = EventAccumulator(str(job / "tb"))
+        events.Reload()
+        tensorboard = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in ("train/loss", "train/acc")}
+        with (job / "metrics.csv").open() as f:
+            csv_rows = [row for row in csv.DictReader(f) if row["train/loss"]]
+        metrics = json.loads((job / "metrics.json").read_text())
+        # Each epoch's figure, at its last step (3 batches an epoch), in every one of them.
+        assert [step for step, _ in tensorboard["train/loss"]] == [int(row["step"]) for row in csv_rows] == [3, 6]
+        for (loss, acc), (_, tb_loss), (_, tb_acc), row in zip(
+            log, tensorboard["train/loss"], tensorboard["train/acc"], csv_rows
+        ):
+            assert float(loss) == pytest.approx(tb_loss, abs=5e-5) == pytest.approx(float(row["train/loss"]), abs=5e-5)
+            assert float(acc) == pytest.approx(tb_acc, abs=5e-5) == pytest.approx(float(row["train/acc"]), abs=5e-5)
+        assert float(csv_rows[-1]["train/loss"]) == metrics["train_loss"] and len(log) == 2
+        # The mean since the last log point has a name of its own, and its points only the documented cadence.
         assert (
-            hparams["model"].string_value,
-            hparams["optimizer"].string_value,
-            hparams["optimizer.lr"].string_value,
-        ) == expected[run]
-        assert hparams["trainer.epochs"].string_value == "1"  # as typed, not 1.0000
-        # Differing: what the sweep varies and what its choices change (each optimizer's lr), not
-        # trainer.epochs=1, which every job was given.
-        experiment = data(tags["_hparams_/experiment"]).experiment
-        assert [info.name for info in experiment.hparam_infos if info.differs] == ["model", "optimizer", "optimizer.lr"]
+            [e.step for e in events.Scalars("train/loss_window")] == [e.step for e in events.Scalars("lr")] == [2, 4, 6]
+        )
 
 
 @pytest.mark.slow
@@ -491,3 +647,7 @@ def test_a_sweep_says_where_it_writes_as_it_starts_and_ends_with_its_report_comm
     assert hydra[0] == f"Sweep dir: {sweep} (a dir per job); once it ends, compare them: {report_command}"
     assert hydra[1].startswith("Launching 4 jobs")
     assert hydra[-1] == f"Sweep done, in {sweep}; compare its jobs: {report_command}"
+    # Each job says its own dir, as it starts and as it ends.
+    said = [line.split("run dir: ", 1)[1] for line in printed.splitlines() if "[train][INFO] - run dir: " in line]
+    jobs = sorted(p for p in sweep.iterdir() if (p / "tb").is_dir())
+    assert said == [text for job in jobs for text in (f"{job}", f"{job} (the run has ended)")]

@@ -19,19 +19,21 @@ from config.overrides import sweep_grid
 from config.schema import LoggerConfig
 from config.setup import CONF_DIR
 from training.loggers import build_loggers
-from training.loggers.tensorboard import (
-    HPARAM_METRICS,
-    TensorBoardLogger,
-    hparam_values,
-    image_summary,
-    masked_crc32c,
-)
+from training.loggers.naming import trial_name
+from training.loggers.tensorboard import HPARAM_METRICS, TensorBoardLogger, image_summary, masked_crc32c
 from training.samples import SampleGrid
 
 
-def _tensorboard(run_dir, varied=None) -> TensorBoardLogger:
-    """What build_loggers makes for logger=tensorboard, from the two fields of the RunConfig it reads."""
-    return TensorBoardLogger(SimpleNamespace(run_dir=run_dir, varied=varied or {}))
+def _job(run_dir, **fields) -> SimpleNamespace:
+    """The fields of a RunConfig that TensorBoard's logger reads: a single run's, unless `fields` say otherwise."""
+    return SimpleNamespace(
+        **{"run_dir": run_dir, "varied": {}, "hparams": {}, "swept": {}, "sweep_dir": None, **fields}
+    )
+
+
+def _tensorboard(run_dir, **fields) -> TensorBoardLogger:
+    """What build_loggers makes for logger=tensorboard."""
+    return TensorBoardLogger(_job(run_dir, **fields))
 
 
 def _caption(grid: np.ndarray, index: int) -> np.ndarray:
@@ -110,59 +112,103 @@ def _hparams_plugin_data(events: EventAccumulator, tag: str) -> plugin_data_pb2.
     return plugin_data_pb2.HParamsPluginData.FromString(events.PluginTagToContent(metadata.PLUGIN_NAME)[tag])
 
 
-def test_hparams_read_as_the_config_spells_them_and_differ_where_the_sweep_varies_them(tmp_path):
-    # The first job of `-m model=simple_cnn,mnist_net optimizer=sgd,adamw trainer.epochs=3`, as
-    # preflight._hparams and preflight.varied_hparams give it: sgd's lr is 0.05, adamw's 0.001.
-    options = {
+def test_the_hparams_row_holds_the_main_options_the_model_summary_and_what_the_sweep_varies(tmp_path):
+    # Job 1 of `-m model=simple_cnn,mnist_net optimizer=sgd,adamw trainer.epochs=3`: its record
+    # (config.hparams.hparams), its model summary, and what the sweep's jobs differ in (varied_hparams).
+    record = {
         "model": "simple_cnn",
         "dataset": "digits",
-        "optimizer": "sgd",
-        "optimizer.lr": 0.05,
+        "optimizer": "adamw",
+        "optimizer.lr": 0.001,
+        "optimizer.weight_decay": 0.01,
         "trainer.batch_size": 64,
         "trainer.epochs": 3,
         "trainer.precision": "32",
         "trainer.compile": False,
+        "data.num_workers": 0,
     }
-    varied = {"model": ("simple_cnn", "mnist_net"), "optimizer": ("sgd", "adamw"), "optimizer.lr": (0.05, 0.001)}
-    logger = _tensorboard(tmp_path, varied)
-    logger.log_hparams(options, {"val_acc": 0.5, "steps": 10})
+    figures = {"parameters": 21386, "model_mb": 0.086}
+    varied = {
+        "model": ("simple_cnn", "mnist_net"),
+        "optimizer": ("sgd", "adamw"),
+        "optimizer.lr": (0.05, 0.001),
+        "optimizer.momentum": (0.9,),  # sgd's: adamw has none
+        "optimizer.weight_decay": (0.0005, 0.01),
+        "parameters": (21386, 53002),
+        "model_mb": (0.086, 0.212),
+    }
+    sweep = tmp_path / "multirun" / "2026-12-06" / "03-12-44"
+    run_dir = sweep / "1_model-simple_cnn+optimizer-adamw+trainer.epochs-3"
+    swept = {"model": "simple_cnn", "optimizer": "adamw", "trainer.epochs": 3}
+    logger = _tensorboard(run_dir, varied=varied, hparams=record, swept=swept, sweep_dir=sweep)
+    logger.log_hparams({**record, **figures}, {"val_acc": 0.5, "steps": 10})
     logger.close()
 
-    events = EventAccumulator(str(tmp_path / "tb"))
+    events = EventAccumulator(str(run_dir / "tb"))
     events.Reload()
     experiment = _hparams_plugin_data(events, metadata.EXPERIMENT_TAG).experiment
     infos = {info.name: info for info in experiment.hparam_infos}
-    assert list(infos) == list(options)
-    assert [name for name, info in infos.items() if info.differs] == ["model", "optimizer", "optimizer.lr"]
-    # TensorBoard prints a number to 5 digits (64.000, 0.050000): a value goes as the text the config
-    # spells (filtered by value), a flag as a flag; a text's filter offers the sweep's values, or its own.
+    # The main options, the model summary and what differs; not trainer.compile, data.num_workers:
+    # alike in every job and no main option.
+    # The main options, the model summary and what differs (sgd's momentum too, which this adamw job
+    # lacks), as the tab lists them: what differs first, by name. Not trainer.compile nor
+    # data.num_workers: alike in every job, and no main option.
+    assert list(infos) == [
+        "model",
+        "model_mb",
+        "optimizer",
+        "optimizer.lr",
+        "optimizer.momentum",
+        "optimizer.weight_decay",
+        "parameters",
+        "dataset",
+        "trainer.batch_size",
+        "trainer.epochs",
+        "trainer.precision",
+    ]
+    assert [name for name, info in infos.items() if info.differs] == list(infos)[:7]
+    # A number is a number (sorted, filtered by range, a numeric axis); a text's filter offers the sweep's values.
     kinds = {name: api_pb2.DataType.Name(info.type) for name, info in infos.items()}
-    assert (
-        set(kinds.values()) == {"DATA_TYPE_STRING", "DATA_TYPE_BOOL"} and kinds["trainer.compile"] == "DATA_TYPE_BOOL"
-    )
-    assert list(infos["optimizer.lr"].domain_discrete) == ["0.001", "0.05"]
+    assert [name for name, kind in kinds.items() if kind == "DATA_TYPE_FLOAT64"] == [
+        "model_mb",
+        "optimizer.lr",
+        "optimizer.momentum",
+        "optimizer.weight_decay",
+        "parameters",
+        "trainer.batch_size",
+        "trainer.epochs",
+    ]
+    assert not any(infos[name].HasField("domain_discrete") for name in ("optimizer.lr", "trainer.batch_size"))
     assert list(infos["model"].domain_discrete) == ["mnist_net", "simple_cnn"]
-    assert list(infos["trainer.batch_size"].domain_discrete) == ["64"]
+    assert list(infos["dataset"].domain_discrete) == ["digits"]
+    # The first five metrics are ticked: training time among them, the cross-entropy (the loss itself, here) last.
     assert [(m.name.tag, m.display_name) for m in experiment.metric_infos] == list(HPARAM_METRICS.items())
-    start = _hparams_plugin_data(events, metadata.SESSION_START_INFO_TAG).session_start_info.hparams
-    assert {name: json_format.MessageToDict(value) for name, value in start.items()} == {
-        "model": "simple_cnn",
-        "dataset": "digits",
-        "optimizer": "sgd",
-        "optimizer.lr": "0.05",
-        "trainer.batch_size": "64",
-        "trainer.epochs": "3",
-        "trainer.precision": "32",
-        "trainer.compile": False,
-    }
+    assert list(HPARAM_METRICS)[:5] == [
+        "val/acc",
+        "val/best_acc",
+        "val/loss",
+        "throughput/median_samples_per_s",
+        "time/train_s",
+    ]
+    start = _hparams_plugin_data(events, metadata.SESSION_START_INFO_TAG).session_start_info
+    assert start.group_name == "model=simple_cnn optimizer=adamw · 2026-12-06/03-12-44 #1"  # its Trial ID
+    values = {name: json_format.MessageToDict(value) for name, value in start.hparams.items()}
+    assert values == {k: v for k, v in {**record, **figures}.items() if k in infos}
+    assert isinstance(values["trainer.batch_size"], float)
     # Every metric is read off a series the trainer writes each epoch: hparams adds no one-point chart.
     assert events.Tags()["scalars"] == []
 
 
-def test_a_key_a_search_samples_from_an_interval_is_a_number_to_sort_and_plot():
-    varied = {"optimizer.lr": (), "trainer.batch_size": (16, 32), "model": ()}  # model=glob(*): no values listed
-    shown = hparam_values({"optimizer.lr": 0.0302, "trainer.batch_size": 16, "model": "resnet18"}, varied)
-    assert shown == {"optimizer.lr": 0.0302, "trainer.batch_size": "16", "model": "resnet18"}
+def test_a_trial_id_is_what_the_job_set_of_what_differs_its_sweep_and_number_a_single_runs_its_dir(tmp_path):
+    assert trial_name(_job(tmp_path / "2026-12-06" / "03-12-44")) == ""  # TensorBoard names it by its path
+    sweep = tmp_path / "search" / "digits"
+    job = _job(
+        sweep / "3_optimizer.lr-0.03029",
+        sweep_dir=sweep,
+        swept={"optimizer.lr": 0.03028525153605885},
+        varied={"optimizer.lr": ()},
+    )
+    assert trial_name(job) == "optimizer.lr=0.03029 · search/digits #3"
 
 
 def test_a_sweep_record_gives_the_overrides_every_job_shares_and_those_it_sweeps():
@@ -195,7 +241,7 @@ def test_a_sweep_record_gives_the_overrides_every_job_shares_and_those_it_sweeps
 
 
 def test_logger_none_makes_no_logger_and_tensorboard_its_own(tmp_path):
-    job = SimpleNamespace(run_dir=tmp_path, varied={})
+    job = _job(tmp_path)
     assert build_loggers(LoggerConfig(), job) == []  # logger=none
     (logger,) = build_loggers(LoggerConfig(tensorboard=True), job)
     assert isinstance(logger, TensorBoardLogger)

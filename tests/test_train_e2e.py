@@ -17,6 +17,8 @@ pytestmark = pytest.mark.slow
 SCALARS = {
     "train/loss",
     "train/acc",
+    "train/loss_window",
+    "train/acc_window",
     "val/loss",
     "val/acc",
     "val/acc5",
@@ -49,6 +51,8 @@ def test_default_job_learns_digits(run_dir):
         1,
     )
     assert "epoch 15/15" in (run_dir / "train.log").read_text()
+    said = [line.split("run dir: ")[1] for line in result.stdout.splitlines() if "[train][INFO] - run dir: " in line]
+    assert said == [str(run_dir), f"{run_dir} (the run has ended)"]  # on the console, as it starts and ends
     events = EventAccumulator(str(run_dir / "tb"))
     events.Reload()
     assert SCALARS <= set(events.Tags()["scalars"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import os
 import re
 import sys
@@ -165,8 +166,22 @@ def test_the_progress_bar_draws_on_a_terminal_only_and_lines_are_logged_elsewher
         _trainer(TinyNet(), tmp_path, loaders=loaders, progress_bar=True, log_every_n_steps=2).train_epoch()
     assert ("epoch 1:" in stderr.getvalue()) == terminal, stderr.getvalue()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
-    assert [line.split("  loss")[0] for line in lines] == ([] if terminal else ["step 2  epoch 1 batch 2/3"])
-    assert terminal or re.fullmatch(r"step 2  epoch 1 batch 2/3  loss \d+\.\d{4} acc \d\.\d{4}  lr 0\.1", lines[0])
+    assert [line.split("  last")[0] for line in lines] == ([] if terminal else ["step 2  epoch 1 batch 2/3"])
+    assert terminal or re.fullmatch(
+        r"step 2  epoch 1 batch 2/3  last 2 steps: loss \d+\.\d{4} acc \d\.\d{4}  lr 0\.1", lines[0]
+    )
+
+
+def test_the_lr_is_logged_as_a_schedule_means_it_not_with_float_noise(tmp_path):
+    logged = []
+    logger = type("Logger", (), {"log_scalars": lambda self, step, values: logged.append(values)})()
+    data = TensorDataset(*_batch(8))
+    sampler = DistributedSampler(data, num_replicas=1, rank=0)
+    loaders = Loaders(DataLoader(data, batch_size=4, sampler=sampler), DataLoader(data), sampler)
+    trainer = _trainer(TinyNet(), tmp_path, loaders=loaders, log_every_n_steps=1, reporting=Reporting([logger]))
+    trainer.optimizer.param_groups[0]["lr"] = 0.05 * (1 + math.cos(math.pi / 3)) / 2  # a cosine schedule's 0.0375
+    trainer.train_epoch()
+    assert [repr(values["lr"]) for values in logged] == ["0.0375", "0.0375"]
 
 
 def test_fp16_on_cpu_and_multi_device_dp_on_cpu_are_config_errors():

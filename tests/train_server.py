@@ -53,18 +53,20 @@ def ensure_running() -> None:
     multiprocessing.forkserver.ensure_running()
 
 
-def run(args: list[str], cwd: Path = ROOT, timeout: float = 240) -> subprocess.CompletedProcess:
+def run(
+    args: list[str], cwd: Path = ROOT, timeout: float = 240, script: Path = TRAIN_PY
+) -> subprocess.CompletedProcess:
     """What `subprocess.run([sys.executable, "train.py", *args], cwd=cwd, capture_output=True,
-    text=True, timeout=timeout)` returns."""
+    text=True, timeout=timeout)` returns; `script`: another of the repo's CLIs (predict.py, export.py)."""
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        child = _start(args, cwd, out, err, new_session=False)
+        child = _start(args, cwd, out, err, new_session=False, script=script)
         child.join(timeout)
         if child.exitcode is None:
             child.kill()
             child.join()
-            raise subprocess.TimeoutExpired(["train.py", *args], timeout, out.read_text(), err.read_text())
-        return subprocess.CompletedProcess(["train.py", *args], child.exitcode, out.read_text(), err.read_text())
+            raise subprocess.TimeoutExpired([script.name, *args], timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess([script.name, *args], child.exitcode, out.read_text(), err.read_text())
 
 
 class Started:
@@ -95,15 +97,19 @@ def start(args: list[str], output: Path, cwd: Path = ROOT) -> Started:
     return Started(_start(args, cwd, output, output, new_session=True))
 
 
-def _start(args: list[str], cwd: Path, out: Path, err: Path, new_session: bool) -> multiprocessing.Process:
+def _start(
+    args: list[str], cwd: Path, out: Path, err: Path, new_session: bool, script: Path = TRAIN_PY
+) -> multiprocessing.Process:
     ensure_running()
-    child = _context.Process(target=_train_py, args=(args, cwd, dict(os.environ), out, err, new_session))
+    child = _context.Process(target=_train_py, args=(args, cwd, dict(os.environ), out, err, new_session, script))
     child.start()
     return child
 
 
-def _train_py(args: list[str], cwd: Path, env: dict[str, str], out: Path, err: Path, new_session: bool) -> None:
-    """The child: what the interpreter does for `python train.py *args`, from the preloaded state."""
+def _train_py(
+    args: list[str], cwd: Path, env: dict[str, str], out: Path, err: Path, new_session: bool, script: Path = TRAIN_PY
+) -> None:
+    """The child: what the interpreter does for `python train.py *args` (or `script`), from the preloaded state."""
     if new_session:
         os.setsid()
     os.chdir(cwd)
@@ -111,11 +117,11 @@ def _train_py(args: list[str], cwd: Path, env: dict[str, str], out: Path, err: P
     os.environ.update(env)
     os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
     os.dup2(1 if err == out else os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-    sys.argv = [str(TRAIN_PY), *args]
+    sys.argv = [str(script), *args]
     sys.path.insert(0, str(ROOT))  # the script's directory, as `python train.py` puts it first
     code = 0
     try:
-        runpy.run_path(str(TRAIN_PY), run_name="__main__")
+        runpy.run_path(str(script), run_name="__main__")
     except SystemExit as e:  # sys.exit(): an int is the status; anything else is printed, status 1
         if isinstance(e.code, int) or e.code is None:
             code = e.code or 0

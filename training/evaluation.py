@@ -11,7 +11,7 @@ from torch.optim.swa_utils import AveragedModel
 from config.schema import RunConfig
 from data import build_loaders, class_names
 from distributed.context import DistContext
-from training import validation
+from training import manifest, validation
 from training.batches import Batches
 from training.callbacks import RunInfo, end_validation, handling
 from training.checkpoint.resume import open_resume
@@ -24,6 +24,7 @@ log = logging.getLogger("train")
 def test(ctx: DistContext, job: RunConfig) -> dict:
     """One line with acc@1, acc@5 and loss (and the EMA's, when the checkpoint holds one)."""
     start = time.perf_counter()
+    manifest.start(ctx, job)
     settings = job.trainer
     loaders = build_loaders(
         job.dataset, job.data, ctx, settings.batch_size, settings.seed, global_val_batch=settings.val_batch_size

@@ -23,25 +23,15 @@ from typing import Any
 
 import torch
 
+from config.redact import redact
 from distributed.collectives import all_reduce_max
 from distributed.context import DistContext
-from errors import ConfigError, Preempted
+from errors import Preempted
 
 log = logging.getLogger("train")
 
 # The part of trainer.preempt_grace_s that a signal may wait for the next agreed check.
 _CHECK_SHARE = 0.25
-
-
-def parse_signals(names: list[str], key: str) -> list[signal.Signals]:
-    """`[SIGTERM, USR1]` -> signals; a ConfigError naming `key` for anything else."""
-    parsed = []
-    for name in names or []:
-        full = str(name).upper() if str(name).upper().startswith("SIG") else f"SIG{str(name).upper()}"
-        if full not in signal.Signals.__members__ or full in ("SIGKILL", "SIGSTOP"):
-            raise ConfigError(f"{key}: {name} is not a signal a process can catch; use e.g. [SIGTERM, SIGUSR1]")
-        parsed.append(signal.Signals[full])
-    return parsed
 
 
 class PreemptionWatch:
@@ -94,6 +84,12 @@ class PreemptionWatch:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
+    def __enter__(self) -> PreemptionWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def requeue_or_explain(preempted: Preempted, requeue_on: list[signal.Signals], resume_command: str) -> None:
     """Under SLURM a requeue signal puts the job back in the queue; otherwise say how to resume."""
@@ -116,9 +112,10 @@ def requeue_or_explain(preempted: Preempted, requeue_on: list[signal.Signals], r
 
 
 def resume_command(overrides: list[str], run_dir: str) -> str:
-    """The command that continues this run: the same overrides, this run dir, resume=auto."""
+    """The command that continues this run: the same overrides, this run dir, resume=auto; a password
+    among them shown as *** (it goes to the log): type it again, or give it through the environment."""
     kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", "trainer.resume="))]
-    return shlex.join(["python", "train.py", *kept, f"hydra.run.dir={run_dir}", "trainer.resume=auto"])
+    return redact(shlex.join(["python", "train.py", *kept, f"hydra.run.dir={run_dir}", "trainer.resume=auto"]))
 
 
 def _slurm_job_id() -> str | None:

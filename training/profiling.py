@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,7 +44,9 @@ class StepProfiler:
         if not self.cuda:  # kineto's ERROR line for the GPU driver a CPU-only machine lacks
             os.environ.setdefault("KINETO_LOG_LEVEL", "5")
         self.total = wait + warmup + steps  # the step() that ends the recorded ones
+        self.wait = wait
         self.stepped = 0
+        self._stderr: HeldStderr | None = None  # while the profiler runs
         self.table: str | None = None
         self.profiler = profile(
             activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self.cuda else [])],
@@ -55,13 +60,25 @@ class StepProfiler:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.profiler.__exit__(*exc)
+        try:
+            self.profiler.__exit__(*exc)
+        finally:
+            self._release_stderr()
 
     def step(self) -> None:
         self.stepped += 1
+        if self.stepped == self.wait:  # the next profiler.step() starts the trace
+            self._stderr = HeldStderr()
         if self.cuda and self.stepped == self.total:
             torch.cuda.synchronize(self.device)  # the last step's kernels finish inside the recorded window
         self.profiler.step()
+        if self.stepped == self.total:
+            self._release_stderr()
+
+    def _release_stderr(self) -> None:
+        held, self._stderr = self._stderr, None
+        if held is not None:
+            held.release()
 
     def _ready(self, prof: profile) -> None:
         if self.trace_path is not None:
@@ -76,6 +93,50 @@ class StepProfiler:
             where,
             self.table,
         )
+
+
+# What kineto and c10 print to stderr while a trace is taken, nothing for the user to act on: kineto's
+# lines below its warnings (profiler_start / profiler_stop are its USDT level, which KINETO_LOG_LEVEL
+# does not silence), and c10's notes from the allocator and profiler, such as "Memory block of
+# unknown size was allocated before the profiling started".
+PROFILER_NOISE = re.compile(r"^((USDT|STAGE|INFO|VERBOSE):\d{4}-|\[[WI]\d{4} .*(Allocator|Profiler|profiler|kineto))")
+
+
+class HeldStderr:
+    """The process's stderr (file descriptor 2, where C++ libraries write) held in a file while the
+    profiler runs; released, its PROFILER_NOISE lines go to the log file (train.log) alone, and the
+    rest to stderr as it was: a late warning, a progress bar's updates."""
+
+    def __init__(self) -> None:
+        sys.stderr.flush()
+        self._held = tempfile.TemporaryFile()
+        self._stderr = os.dup(2)
+        os.dup2(self._held.fileno(), 2)
+
+    def release(self) -> None:
+        sys.stderr.flush()
+        os.dup2(self._stderr, 2)
+        os.close(self._stderr)
+        self._held.seek(0)
+        text = self._held.read().decode(errors="replace")
+        self._held.close()
+        rest = []
+        for line in text.splitlines(keepends=True):
+            if PROFILER_NOISE.match(line):
+                to_log_files(line.rstrip("\n"))
+            else:
+                rest.append(line)
+        if rest:
+            sys.stderr.write("".join(rest))
+            sys.stderr.flush()
+
+
+def to_log_files(message: str) -> None:
+    """One line in the log file(s) of this process's logging (train.log), not on the console."""
+    record = log.makeRecord(log.name, logging.INFO, __file__, 0, "%s", (message,), None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 class ProfiledSteps(Callback):

@@ -40,12 +40,23 @@ class Progress:
         return step % self.settings.log_every_n_steps == 0
 
     def report(self, step: int, window: Averages, lr: float, where: str | None = None) -> None:
-        """The window's figures (the steps since the last report, over every rank) at `step`; `where`
-        (epoch and batch): also a line in the log, if no bar shows them."""
-        self.log(step, {"train/loss": window.loss, "train/acc": window.acc, "lr": lr})
+        """The figures of the steps since the last log point (over every rank) at `step`:
+        train/loss_window and train/acc_window (train/loss is the epoch's); `where` (epoch and batch):
+        also a line in the log, if no bar shows them."""
+        lr = float(f"{lr:.6g}")  # as a schedule means it, without float noise (0.0375, not 0.037500000000000006)
+        self.log(step, {"train/loss_window": window.loss, "train/acc_window": window.acc, "lr": lr})
         self.bar.set_postfix(loss=f"{window.loss:.4f}", acc=f"{window.acc:.3f}", refresh=False)
         if where is not None and self.bar.disable and self.ctx.is_main:
-            log.info("step %d  %s  loss %.4f acc %.4f  lr %.4g", step, where, window.loss, window.acc, lr)
+            every = self.settings.log_every_n_steps
+            log.info(
+                "step %d  %s  last %d steps: loss %.4f acc %.4f  lr %.4g",
+                step,
+                where,
+                every,
+                window.loss,
+                window.acc,
+                lr,
+            )
 
     def end_epoch(self) -> None:
         self.bar.close()

@@ -24,6 +24,7 @@ from training.checkpoint.checkpointer import Checkpointer
 from training.ema import EMA, adjusted_decay
 from training.evaluation import test
 from training.loggers import build_loggers, takes_images
+from training.manifest import start as start_manifest
 from training.memory import MemoryProbe
 from training.metrics import reset_peak_memory
 from training.mixing import Mixing
@@ -32,7 +33,7 @@ from training.optimizer import check_arguments, parameter_groups
 from training.precision import Precision
 from training.preemption import PreemptionWatch
 from training.profiling import ProfiledSteps
-from training.reporting import configure_logging, write_metrics
+from training.reporting import configure_logging, log_run_dir, write_hparams, write_metrics
 from training.samples import SampleImages
 from training.scheduler import with_warmup
 from training.trainer import Optimization, Reporting, Trainer
@@ -43,6 +44,7 @@ log = logging.getLogger("train")
 def run(ctx: DistContext, job: RunConfig) -> None:
     """The worker every launcher starts once per device."""
     configure_logging(ctx, job.run_dir)
+    log_run_dir(ctx, job.run_dir)
     context.init(ctx, job.launcher.timeout_s)
     configure_kernels(job.trainer, ctx)
     finished = False
@@ -54,6 +56,7 @@ def run(ctx: DistContext, job: RunConfig) -> None:
         raise
     finally:
         context.shutdown(ctx, clean=finished)
+        log_run_dir(ctx, job.run_dir, ended=True)
 
 
 def configure_kernels(settings: TrainerConfig, ctx: DistContext) -> None:
@@ -99,11 +102,21 @@ def summarized(net: nn.Module, dataset: DatasetConfig) -> dict[str, int | float 
 
 def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     """Build everything `job` names, train, report; return the trained (unwrapped) model."""
+    # From here on a preemption signal is noted, not fatal: the loop stops at an agreed step. Whatever
+    # ends the run, the handlers before it come back (a -m sweep's next job, the launcher's own).
+    with PreemptionWatch(
+        ctx, list(job.preempt_signals), job.trainer.preempt_grace_s, list(job.requeue_signals)
+    ) as preemption:
+        model = _build_and_fit(ctx, job, preemption)
+    if preemption.received:  # after the last step that checked: the run is saved whole, the request still stands
+        raise preemption.preempted()  # (a sweep stops, SLURM requeues the job, which finds nothing left to train)
+    return model
+
+
+def _build_and_fit(ctx: DistContext, job: RunConfig, preemption: PreemptionWatch) -> nn.Module:
     start = time.perf_counter()
     settings = job.trainer
     reset_peak_memory(ctx)
-    # From here on a preemption signal is noted, not fatal: the loop stops at an agreed step.
-    preemption = PreemptionWatch(ctx, list(job.preempt_signals), settings.preempt_grace_s, list(job.requeue_signals))
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     loaders = build_loaders(
         job.dataset,
@@ -119,6 +132,8 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         loaders = replace(loaders, val=loaders.train)
     net = job.model().to(ctx.device)
     model_figures = summarized(net, job.dataset) if ctx.is_main else {}  # as built: before a wrapper shards it
+    if ctx.is_main:
+        write_hparams(job.run_dir, {**job.hparams, **model_figures})
     if settings.channels_last:
         net = net.to(memory_format=torch.channels_last)
     strategy = strategies.get(job.strategy)
@@ -148,8 +163,20 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     best = BestCheckpoints(
         Monitor(settings.checkpoint.monitor, settings.checkpoint.mode.value), settings.checkpoint.save_top_k
     )
+    # Once every part is built (a rank's own check has passed): rank 0's manifest.json, and every checkpoint's.
+    manifest = start_manifest(ctx, job)
     checkpointer = _checkpointer(strategy)(
-        ctx, job.run_dir / "checkpoints", model, optimizer, scheduler, job.config_yaml, scaler, ema, best, chosen
+        ctx,
+        job.run_dir / "checkpoints",
+        model,
+        optimizer,
+        scheduler,
+        job.config_yaml,
+        scaler,
+        ema,
+        best,
+        chosen,
+        manifest,
     )
     resume = job.resume
     state = checkpointer.restore(resume)
@@ -201,11 +228,8 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
         if profiler is not None:
             profiler.close()
         checkpointer.close()  # the last save is on disk before the process may exit
-        preemption.close()
         for logger in loggers:
             logger.close()
         if ctx.device.type == "cuda":
             torch.cuda.empty_cache()  # for the next job of a torchrun/SLURM rank that runs a -m sweep
-    if preemption.received:  # after the last step that checked: the run is saved whole, the request still stands
-        raise preemption.preempted()  # (a sweep stops, SLURM requeues the job, which finds nothing left to train)
     return strategies.unwrap(model)

@@ -26,6 +26,7 @@ from errors import NonFiniteLoss
 from training import validation
 from training.batches import Batches
 from training.callbacks import Callback, end_validation, handling
+from training.checkpoint.cadence import SaveCadence
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.state import TrainState, restore_rng
 from training.ema import EMA
@@ -111,13 +112,14 @@ class Trainer:
         self.added = [name for callback in self.callbacks for name in callback.figures]  # to the line and metrics.json
         self.measure_gradients = self.grad_clip is not None or self.skip_check or bool(self.gradient_callbacks)
         self.ema_every = settings.ema_every_n_steps
-        self.save_every = settings.checkpoint_every_n_steps
+        self.saves = SaveCadence(settings.checkpoint_every_n_steps)
         monitored = settings.checkpoint
         self.monitor = Monitor(monitored.monitor, monitored.mode.value)
         limit = settings.overfit_batches or settings.limit_train_batches
         self.train_batches = Batches(ctx.device, limit)
         self.val_batches = Batches(ctx.device, settings.overfit_batches or settings.limit_val_batches)
         self.window = Window()
+        self.since_logged = Accumulator(ctx.device)  # the steps since the last log point (train/loss_window)
         self.skipped_steps = 0
 
     def fit(self) -> dict[str, Any]:
@@ -149,6 +151,7 @@ class Trainer:
                     self.scheduler.step()
                 state.epoch, state.batch, state.rng = epoch + 1, 0, None  # rng: unused if resumed at the epoch's end
             self._note_best(figures)
+            figures.update(zip(validation.TRAIN_FIGURES, (train.loss, train.acc), strict=True))
             epoch_figures = (
                 state.best_val_acc,
                 state.best_val_acc5,
@@ -256,14 +259,14 @@ class Trainer:
             if self._done():
                 break
             stop = self.preemption is not None and self.preemption.should_stop(state.step)
-            if stop or (self.save_every and state.step % self.save_every == 0):
+            if stop or self.saves.due(state.step):
                 self._raise_if_nonfinite()
                 self.checkpointer.save(state)
             if stop:
                 self.progress.end_epoch()
                 raise self.preemption.preempted()
-        if steps_in_window:
-            self._report_window(total)
+        if steps_in_window:  # the epoch's last steps: counted in its figures, logged at the next log point
+            self._report_window(total, log_point=False)
         elapsed = time.perf_counter() - start  # the all-reduce above synchronised the device
         self.progress.end_epoch()
         averages = total.averages()
@@ -365,12 +368,18 @@ class Trainer:
         if worst:
             raise NonFiniteLoss(_NO_BAD_STEP - worst)
 
-    def _report_window(self, total: Accumulator, where: str | None = None) -> None:
-        """The steps since the last report, over all ranks: to the loggers and the bar."""
+    def _report_window(self, total: Accumulator, where: str | None = None, log_point: bool = True) -> None:
+        """The steps since the last report, over all ranks, into the epoch's figures (`total`); at a
+        log point (every trainer.log_every_n_steps steps, across epochs), those since the last one to
+        the loggers and the bar, as train/loss_window and train/acc_window (train/loss is the epoch's)."""
         self._raise_if_nonfinite()
         window = self.window.drain(self.ctx.device).all_reduce(self.ctx)
         total.add(window)
-        self.progress.report(self.state.step, window.averages(), self.optimizer.param_groups[0]["lr"], where)
+        self.since_logged.add(window)
+        if not log_point:
+            return
+        averages, self.since_logged = self.since_logged.averages(), Accumulator(self.ctx.device)
+        self.progress.report(self.state.step, averages, self.optimizer.param_groups[0]["lr"], where)
 
     def _done(self) -> bool:
         return self.settings.max_steps is not None and self.state.step >= self.settings.max_steps

@@ -18,6 +18,9 @@ from training.metrics import Accumulator, Averages
 # What validation measures of a set of weights: val/<figure> for the model's, val_ema/<figure> for
 # the EMA's (trainer.ema_decay), in the loggers' scalars and in metrics.json (val_<figure>).
 FIGURES = ("loss", "ce", "acc", "acc5")
+# The epoch's training figures (the epoch's line's, metrics.json's train_loss and train_acc), which
+# validation's end holds too; train/loss_window is the figure of the steps since the last log point.
+TRAIN_FIGURES = ("train/loss", "train/acc")
 # What validation's end holds besides those and what the callbacks add (the Trainer's fit fills
 # these, in this order); memory/peak_mb/device<i> too, on GPUs.
 EPOCH_FIGURES = (
@@ -34,7 +37,7 @@ def produced(ema: bool, callbacks: Sequence[Callback]) -> list[str]:
     """The figures every validation's end of a run holds: what a monitor may name."""
     weights = ["val", "val_ema"] if ema else ["val"]
     own = [f"{w}/{name}" for w in weights for name in FIGURES]
-    return [*own, *EPOCH_FIGURES, *(name for callback in callbacks for name in callback.figures)]
+    return [*own, *TRAIN_FIGURES, *EPOCH_FIGURES, *(name for callback in callbacks for name in callback.figures)]
 
 
 @torch.no_grad()

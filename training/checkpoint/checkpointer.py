@@ -34,7 +34,8 @@ class Checkpointer:
     (as torchtitan's async checkpointing does), so the steps go on while the file is serialised
     and fsynced; writes stay one at a time and in order, each atomic. `close()` waits for the last.
     `best`: which checkpoints to keep besides last.pt (None: none); `callbacks`: by name, whose
-    state every checkpoint holds.
+    state every checkpoint holds; `manifest`: what the run was made of (training.manifest), in every
+    checkpoint too.
     """
 
     def __init__(
@@ -49,6 +50,7 @@ class Checkpointer:
         ema: nn.Module | None = None,
         best: BestCheckpoints | None = None,
         callbacks: Mapping[str, Callback] | None = None,
+        manifest: dict[str, Any] | None = None,
     ):
         self.ctx, self.directory = ctx, directory
         self.model, self.optimizer, self.scheduler = unwrap(model), optimizer, scheduler
@@ -57,6 +59,7 @@ class Checkpointer:
         self.config_yaml = config_yaml
         self.best = best
         self.callbacks = dict(callbacks or {})
+        self.manifest = manifest  # training.manifest's record of the run (rank 0's)
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []  # oldest first
         if best is not None:
@@ -134,6 +137,7 @@ class Checkpointer:
             "best_checkpoints": self.best.state_dict() if self.best is not None else None,
             "callbacks": {name: callback.state_dict() for name, callback in self.callbacks.items()},
             "config": self.config_yaml,
+            "manifest": self.manifest,
         }
 
     def restore(self, point: ResumePoint | None) -> TrainState:

@@ -33,9 +33,10 @@ _opened: dict[Path, tuple[ResumePoint, dict[str, Any]]] = {}
 
 def find_resume(resume: str | None, run_dir: Path, env: Mapping[str, str] = os.environ) -> Path | None:
     """`auto`: this run dir's last.pt if a previous attempt left one, else start fresh. In a job that
-    SLURM restarted (requeued: SLURM_RESTART_COUNT), null means auto: the requeued job, of
-    slurm/train.sbatch or of hydra/launcher=submitit_slurm alike, goes on from where it stopped."""
-    if resume is None and int(env.get("SLURM_RESTART_COUNT") or 0) > 0:
+    SLURM or torchrun restarted (`is_restart`), null means auto: the requeued job, of
+    slurm/train.sbatch or of hydra/launcher=submitit_slurm alike, or torchrun's new worker group,
+    goes on from where it stopped."""
+    if resume is None and is_restart(run_dir, env):
         resume = "auto"
     if resume is None:
         return None
@@ -43,6 +44,40 @@ def find_resume(resume: str | None, run_dir: Path, env: Mapping[str, str] = os.e
         last = run_dir / "checkpoints" / "last.pt"
         return last if last.exists() else None
     return Path(resume)
+
+
+# In a run dir: the rendezvous id (TORCHELASTIC_RUN_ID) of the torchrun job that trains there.
+TORCHRUN_JOB = "torchrun_run_id"
+
+
+def is_restart(run_dir: Path | None, env: Mapping[str, str] = os.environ) -> bool:
+    """Whether this start continues the job that trains in `run_dir`: SLURM requeued it
+    (SLURM_RESTART_COUNT), or torchrun started it again (--max-restarts, or a node that joined).
+    torchrun's own count, TORCHELASTIC_RESTART_COUNT, is each agent's: a node that joins later
+    counts 0 where the others count 1, and its ranks would refuse the last.pt the others resume.
+    Its rendezvous id is one for every node and every restart of the job: a start is a restart when
+    its id is the one its run dir recorded (`record_torchrun_job`). `--standalone` draws a fresh id
+    per command; an `--rdzv-id` given again names the same job."""
+    if int(env.get("SLURM_RESTART_COUNT") or 0) > 0:
+        return True
+    run_id = env.get("TORCHELASTIC_RUN_ID", "none")
+    if run_id == "none" or run_dir is None:
+        return False
+    try:
+        return (run_dir / TORCHRUN_JOB).read_text() == run_id
+    except OSError:
+        return False
+
+
+def record_torchrun_job(run_dir: Path, env: Mapping[str, str] = os.environ) -> None:
+    """Under torchrun, at a start that may train in `run_dir`: the job it belongs to, for
+    `is_restart`. Rank 0 writes it, renamed into place: a rank that reads it meanwhile reads it whole."""
+    run_id = env.get("TORCHELASTIC_RUN_ID", "none")
+    if run_id == "none" or env.get("RANK", "0") != "0":
+        return
+    tmp = run_dir / f".{TORCHRUN_JOB}.tmp"
+    tmp.write_text(run_id)
+    os.replace(tmp, run_dir / TORCHRUN_JOB)
 
 
 def decide_resume(
@@ -56,7 +91,8 @@ def decide_resume(
     restores_here: bool = False,
 ) -> ResumePoint | None:
     """The checkpoint this run continues (None: afresh), opened and checked once: refuse one that
-    cannot continue this run, and never overwrite a run's last.pt. `model` builds the run's model
+    cannot continue this run, and never overwrite a run's last.pt; a start let train in `run_dir`
+    records its torchrun job there (`is_restart`). `model` builds the run's model
     (called only to compare a checkpoint with it); `scheduler`: the scheduler node as configured;
     `weights`: model.weights; `restores_here`: this process trains (it is a rank), so it keeps what
     it read for the restore."""
@@ -103,6 +139,8 @@ def decide_resume(
             f"hydra.run.dir={run_dir} already holds checkpoints/last.pt; continue it with trainer.resume=auto "
             "or train in another hydra.run.dir"
         )
+    if run_dir is not None and not test_only:
+        record_torchrun_job(run_dir)
     return point
 
 

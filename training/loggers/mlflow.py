@@ -21,6 +21,8 @@ from training.loggers.background import Background
 from training.loggers.naming import keep_id, kept_id, run_name, sweep_name
 from training.loggers.packages import import_for
 
+PARAMS_PER_BATCH = 100  # the most params MLflow's log_batch takes at once (a run's record has about as many)
+
 
 class MlflowLogger:
     takes_images = True
@@ -96,9 +98,12 @@ class MlflowLogger:
         """Params not logged yet: MLflow refuses a param logged again with another value."""
         from mlflow.entities import Param
 
-        new = {key: str(value) for key, value in hparams.items() if value is not None and key not in self._params}
-        self.client.log_batch(self.run_id, params=[Param(key, value) for key, value in new.items()])
-        self._params.update(new)
+        new = [
+            Param(key, str(value)) for key, value in hparams.items() if value is not None and key not in self._params
+        ]
+        for start in range(0, len(new), PARAMS_PER_BATCH):
+            self.client.log_batch(self.run_id, params=new[start : start + PARAMS_PER_BATCH])
+        self._params.update((param.key, param.value) for param in new)
 
 
 def _experiment_id(client: Any, name: str, artifact_location: str | None) -> str:

@@ -19,6 +19,23 @@ def sweep_name(job: RunConfig) -> str | None:
     return "/".join(job.sweep_dir.parts[-2:]) if job.sweep_dir is not None else None
 
 
+def trial_name(job: RunConfig) -> str:
+    """A sweep's job as TensorBoard's HParams tab names its row (its Trial ID), so that the rows of
+    several sweeps under one --logdir read apart: what its overrides set among the keys its sweep's
+    jobs differ in, then its sweep and its number there (`model=mnist_net optimizer=sgd ·
+    2026-12-06/03-12-44 #2`); "" for a single run, which the tab names by its dir."""
+    if job.sweep_dir is None:
+        return ""
+    differs = " ".join(f"{key}={_short(value)}" for key, value in job.swept.items() if key in job.varied)
+    number = job.run_dir.name.split("_", 1)[0]  # config.setup.job_dir names it so
+    return f"{differs or run_name(job)} · {sweep_name(job)} #{number}"
+
+
+def _short(value: object) -> str:
+    """A search's sampled float to 4 significant digits, as its dir names it."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def kept_id(path: Path) -> str | None:
     """The id of the backend's run that an earlier process of this run dir kept in `path`: a resume
     or a requeued job continues that run."""

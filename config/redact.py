@@ -1,0 +1,53 @@
+"""Secrets out of what a run records: a URL's password (postgresql://user:secret@host/db) and the
+value of a key named as a secret (api_key=..., password: ..., ?token=...), as `***`. For whatever
+holds the command line or the config: the manifest, the config a checkpoint carries, the
+loggers' options."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+HIDDEN = "***"
+# A key named as a secret: it ends in one of these words (db_password, HF_TOKEN, openai-api-key,
+# client_secret, githubtoken), not in a longer one (tokenizer, num_tokens).
+_SECRET_KEY = r"[\w.-]*?(?:password|passwd|secret|token|apikey|credentials?|(?:api|access|private|secret)[_-]?key)"
+# scheme://user:password@host: the password, up to the last @ before the path.
+_URL_PASSWORD = re.compile(r"(\b[a-zA-Z][\w+.-]*://[^/\s:@]*:)[^\s/]*(@)")
+# key=value (an override, a URL's query), key: value (YAML), "key": "value" (JSON): the value.
+_KEY_VALUE = re.compile(
+    rf"""((?:^|(?<=[\s,{{?&;'"+~]))["']?{_SECRET_KEY}["']?\s*(?:=|:\s)\s*)("[^"]*"|'[^']*'|[^\s&,;}}]+)""",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a key (its last part: logger.mlflow.api_key) names a secret."""
+    return re.fullmatch(_SECRET_KEY, key.rsplit(".", 1)[-1], re.IGNORECASE) is not None
+
+
+def redact(text: str) -> str:
+    """`text` with every password of a URL and every value of a secret's key replaced by ***."""
+    text = _URL_PASSWORD.sub(rf"\g<1>{HIDDEN}\g<2>", text)
+    return _KEY_VALUE.sub(_hidden, text)
+
+
+def _hidden(match: re.Match) -> str:
+    value = match.group(2)
+    quote = value[0] if value[0] in "'\"" else ""
+    return f"{match.group(1)}{quote}{HIDDEN}{quote}"
+
+
+def redacted(value: Any, key: str = "") -> Any:
+    """A value of the command line or the config, strings redacted, dicts and lists walked; the whole
+    value of a secret's key hidden."""
+    if key and is_secret_key(key):
+        return HIDDEN
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {k: redacted(v, str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redacted(v) for v in value)
+    return value

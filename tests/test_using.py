@@ -1,0 +1,335 @@
+"""Using a trained model (docs/using.md): python predict.py and python export.py on what single, DDP
+and FSDP runs leave, and the manifest they leave in their run dir and in every checkpoint."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import export
+import predict
+from config.schema import DatasetConfig
+from config.setup import ROOT
+from data.digits import arrays
+from data.image_paths import image_paths, validation_image
+from errors import ConfigError
+from tests import train_server
+from tests.runs import PASSWORD, SECRET_ROOT, last_weights, run_train
+from trained import checkpoint_path, load
+from training.checkpoint import sharded
+
+DIGITS = DatasetConfig(name="digits", channels=1, image_size=8, num_classes=10, mean=[0.3053], std=[0.3760])
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory) -> Path:
+    """A tiny single-device run with an EMA (that differs from the model)."""
+    run_dir = tmp_path_factory.mktemp("single") / "run"
+    result = run_train(run_dir, "debug=fdr", "trainer.ema_decay=0.999")
+    assert result.returncode == 0, result.stderr
+    (run_dir / "console.txt").write_text(result.stdout + result.stderr)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    """Five validation digits as grey PNGs (0..16 scaled to 0..255), and a file that is no image."""
+    folder = tmp_path_factory.mktemp("images")
+    _, val = arrays(DIGITS)
+    for i in range(5):
+        pixels = (val.images[i, 0].double() * 255 / 16).round().to(torch.uint8).numpy()
+        Image.fromarray(pixels).save(folder / f"digit{i}.png")
+    (folder / "broken.png").write_bytes(b"not a png")
+    return folder
+
+
+def _expected(state: dict[str, torch.Tensor], files: list[Path]) -> torch.Tensor:
+    """The run's model, its weights `state`, on the files' pixels / 255 normalised as digits is:
+    probabilities computed here without predict.py's code."""
+    from models.mnist_net import MnistNet
+
+    model = MnistNet(in_channels=1, num_classes=10, image_size=8)
+    model.load_state_dict(state)
+    pixels = torch.stack([torch.from_numpy(np.array(Image.open(f))).float() for f in files])[:, None]
+    with torch.no_grad():
+        return model.eval()((pixels / 255 - 0.3053) / 0.3760).softmax(1)
+
+
+def _rows(path: Path) -> dict[str, list[str]]:
+    with path.open() as f:
+        return {Path(row[0]).name: row[1:] for row in list(csv.reader(f))[1:]}
+
+
+def _probabilities(row: list[str]) -> dict[int, float]:
+    """label -> probability, from a CSV row's (class, label, probability) triples."""
+    return {int(row[i + 1]): float(row[i + 2]) for i in range(0, len(row), 3)}
+
+
+@pytest.mark.slow
+def test_predict_classifies_a_folder_and_names_a_corrupt_image_in_one_line(single_run, images, tmp_path):
+    out = tmp_path / "predictions.csv"
+    result = train_server.run(
+        [str(single_run), str(images), "--top-k", "3", "--out", str(out)], script=ROOT / "predict.py", timeout=120
+    )
+    assert result.returncode == 1, result.stderr  # an image could not be read; the others are written
+    assert result.stderr.splitlines() == [
+        f"skipped {images / 'broken.png'}: unreadable image (not an image file PIL knows); delete or replace it"
+    ]
+    rows = _rows(out)
+    files = sorted(images.glob("digit*.png"))
+    assert sorted(rows) == [f.name for f in files]
+    best = torch.load(single_run / "checkpoints" / "best.pt", weights_only=True)
+    assert best["best_weights"] == "model"  # the model's weights scored best: what predict.py takes
+    expected = _expected(best["model"], files)
+    for f, probabilities in zip(files, expected):
+        row = rows[f.name]
+        assert row[0] == row[1] == str(probabilities.argmax().item())  # digits' class names are the digits
+        for label, p in _probabilities(row).items():
+            assert p == pytest.approx(probabilities[label].item(), abs=1e-6)
+    assert f"{files[0]}: " in result.stdout and "5 of 6 image(s) classified" in result.stdout
+
+
+@pytest.mark.slow
+def test_predict_takes_the_ema_weights_ddps_best_pt_and_fsdps_sharded_last_pt(
+    single_run, ddp_reference, fsdp_reference, images, tmp_path
+):
+    files = sorted(images.glob("digit*.png"))
+    sharded = fsdp_reference / "checkpoints" / "last.pt"
+    ema = torch.load(single_run / "checkpoints" / "last.pt", weights_only=True)["ema"]
+    ema_model = {k.removeprefix("module."): v for k, v in ema.items() if k != "n_averaged"}
+    cases = [
+        ([str(single_run / "checkpoints" / "last.pt"), "--weights", "ema"], ema_model),
+        ([str(ddp_reference)], torch.load(ddp_reference / "checkpoints" / "best.pt", weights_only=True)["model"]),
+        ([str(sharded)], last_weights(fsdp_reference)),
+    ]
+    assert sharded.is_dir()
+    for source, state in cases:
+        out = tmp_path / "p.csv"
+        assert predict.main([source[0], str(images / "digit*.png"), "--out", str(out), *source[1:]]) == 0
+        rows = _rows(out)
+        for f, probabilities in zip(files, _expected(state, files)):
+            got = _probabilities(rows[f.name])
+            assert got == pytest.approx({k: probabilities[k].item() for k in got}, abs=1e-6), source
+    model = torch.load(single_run / "checkpoints" / "last.pt", weights_only=True)["model"]
+    assert not torch.allclose(_expected(model, files), _expected(ema_model, files))  # the EMA's are its own
+
+
+@pytest.mark.slow
+def test_the_manifest_is_in_the_run_dir_and_in_every_checkpoint(single_run, ddp_reference, fsdp_reference):
+    for run_dir, world in ((single_run, 1), (ddp_reference, 2), (fsdp_reference, 2)):
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        assert manifest["world_size"] == world and len(manifest["ranks"]) == world
+        assert manifest["class_names"] == [str(d) for d in range(10)] and manifest["batch_per_rank"] == 64 // world
+        assert manifest["commit"] and (run_dir / "manifest.diff").exists() == bool(manifest["diff"])
+        checkpoints = run_dir / "checkpoints"
+        for path in (checkpoints / "best.pt", checkpoints / "last.pt"):
+            saved = sharded.describe(path) if path.is_dir() else torch.load(path, weights_only=True)
+            assert saved["manifest"] == manifest, path
+
+
+@pytest.mark.slow
+def test_a_password_in_an_override_is_refused_before_anything_is_written(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train(run_dir, "debug=fdr", f"dataset.root={SECRET_ROOT}")
+    assert result.returncode == 2 and not run_dir.exists()
+    assert result.stderr.startswith("error: dataset.root=https://user:***@example.org/data: a password or key ")
+    assert PASSWORD not in result.stdout + result.stderr
+
+
+def test_images_are_files_folders_and_globs_each_cut_as_validation_cuts(images, tmp_path):
+    files = sorted(str(f) for f in images.iterdir())
+    assert image_paths([str(images)]) == files  # a folder: its image files (broken.png too: decoding tells)
+    one, zero = str(images / "digit1.png"), str(images / "digit0.png")
+    assert image_paths([one, str(images / "digit[01].png")]) == [one, zero]  # in the order given, each once
+    with pytest.raises(ConfigError, match=r"nothing\*\.png: is no file, and no folder or glob that finds one"):
+        image_paths([str(images / "nothing*.png")])
+    photo = tmp_path / "photo.jpg"
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(photo)
+    imagenet = DatasetConfig(name="imagefolder", channels=3, image_size=16, val_resize=20, val_crop=16)
+    assert validation_image(str(photo), imagenet).shape == (3, 16, 16)
+    grey = validation_image(str(photo), DIGITS)
+    assert grey.shape == (1, 8, 8) and grey.dtype == torch.uint8  # uint8 until the device
+    assert abs(int(grey[0, 4, 4]) - round(0.299 * 200 + 0.587 * 30 + 0.114 * 30)) <= 1  # grey as PIL makes it
+
+
+@pytest.mark.slow
+def test_a_run_dir_gives_its_best_pt_else_its_last_pt_and_a_bad_source_is_one_line(single_run, tmp_path):
+    assert checkpoint_path(single_run) == single_run / "checkpoints" / "best.pt"
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes((single_run / "checkpoints" / "last.pt").read_bytes())
+    assert checkpoint_path(run) == run / "checkpoints" / "last.pt"
+    (run / "checkpoints" / "best.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match=r"best.pt: not a loadable checkpoint \(.*\); give a run dir") as error:
+        load(run)
+    assert "\n" not in str(error.value)
+    (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="no checkpoints/best.pt or last.pt in it"):
+        checkpoint_path(tmp_path / "empty")
+    with pytest.raises(ConfigError, match="neither a run dir"):
+        checkpoint_path(tmp_path)
+    with pytest.raises(ConfigError, match="holds no EMA weights"):
+        load(_without_ema(single_run, tmp_path), "ema")
+
+
+def _without_ema(single_run: Path, tmp_path: Path) -> Path:
+    checkpoint = torch.load(single_run / "checkpoints" / "last.pt", weights_only=True)
+    path = tmp_path / "no_ema.pt"
+    torch.save({**checkpoint, "ema": None}, path)
+    return path
+
+
+@pytest.mark.slow
+def test_export_writes_pt2_and_onnx_from_fsdps_sharded_checkpoint_each_checked_and_labelled(
+    fsdp_reference, images, tmp_path, capsys
+):
+    result = train_server.run(
+        [str(fsdp_reference / "checkpoints" / "last.pt"), "--out", str(tmp_path)], script=ROOT / "export.py"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("matches PyTorch on 2 validation batch(es)") == 2
+    import onnx
+    import onnxruntime
+
+    metadata = {p.key: p.value for p in onnx.load(tmp_path / "model.onnx").metadata_props}
+    assert json.loads(metadata["class_names"]) == [str(d) for d in range(10)]
+    assert (json.loads(metadata["mean"]), json.loads(metadata["std"])) == ([0.3053], [0.376])
+    extra = {export.METADATA: ""}
+    program = torch.export.load(tmp_path / "model.pt2", extra_files=extra)
+    assert json.loads(extra[export.METADATA]) == metadata_json(metadata)
+    model = load(fsdp_reference / "checkpoints" / "last.pt").model
+    x = torch.randn(3, 1, 8, 8)  # a batch size the export never saw
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        expected = model(x)
+    assert torch.allclose(torch.from_numpy(session.run(None, {"images": x.numpy()})[0]), expected, atol=1e-4)
+    assert torch.allclose(program.module()(x), expected, atol=1e-4)
+    # docs/using.md's Python, as someone without this repo runs it, on these files
+    code = (ROOT / "docs" / "using.md").read_text().split("```python\n", 1)[1].split("```", 1)[0]
+    code = code.replace("outputs/digits/export", str(tmp_path)).replace("photos/seven.png", str(images / "digit0.png"))
+    exec(compile(code, "docs/using.md", "exec"), {})
+    top1 = str(_expected(last_weights(fsdp_reference), [images / "digit0.png"])[0].argmax().item())
+    assert capsys.readouterr().out.splitlines() == [top1, top1]  # the ONNX file's answer, then the .pt2's
+
+
+def metadata_json(props: dict[str, str]) -> dict:
+    """ONNX's metadata_props (strings, JSON where a value is not one) as the .pt2's metadata.json holds them."""
+    parsed = {}
+    for key, value in props.items():
+        try:
+            parsed[key] = json.loads(value)
+        except ValueError:
+            parsed[key] = value
+    return parsed
+
+
+@pytest.mark.slow
+def test_export_from_single_and_ddp_runs_checked(single_run, ddp_reference, tmp_path, capsys):
+    assert export.main([str(single_run), "--format", "pt2", "--weights", "ema", "--out", str(tmp_path / "s")]) == 0
+    assert export.main([str(ddp_reference), "--format", "pt2", "--out", str(tmp_path / "d")]) == 0
+    assert capsys.readouterr().out.count("matches PyTorch") == 2
+    extra = {export.METADATA: ""}
+    torch.export.load(tmp_path / "s" / "model.pt2", extra_files=extra)
+    assert json.loads(extra[export.METADATA])["weights"] == "ema"
+
+
+@pytest.mark.slow
+def test_an_export_that_differs_from_the_model_is_one_line_a_rejected_file_and_exit_1(
+    single_run, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(export, "save_pt2", lambda program, trained, path: path.write_bytes(b"pt2"))
+    monkeypatch.setattr(export, "exported_program", lambda trained: None)
+    model = load(single_run).model
+    monkeypatch.setattr(export, "load_pt2", lambda path: lambda x: model(x) + 1e-3)
+    assert export.main([str(single_run), "--format", "pt2", "--out", str(tmp_path)]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith(f"error: {tmp_path / 'model.pt2.rejected'}: validation batch 1")
+    assert "logits differ from PyTorch's by up to 0.001" in error
+    assert (tmp_path / "model.pt2.rejected").exists() and not (tmp_path / "model.pt2").exists()
+
+
+def test_a_top1_that_differs_fails_the_check_even_within_the_tolerance():
+    model = torch.nn.Linear(2, 2, bias=False).eval()
+    with torch.no_grad():
+        model.weight.copy_(torch.eye(2))
+    x = torch.tensor([[1.0, 1.0 - 1e-6]])  # logits a millionth apart: swapped, they are still within 1e-4
+    with pytest.raises(export.ExportMismatch, match="top-1 differs from PyTorch's for 1 of 1 images"):
+        export.check(model, lambda batch: batch.flip(1), [x])
+    assert "logits within" in export.check(model, model, [x])
+
+
+def test_each_dataset_names_its_classes_by_label(tmp_path):
+    from data import DATASETS, class_names
+
+    for split, classes in (("train", ["cat", "dog"]), ("val", ["cat", "dog"])):
+        for name in classes:
+            (tmp_path / split / name).mkdir(parents=True)
+    names = {
+        dataset: class_names(DatasetConfig(name=dataset, channels=1, image_size=8, num_classes=10, root=str(tmp_path)))
+        for dataset in DATASETS
+    }
+    assert names["cifar10"][:3] == ["airplane", "automobile", "bird"] and names["imagefolder"] == ["cat", "dog"]
+    assert names["fashion_mnist"][0] == "T-shirt/top" and names["kmnist"][0] == "o" and names["mnist"][0] == "0 - zero"
+    assert names["digits"] == names["synthetic"] == [str(label) for label in range(10)]  # synthetic: the labels
+
+
+def test_predict_cuts_an_image_folders_files_as_the_runs_validation_does(tmp_path):
+    """The run's own validation batches (data/'s loaders, as export.py checks on them) against
+    predict.py's cut of the same files: the same probabilities, for JPEGs resized then centre-cropped."""
+    import argparse
+
+    from config.schema import DataConfig
+    from models.simple_cnn import SimpleCNN
+    from tests.dataset_files import write_image_folder
+    from trained import Trained
+
+    root = write_image_folder(tmp_path / "folder", size=40, suffix=".jpg")
+    dataset = DatasetConfig(
+        name="imagefolder", channels=3, image_size=16, num_classes=2, root=str(root), val_resize=20, val_crop=16,
+        mean=[0.5, 0.4, 0.3], std=[0.2, 0.25, 0.3],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = SimpleCNN(in_channels=3, num_classes=2, image_size=16).eval()
+    trained = Trained(tmp_path, tmp_path, dataset, DataConfig(), {"batch_size": 8}, model, "model", ["a", "b"], None)
+    (batch,) = export.validation_batches(trained, 1)
+    with torch.no_grad():
+        expected = model(batch).softmax(1)
+    paths = image_paths([str(root / "val")])
+    args = argparse.Namespace(top_k=2, batch_size=3, num_workers=0)
+    rows, unread = predict.predict(trained, paths, torch.device("cpu"), args)
+    assert unread == 0 and [path for path, _ in rows] == paths
+    for (_, top), probabilities in zip(rows, expected):
+        assert {label: p for label, _, p in top} == pytest.approx(dict(enumerate(probabilities.tolist())), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_vit_tiny_exports_with_a_dynamic_batch():
+    from config.schema import DataConfig
+    from models.vit_tiny import TinyViT
+    from trained import Trained
+
+    model = TinyViT(in_channels=3, num_classes=10, image_size=32).eval()
+    dataset = DatasetConfig(name="synthetic", channels=3, image_size=32, num_classes=10)
+    program = export.exported_program(Trained(ROOT, ROOT, dataset, DataConfig(), {}, model, "model", [], None))
+    x = torch.randn(3, 3, 32, 32)  # traced at 2
+    with torch.no_grad():
+        assert torch.allclose(program.module()(x), model(x), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_model_torch_export_cannot_trace_is_one_line_and_exit_1(single_run, tmp_path, monkeypatch, capsys):
+    def untraceable(trained):
+        raise RuntimeError("Constraints violated (batch)!\nthe rest of torch's advice")
+
+    monkeypatch.setattr(export, "exported_program", untraceable)
+    assert export.main([str(single_run), "--format", "pt2", "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: torch.export cannot trace {single_run / 'checkpoints' / 'best.pt'}'s model with a dynamic batch "
+        "(Constraints violated (batch)!)\n"
+    )
