@@ -29,24 +29,14 @@ def _states(study: optuna.Study) -> list[str]:
     return [t.state.name for t in study.get_trials(deepcopy=False)]
 
 
-def test_a_url_holding_a_password_is_refused_in_one_line_that_does_not_show_it():
-    with pytest.raises(_storage.StorageError) as refused:
-        _storage.check_url("postgresql+psycopg://optuna:s3cret@db.cluster:5432/optuna")
-    said = str(refused.value)
-    assert said.startswith("hydra.sweeper.storage=postgresql+psycopg://optuna:***@db.cluster:5432/optuna: ")
-    assert "PGPASSWORD or ~/.pgpass" in said and "s3cret" not in said and "\n" not in said
-    for fine in (None, "sqlite:///multirun/optuna.db", "journal:///multirun/optuna.journal", "postgresql://u@h/db"):
-        _storage.check_url(fine)
-
-
-def test_train_py_refuses_a_storage_url_with_a_password_before_it_writes_anything(tmp_path):
-    sweep = tmp_path / "search"
-    done = train_server.run(
-        ["hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.storage=postgresql://u:s3cret@h/db"]
-    )
-    assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith("error: hydra.sweeper.storage="), done
-    assert "s3cret" not in done.stdout + done.stderr
-    assert not sweep.exists() or not [p for p in sweep.rglob("*") if p.is_file()]
+def test_a_storage_that_fails_to_open_says_so_in_one_line_that_hides_its_password():
+    # A password on the command line is refused before Hydra writes it (config.overrides, test_config.py);
+    # one from a config file still reaches no message.
+    with pytest.raises(_storage.StorageError) as failed:
+        _storage.open_storage("postgresql+psycopg://optuna:s3cret@127.0.0.1:1/optuna", None, None)
+    said = str(failed.value)
+    assert said.startswith("hydra.sweeper.storage=postgresql+psycopg://optuna:***@127.0.0.1:1/optuna: Operational")
+    assert "s3cret" not in said and "\n" not in said
 
 
 def _journal(tmp_path: Path, heartbeat_interval: int = 1, grace_period: int | None = 1):

@@ -4,8 +4,8 @@
 - `journal:///PATH`: Optuna's journal, an append-only file that many processes on a shared filesystem
   write through a lock file, with no server.
 - any other SQLAlchemy URL, e.g. `postgresql+psycopg://USER@HOST:PORT/DB`: a database server. Its
-  password stays out of the URL, which Hydra writes to .hydra/ and the log: libpq reads it from
-  PGPASSWORD, PGPASSFILE or ~/.pgpass.
+  password stays out of the URL, which Hydra writes to .hydra/ and the log (on the command line,
+  config.overrides.check_overrides refuses it): libpq reads it from PGPASSWORD, PGPASSFILE or ~/.pgpass.
 
 Each opens with heartbeats, so that a trial whose sweeper was killed is found and run again.
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, ProgrammingError
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 
+from config.redact import redact
 from errors import first_line
 from hydra_plugins.optuna_study_sweeper import _optuna_private
 
@@ -30,22 +30,6 @@ JOURNAL = "journal:///"
 
 class StorageError(Exception):
     """A storage URL that cannot be used as given; the message names the fix."""
-
-
-def check_url(url: str | None) -> None:
-    """A URL with a password in it is refused before anything writes it down."""
-    if url is None or url.startswith(JOURNAL):
-        return
-    try:
-        password = make_url(url).password
-    except ArgumentError:
-        return  # not a URL: SQLAlchemy says so when the storage is opened
-    if password is not None:
-        shown = make_url(url).render_as_string(hide_password=True)
-        raise StorageError(
-            f"hydra.sweeper.storage={shown}: the URL holds a password, which Hydra would write to .hydra/ and the "
-            "log; drop it from the URL and give it in PGPASSWORD or ~/.pgpass (PGPASSFILE), where libpq reads it"
-        )
 
 
 def _database(url: str, heartbeat_interval: int | None, grace_period: int | None) -> BaseStorage:
@@ -79,7 +63,6 @@ def open_storage(url: str | None, heartbeat_interval: int | None, grace_period: 
     in memory."""
     if url is None:
         return None
-    check_url(url)
     path = journal_path(url)
     try:
         with warnings.catch_warnings():
@@ -95,4 +78,6 @@ def open_storage(url: str | None, heartbeat_interval: int | None, grace_period: 
                 )
             return _database(url, heartbeat_interval, grace_period)
     except Exception as e:  # SQLAlchemy's errors, a missing database driver, a refused login, Optuna's own checks
-        raise StorageError(f"hydra.sweeper.storage={url}: {type(e).__name__}: {first_line(e)}") from None
+        raise StorageError(
+            f"hydra.sweeper.storage={redact(url)}: {type(e).__name__}: {redact(first_line(e))}"
+        ) from None

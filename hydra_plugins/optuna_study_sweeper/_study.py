@@ -462,10 +462,6 @@ def sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any]
 
 
 def check_options(sweeper: Any) -> None:
-    try:
-        _storage.check_url(sweeper.storage)
-    except _storage.StorageError as e:
-        raise SearchError(str(e)) from None
     if sweeper.direction not in ("maximize", "minimize"):
         raise SearchError(f"hydra.sweeper.direction={sweeper.direction}: choose maximize or minimize")
     check_direction(sweeper.metric, sweeper.direction)
