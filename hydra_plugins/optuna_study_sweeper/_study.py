@@ -36,6 +36,7 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import Trial, TrialState
 
+from config.overrides import last_overrides
 from errors import first_line
 from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _storage, pruning
 
@@ -64,21 +65,19 @@ def search_space(
 ) -> tuple[dict[str, BaseDistribution], list[str]]:
     """Hydra sweep overrides as Optuna distributions; the plain ones pass to every trial as they are.
 
-    A later override of a key replaces an earlier one: the command line beats hparams_search's params.
-    `config_loader` lists a config group's options for glob(...).
+    The last override of each key counts (config.overrides.last_overrides): the command line beats
+    hparams_search's params. `config_loader` lists a config group's options for glob(...).
     """
     space: dict[str, BaseDistribution] = {}
-    fixed: dict[str, str] = {}
-    for override in OverridesParser.create(config_loader=config_loader).parse_overrides(list(overrides)):
-        key = override.get_key_element()
-        space.pop(key, None)
-        fixed.pop(key, None)
+    fixed: list[str] = []
+    parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(list(overrides))
+    for override in last_overrides(parsed):
         if override.is_sweep_override():
-            space[key] = distribution(override)
+            space[override.get_key_element()] = distribution(override)
         else:
             assert override.input_line is not None
-            fixed[key] = override.input_line
-    return space, list(fixed.values())
+            fixed.append(override.input_line)
+    return space, fixed
 
 
 def distribution(override: Override) -> BaseDistribution:
