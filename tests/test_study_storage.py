@@ -70,7 +70,7 @@ def test_a_journal_study_runs_again_the_trials_a_killed_sweeper_left(tmp_path):
 def test_a_missing_journal_directory_is_one_line(tmp_path):
     with pytest.raises(
         _study.SearchError,
-        match=r"^hydra.sweeper.storage=journal:///.*/none/j.journal: FileNotFoundError: no directory",
+        match=r"^hydra.sweeper.storage=journal:///.*/none/j.journal: FileNotFoundError: .* No such file or directory: ",
     ):
         _study.open_study("s", f"journal:///{tmp_path}/none/j.journal", "maximize", SAMPLER, COMMAND, 10, None)
 

@@ -68,8 +68,6 @@ def open_storage(url: str | None, heartbeat_interval: int | None, grace_period: 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeats: experimental since Optuna 2.9
             if path is not None:
-                if not path.parent.is_dir():
-                    raise FileNotFoundError(f"no directory {path.parent}")
                 return _optuna_private.JournalHeartbeatStorage(
                     JournalFileBackend(str(path)),
                     heartbeat_interval=heartbeat_interval,
