@@ -3,8 +3,8 @@
 python -m bench.dashboard multirun/search/digits [--port 8080] [--host 127.0.0.1] [optuna-dashboard's options]
 
 The target is a search's dir (its optuna.db or optuna.journal), a study's file, or any storage URL
-(the search's hydra.sweeper.storage, journal:/// included). Then http://127.0.0.1:8080 shows each trial as it completes, the history,
-the parameters' importance and slices. The same as `optuna-dashboard sqlite:///<dir>/optuna.db`,
+(the search's hydra.sweeper.storage, journal:/// included). Then http://127.0.0.1:8080 shows each
+trial as it completes, the history, the parameters' importance and slices. The same as `optuna-dashboard sqlite:///<dir>/optuna.db`,
 with the path checked first: Optuna would make an empty database of a mistyped one, and show no
 study. Needs optuna-dashboard (requirements-extras.txt).
 """

@@ -80,7 +80,8 @@ up() {
   chown postgres: "$dir/cluster"
   chmod 700 "$dir/cluster"
   if ! as_postgres test -w "$dir/cluster"; then
-    echo "postgres.sh: the postgres user cannot reach $dir (a directory above it is private); choose a DIR it can reach, e.g. under /var/tmp" >&2
+    echo "postgres.sh: the postgres user cannot reach $dir (a directory above it is private);" \
+      "choose a DIR it can reach, e.g. under /var/tmp" >&2
     exit 1
   fi
   if pid > /dev/null; then

@@ -87,7 +87,8 @@ class OptunaPruning(Callback):
             trial.set_user_attr(PRUNED, reason)
             return reason
         except UpdateFinishedTrialError:  # a sweeper of the study failed it as stale, and runs it again
-            return f"trial {self.number} of study {self.study_name} was ended by its search (its sweeper missed heartbeats)"
+            ended = f"trial {self.number} of study {self.study_name} was ended by its search"
+            return f"{ended} (its sweeper missed heartbeats)"
         except Exception as e:  # the storage out of reach for a while: the trial goes on, unpruned
             log.warning(
                 "could not report to study %s: %s; trial %d goes on", self.study_name, first_line(e), self.number
