@@ -20,9 +20,16 @@ import tempfile
 import time
 
 from bench.common import ROOT, median, table
-from bench.startup import FIRST_STEP
+from bench.first_step import FIRST_STEP, FirstStep
 
-JOB = ["train.py", "-m", "trainer.compile=true", "trainer.max_steps=1", "trainer.limit_val_batches=1"]
+JOB = [
+    "train.py",
+    "-m",
+    "trainer.compile=true",
+    "trainer.max_steps=1",
+    "trainer.limit_val_batches=1",
+    f"+callbacks.first_step._target_={FirstStep.__module__}.{FirstStep.__name__}",  # prints FIRST_STEP
+]
 
 
 def to_first_step(args: list[str]) -> float:
