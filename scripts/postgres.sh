@@ -104,8 +104,8 @@ up() {
   local port
   port=$(cat "$dir/port")
   # 127.0.0.1 only, and no Unix socket: nothing but this machine's TCP clients, each with the password.
-  # Each trial's process and each sweeper holds a connection or two: PostgreSQL's default of 100 turns
-  # the 50th trial at once away ("too many clients"; BENCHMARKS.md, "Searches that scale").
+  # Each trial's process and each sweeper holds a connection or two: PostgreSQL's default max_connections
+  # (100) turns a search with many trials at once away ("too many clients").
   as_postgres "$bin/pg_ctl" -D "$dir/cluster/data" -l "$dir/cluster/postgres.log" -w -t 60 \
     -o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories='' -c max_connections=400" \
     start > /dev/null \
