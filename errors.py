@@ -16,6 +16,14 @@ class ConfigError(Exception):
     """A bad config value or environment; the message names the key, the value and the fix."""
 
 
+def config_error_within(error: BaseException | None) -> ConfigError | None:
+    """The ConfigError a wrapper was raised over: OmegaConf keeps a resolver's exception only as the
+    context of its own."""
+    while error is not None and not isinstance(error, ConfigError):
+        error = error.__context__
+    return error
+
+
 def raised_elsewhere(traceback: str) -> ConfigError | NonFiniteLoss | None:
     """The error meant for people that another process raised, from the traceback it left: its last
     line reads `errors.ConfigError: <message>` (a spawned rank's error file, a DataLoader worker's

@@ -79,15 +79,20 @@ def check_and_plan(config: Config, run_dir: Path | None = None, multirun: bool =
 
 def _check_world(settings: TrainerConfig, plan: LaunchPlan) -> None:
     """The settings keys that depend on the world and the accelerator this machine gives."""
+    # An elastic world (torchrun --nnodes=MIN:MAX) re-forms at sizes the config cannot know: the fix names them.
+    worlds = "every world size torchrun may re-form the job at (--nnodes=MIN:MAX x --nproc-per-node)"
+    elastic = settings.num_nodes is None
     if settings.batch_size < plan.world_size:
         raise ConfigError(
             f"trainer.batch_size={settings.batch_size} is the global batch, at least one sample for each of "
             f"{plan.world_size} process(es); use {plan.world_size} or more"
+            + (f", and with trainer.num_nodes=null, as many as the largest of {worlds}" if elastic else "")
         )
     if settings.batch_size % plan.world_size:
         raise ConfigError(
             f"trainer.batch_size={settings.batch_size} is the global batch and must split evenly over "
             f"{plan.world_size} processes; use a multiple of {plan.world_size}"
+            + (f", and with trainer.num_nodes=null, of {worlds}" if elastic else "")
         )
     if settings.val_batch_size is not None and settings.val_batch_size < plan.world_size:
         raise ConfigError(

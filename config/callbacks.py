@@ -16,7 +16,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 from omegaconf.errors import InterpolationResolutionError
 
-from errors import ConfigError
+from errors import config_error_within
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class OutputDirCheck(Callback):
         try:
             directory = config.hydra.run.dir
         except InterpolationResolutionError as e:  # run_name refuses a world whose ranks cannot share a dir
-            cause = _config_error_within(e)
+            cause = config_error_within(e)
             if cause is None:
                 raise
             print(f"error: {cause}", file=sys.stderr)
@@ -53,13 +53,6 @@ def restore_run_record() -> None:
     reads a run's overrides from it."""
     for path, contents in _kept_record.items():
         path.write_bytes(contents)
-
-
-def _config_error_within(error: BaseException) -> ConfigError | None:
-    """OmegaConf wraps a resolver's exception and keeps it only as the context of its own."""
-    while error is not None and not isinstance(error, ConfigError):
-        error = error.__context__
-    return error
 
 
 def _exit_unless_writable(key: str, directory: str) -> None:

@@ -140,10 +140,15 @@ class TrainerConfig:
     accelerator: Accelerator = Accelerator.auto
     devices: int = 1  # per node: one process each (dp: one process drives them all)
     gpus: Optional[int] = None  # shorthand: trainer.gpus=4 means accelerator=gpu devices=4
-    num_nodes: int = 1  # torchrun/SLURM must start devices x num_nodes processes
+    # torchrun/SLURM must start devices x num_nodes processes; null: as many nodes as the launcher
+    # starts (torchrun --nnodes=MIN:MAX, whose re-forms change the world)
+    num_nodes: Optional[int] = 1
     epochs: int = 15
     max_steps: Optional[int] = None  # stop early after this many optimizer steps
     batch_size: int = 64  # global: each of N ranks takes batch_size / N
+    # A rank's samples per forward at most (per GPU under dp): a larger share of batch_size is trained
+    # in more, smaller micro-batches, accumulated, so the global batch stays (training/batch_layout.py)
+    max_batch_per_device: Optional[int] = None
     seed: int = 0
     limit_train_batches: Optional[int] = None  # dry runs: batches per epoch
     limit_val_batches: Optional[int] = None
@@ -170,6 +175,9 @@ class TrainerConfig:
     # a last.pt/best.pt path, or auto: this run dir's last.pt if there is one (null: auto in a requeued SLURM job)
     resume: Optional[str] = None
     checkpoint_every_n_steps: Optional[int] = None  # also save last.pt every N steps (mid-epoch)
+    # also save last.pt once N seconds have passed since the last save, by rank 0's clock, at the
+    # preemption watch's checks (training/checkpoint/cadence.py)
+    checkpoint_every_n_seconds: Optional[float] = None
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # the best ones, by a figure
     # Preemption: these signals make every rank finish its step and save last.pt, then exit;
     # under SLURM the requeue signals also requeue the job (SIGTERM is also scancel's: no requeue).
@@ -233,7 +241,25 @@ class TrainerConfig:
                     _at_least_1_or_null(self.checkpoint_every_n_steps),
                     positive,
                 ),
+                (
+                    "checkpoint_every_n_seconds",
+                    self.checkpoint_every_n_seconds,
+                    self.checkpoint_every_n_seconds is None or self.checkpoint_every_n_seconds > 0,
+                    "a positive number of seconds, or null",
+                ),
                 ("overfit_batches", self.overfit_batches, _at_least_1_or_null(self.overfit_batches), positive),
+                (
+                    "max_batch_per_device",
+                    self.max_batch_per_device,
+                    _at_least_1_or_null(self.max_batch_per_device),
+                    positive,
+                ),
+                (
+                    "num_nodes",
+                    self.num_nodes,
+                    _at_least_1_or_null(self.num_nodes),
+                    "1 or more, or null for as many as the launcher starts",
+                ),
                 ("label_smoothing", self.label_smoothing, 0 <= self.label_smoothing < 1, "0 (off) up to below 1"),
                 ("mixup_alpha", self.mixup_alpha, self.mixup_alpha >= 0, "0 (off) or a Beta(alpha, alpha)"),
                 ("cutmix_alpha", self.cutmix_alpha, self.cutmix_alpha >= 0, "0 (off) or a Beta(alpha, alpha)"),

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from config import launcher_env
 from config.schema import Config, devices_per_node
+from errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
@@ -29,12 +30,24 @@ CONF_DIR = ROOT / "conf"
 def _per_device(batch: int, *, _root_: DictConfig) -> int:
     """${per_device:128}: the seeds give a batch per GPU; trainer.batch_size is the global one."""
     trainer = _root_.trainer
-    return batch * devices_per_node(trainer.gpus, trainer.devices) * trainer.num_nodes
+    return batch * devices_per_node(trainer.gpus, trainer.devices) * _nodes(trainer, f"per_device:{batch}")
 
 
 def _per_node(batch: int, *, _root_: DictConfig) -> int:
     """${per_node:256}: the ImageNet example's batch is each node's, split over its GPUs."""
-    return batch * _root_.trainer.num_nodes
+    return batch * _nodes(_root_.trainer, f"per_node:{batch}")
+
+
+def _nodes(trainer: DictConfig, resolver: str) -> int:
+    """A batch per device or per node makes a global batch only for a known count of nodes; an
+    elastic world's (trainer.num_nodes=null) changes as torchrun re-forms it, and the global batch
+    must not."""
+    if trainer.num_nodes is None:
+        raise ConfigError(
+            f"${{{resolver}}} counts the nodes, and trainer.num_nodes=null leaves them to the launcher; give the "
+            "global batch itself (trainer.batch_size=N), or trainer.num_nodes"
+        )
+    return trainer.num_nodes
 
 
 def _epochs_after_warmup(epochs: int, warmup_epochs: int) -> int:

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ValidationError
+from omegaconf.errors import InterpolationResolutionError, ValidationError
 
 from config.redact import redact
 from config.schema import (
@@ -25,7 +25,7 @@ from config.schema import (
     TrainerConfig,
     parse_signals,
 )
-from errors import ConfigError, first_line
+from errors import ConfigError, config_error_within, first_line
 
 T = TypeVar("T")
 
@@ -36,7 +36,13 @@ _NODES = {"model": True, "optimizer": True, "loss": True, "scheduler": False}
 def typed(cfg: DictConfig) -> Config:
     """`cfg` as the schema's dataclasses, every value checked (a ConfigError names the first that is
     wrong), and every `_target_` node importable."""
-    config: Config = OmegaConf.to_object(cfg)
+    try:
+        config: Config = OmegaConf.to_object(cfg)
+    except InterpolationResolutionError as e:
+        cause = config_error_within(e)  # a resolver's refusal (config.setup's per_device)
+        if cause is None:
+            raise
+        raise cause from None
     options = optimizer_options(config.optimizer)
     scheduler_options(config.scheduler)
     if options.lr_scaling == LrScaling.linear and "lr" not in config.optimizer:

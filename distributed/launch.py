@@ -108,7 +108,11 @@ def plan_launch(
     elif name == "slurm":
         fixed = launcher.master_addr  # set: no need to ask scontrol for the first node
         env_rank = environment.from_slurm(env, (lambda _: [fixed]) if fixed else environment.scontrol_hostnames)
-    devices, num_nodes = settings.devices_per_node, settings.num_nodes
+    devices = settings.devices_per_node
+    # null: the nodes the launcher started (torchrun --nnodes=MIN:MAX); spawn starts this one only.
+    num_nodes = settings.num_nodes
+    if num_nodes is None:
+        num_nodes = env_rank.num_nodes if env_rank is not None else 1
     accelerator = Accelerator.gpu if settings.gpus is not None else settings.accelerator
     visible = torch.cuda.device_count()  # counts without creating a CUDA context
     if accelerator == Accelerator.auto:

@@ -64,6 +64,7 @@ def fsdp_reference(tmp_path_factory) -> Path:
 LONGEST_FIRST = [
     "test_slurm_requeue.py",
     "test_slurm.py",
+    "test_slurm_elastic.py",
     "test_bench.py",
     "test_launchers.py",
     "test_fsdp.py",

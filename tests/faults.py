@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from models.mnist_net import MnistNet
+from models.simple_cnn import SimpleCNN
 from training.callbacks import Callback, RunInfo
 
 
@@ -52,6 +53,22 @@ class SlowNet(MnistNet):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         time.sleep(self.delay_s)
+        return super().forward(x)
+
+
+class SlowCNN(SimpleCNN):
+    """SimpleCNN (no dropout, no BatchNorm: its steps are the same math at any micro-batch size)
+    that sleeps `delay_s` in every forward, and waits in it while the file `hold` exists: a test's
+    pause, released by deleting the file."""
+
+    def __init__(self, *args, delay_s: float = 0.2, hold: str | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.delay_s, self.hold = delay_s, hold
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.delay_s)
+        while self.hold is not None and os.path.exists(self.hold):
+            time.sleep(0.05)
         return super().forward(x)
 
 

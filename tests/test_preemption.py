@@ -15,6 +15,7 @@ from distributed.context import DistContext, make_context
 from errors import Preempted
 from tests.configs import job_config
 from training import preemption
+from training.checkpoint.cadence import SaveCadence
 from training.preemption import PreemptionWatch, requeue_or_explain, resume_command
 from training.run import train
 
@@ -187,3 +188,72 @@ def test_a_run_that_fails_while_it_is_built_gives_the_signals_back(tmp_path):
     with pytest.raises(TypeError, match="no_such_argument"):
         train(make_context(0, 0, 1, 1, "cpu", use_process_group=False), job)
     assert {sig: signal.getsignal(sig) for sig in job.preempt_signals} == handlers
+
+
+def test_without_other_ranks_a_save_by_time_reads_this_processs_clock_every_step():
+    now = [0.0]
+    saves = SaveCadence(every_n_steps=4, every_n_seconds=10, clock=lambda: now[0])
+    due = []
+    for step in range(1, 9):
+        now[0] += 3  # 3 s a step
+        if saves.due(step):
+            due.append(step)
+            saves.saved()  # the seconds count from the last save, whatever its cause
+    assert due == [4, 8]  # 12 s at step 4 (also its 4th step), then 4 steps since: 12 s at step 8
+    assert SaveCadence(every_n_steps=None, every_n_seconds=5, clock=lambda: 5.0).due(1) is False  # 0 s in
+
+
+def test_a_save_by_time_comes_by_rank_0s_clock_at_a_check_and_every_rank_saves_at_that_step(monkeypatch):
+    """Rank 0's clock runs (0.5 s a step), rank 1's stands still: each rank's own would save at
+    different steps, and a rank saving alone waits for the others forever. Both save at the same
+    steps, those of a check (the preemption watch's, a quarter of the 1 s cadence apart: it is
+    shorter than the grace period) where rank 0's clock says a second has passed."""
+    monkeypatch.setattr(preemption, "all_reduce_max", _AllReduceMax())
+    saved: list[list[int]] = [[], []]
+    checked: list[list[int]] = [[], []]
+
+    def rank(r: int) -> None:
+        step_now = [0]
+        clock = (lambda: step_now[0] * 0.5) if r == 0 else (lambda: 0.0)
+        saves = SaveCadence(None, every_n_seconds=1.0, agreed=True, clock=clock)
+        watch = PreemptionWatch(DistContext(r, r, 2, 2, torch.device("cpu"), "gloo"), [], grace_s=30.0)
+        watch.carry(saves)
+        for step in range(1, 80):
+            step_now[0] = step
+            time.sleep(0.01)
+            before = watch._next_check
+            assert not watch.should_stop(step)
+            if watch._next_check != before:
+                checked[r].append(step)
+            if saves.due(step):
+                saved[r].append(step)
+                saves.saved()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert saved[0] == saved[1] and len(saved[0]) >= 2, (saved, checked)
+    assert set(saved[0]) <= set(checked[0]), (saved, checked)
+    gaps = [b - a for a, b in zip(checked[0][1:], checked[0][2:])]  # 0.25 s apart at ~0.01 s a step, not 7.5 s
+    assert gaps and max(gaps) <= 40, checked
+
+
+@pytest.mark.slow
+def test_a_time_based_save_lands_mid_epoch_through_train_py(tmp_path):
+    """Two DDP ranks, trainer.checkpoint_every_n_seconds and nothing else that saves mid-epoch: rank 1
+    fails in its 3rd step, and last.pt holds the 2nd, saved mid-epoch by rank 0's clock."""
+    from tests.runs import run_train
+
+    result = run_train(
+        tmp_path,
+        "debug=ddp_cpu",
+        "trainer.limit_train_batches=6",
+        "trainer.checkpoint_every_n_seconds=0.001",
+        "model._target_=tests.faults.FailingNet",
+        "logger=none",
+    )
+    assert result.returncode != 0 and "injected failure on rank 1" in result.stderr, result.stderr[-3000:]
+    last = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
+    assert (last["epoch"], last["step"], last["batch"]) == (0, 2, 2)

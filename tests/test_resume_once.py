@@ -1,35 +1,34 @@
 """The resume is decided once, before launch, and each rank opens the checkpoint it continues once:
-counted in a resumed DDP(2) run, started as a user starts it (`python train.py`), with an audit hook
-in every process it starts (a sitecustomize.py on PYTHONPATH: the spawned ranks import it too). And
-every rank must see the very last.pt rank 0 decided on, its step and size, not only its path."""
+counted in a resumed DDP(2) run of `python train.py`, with an audit hook in every process it starts
+(installed before train.py runs: the forked ranks inherit it). And every rank must see the very
+last.pt rank 0 decided on, its step and size, not only its path."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from config.schema import ResumePoint
-from config.setup import ROOT
 from distributed.context import DistContext
 from errors import ConfigError
+from tests import train_server
+from tests.runs import FORK_RANKS
 from training.checkpoint import resume
 from training.checkpoint.files import save_checkpoint
 
-# Each process appends the checkpoint files it opens to a file named after its pid.
-AUDIT = """
-import os, sys
+# train.py, with each process appending the checkpoint files it opens to a file named after its pid.
+AUDITED_TRAIN_PY = """
+import os, runpy, sys
 def _opened(event, args):
     if event == "open" and isinstance(args[0], (str, os.PathLike)) and os.fspath(args[0]).endswith(".pt"):
-        with open(os.path.join(os.environ["OPENED_LOG"], str(os.getpid())), "a") as log:
+        with open(os.path.join({opened!r}, str(os.getpid())), "a") as log:
             log.write(os.fspath(args[0]) + "\\n")
 sys.addaudithook(_opened)
+runpy.run_path({train_py!r}, run_name="__main__")
 """
 
 
@@ -37,13 +36,12 @@ sys.addaudithook(_opened)
 def test_a_resumed_ddp_run_opens_last_pt_once_in_each_process(tmp_path, ddp_reference):
     run_dir = tmp_path / "run"
     shutil.copytree(ddp_reference, run_dir)
-    site, opened = tmp_path / "site", tmp_path / "opened"
-    site.mkdir(), opened.mkdir()
-    (site / "sitecustomize.py").write_text(AUDIT)
-    env = {**os.environ, "PYTHONPATH": str(site), "OPENED_LOG": str(opened)}
+    opened, script = tmp_path / "opened", tmp_path / "audited_train.py"
+    opened.mkdir()
+    script.write_text(AUDITED_TRAIN_PY.format(opened=str(opened), train_py=str(train_server.TRAIN_PY)))
     # Resumed at its end: nothing left to train, but the pre-flight decides and every rank restores.
-    cmd = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", "debug=ddp_cpu", "trainer.resume=auto"]
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    args = [FORK_RANKS, f"hydra.run.dir={run_dir}", "debug=ddp_cpu", "trainer.resume=auto"]
+    result = train_server.run(args, script=script)
     assert result.returncode == 0, result.stderr
     assert "nothing to train" in (run_dir / "train.log").read_text()
     last = str(run_dir / "checkpoints" / "last.pt")

@@ -16,7 +16,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,14 +97,12 @@ class Rig:
         return self.on("a", ["sinfo", "-h", "-o", "%T"]).stdout.split() == ["idle"]
 
 
-@pytest.fixture(scope="module")
-def rig(tmp_path_factory) -> Rig:
-    """Two nodes and their SLURM, up once for this module."""
-    state = tmp_path_factory.mktemp("rig")
-    # The nodes' CPUs come from the CPUs this process may use; the jobs' from what each asks for.
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+@contextmanager
+def rig_up(state: Path, *options: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`slurm/rig.sh up` in `state` (its stdout: the client's SLURM_CONF under --slurm), down at the
+    end. A machine that cannot start it skips the test, or under CI=true fails it."""
     up = subprocess.run(
-        ["bash", str(RIG), "up", str(state), "--slurm"], env=env, capture_output=True, text=True, timeout=300
+        ["bash", str(RIG), "up", str(state), *options], env=env, capture_output=True, text=True, timeout=300
     )
     if up.returncode == 3:
         reason = f"cannot start the rig here: {up.stderr.strip().splitlines()[-1]}"
@@ -111,13 +110,23 @@ def rig(tmp_path_factory) -> Rig:
             pytest.fail(reason)
         pytest.skip(reason)
     assert up.returncode == 0, up.stderr
-    conf = up.stdout.strip().removeprefix("export SLURM_CONF=")
-    # `python` in the sbatch template must be this interpreter; rig0 joins the nodes.
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     try:
-        yield Rig(state, {**os.environ, "SLURM_CONF": conf, "PATH": path, "GLOO_SOCKET_IFNAME": "rig0"})
+        yield up.stdout
     finally:
         subprocess.run(["bash", str(RIG), "down", str(state)], timeout=120)
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory) -> Rig:
+    """Two nodes and their SLURM, up once for this module."""
+    state = tmp_path_factory.mktemp("rig")
+    # The nodes' CPUs come from the CPUs this process may use; the jobs' from what each asks for.
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    with rig_up(state, "--slurm", env=env) as up:
+        conf = up.strip().removeprefix("export SLURM_CONF=")
+        # `python` in the sbatch template must be this interpreter; rig0 joins the nodes.
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+        yield Rig(state, {**os.environ, "SLURM_CONF": conf, "PATH": path, "GLOO_SOCKET_IFNAME": "rig0"})
 
 
 def _wait(what: str, ready: Callable[[], bool], out: Path, timeout: float = 180) -> None:

@@ -12,6 +12,7 @@ from config.schema import RunConfig
 from data import build_loaders, class_names
 from distributed.context import DistContext
 from training import manifest, validation
+from training.batch_layout import BatchLayout
 from training.batches import Batches
 from training.callbacks import RunInfo, end_validation, handling
 from training.checkpoint.resume import open_resume
@@ -26,8 +27,9 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
     start = time.perf_counter()
     manifest.start(ctx, job)
     settings = job.trainer
+    layout = BatchLayout.of(settings, ctx.world_size, len(ctx.devices))  # trainer.max_batch_per_device
     loaders = build_loaders(
-        job.dataset, job.data, ctx, settings.batch_size, settings.seed, global_val_batch=settings.val_batch_size
+        job.dataset, job.data, ctx, layout.samples, settings.seed, global_val_batch=layout.val_samples
     )
     net = job.model().to(ctx.device)  # model.weights, if given, are loaded here
     source, ema = job.model.keywords.get("weights"), None
@@ -41,7 +43,7 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
     callbacks = [build() for build in job.callbacks.values()]  # what they add reaches metrics.json
     for callback in callbacks:
         callback.setup(RunInfo(ctx, (), class_names(job.dataset), job.run_dir))
-    batches, criterion = Batches(ctx.device, settings.limit_val_batches), job.loss()
+    batches, criterion = Batches(ctx.device, layout.loop_settings(settings).limit_val_batches), job.loss()
     val = evaluate(net, loaders.val, batches, ctx, criterion, handling(callbacks, "on_validation_batch_end"))
     added = validation.figures(val, "val/")
     epoch, step = (checkpoint["epoch"], checkpoint["step"]) if checkpoint is not None else (0, 0)

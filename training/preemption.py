@@ -8,7 +8,9 @@ of a host sync per step. What is left after the signal is a grace period in seco
 (`trainer.preempt_grace_s`: SLURM's KillWait, torchrun's --shutdown-timeout) before SIGKILL, so the
 checks are spaced in seconds too: at each one the ranks all-reduce the flag together with the
 seconds per step each measured since the last check, and from the slowest rank's all pick the same
-next check step, a quarter of the grace period ahead. The rest of it is for saving last.pt.
+next check step, a quarter of the grace period ahead. The rest of it is for saving last.pt. The same
+all-reduce carries rank 0's answer to whether a save is due by time (trainer.checkpoint_every_n_seconds,
+training/checkpoint/cadence.py), and the checks then come at least a quarter of that apart too.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from config.redact import redact
 from distributed.collectives import all_reduce_max
 from distributed.context import DistContext
 from errors import Preempted
+from training.checkpoint.cadence import SaveCadence
 
 log = logging.getLogger("train")
 
@@ -51,6 +54,11 @@ class PreemptionWatch:
         self._next_check = 0  # the first step after the start: what it took sets the next check
         self._last_check = (time.perf_counter(), 0)  # (clock, step) of the last check
         self._previous = {sig: signal.signal(sig, self._note) for sig in signals}
+        self.saves: SaveCadence | None = None
+
+    def carry(self, saves: SaveCadence) -> None:
+        """Every check also agrees on rank 0's `saves.time_is_up()`, for every rank's `saves.due`."""
+        self.saves = saves
 
     def _note(self, signum: int, frame: Any) -> None:
         self.received = self.received or signum  # no logging here: its locks are not signal-safe
@@ -63,12 +71,19 @@ class PreemptionWatch:
             return False
         clock, last_step = self._last_check
         seconds_per_step = (time.perf_counter() - clock) / max(1, step - last_step)
-        agreed = torch.tensor([self.received, seconds_per_step], dtype=torch.float64, device=self.ctx.device)
-        received, slowest = all_reduce_max(agreed, self.ctx).tolist()
-        self._next_check = step + max(1, int(_CHECK_SHARE * self.grace_s / max(slowest, 1e-6)))
+        save_due = self.saves is not None and self.ctx.is_main and self.saves.time_is_up()
+        agreed = torch.tensor([self.received, seconds_per_step, save_due], dtype=torch.float64, device=self.ctx.device)
+        received, slowest, save_due = all_reduce_max(agreed, self.ctx).tolist()
+        if self.saves is not None:
+            self.saves.agree(bool(save_due))
+        self._next_check = step + max(1, int(_CHECK_SHARE * self._check_every_s() / max(slowest, 1e-6)))
         self._last_check = (time.perf_counter(), step)
         self.received = int(received)
         return self._stopping(step) if self.received else False
+
+    def _check_every_s(self) -> float:
+        every_n_seconds = self.saves.every_n_seconds if self.saves is not None else None
+        return self.grace_s if every_n_seconds is None else min(self.grace_s, every_n_seconds)
 
     def _stopping(self, step: int) -> bool:
         if self.ctx.is_main:

@@ -18,6 +18,7 @@ from distributed.collectives import all_gather_object
 from distributed.context import DistContext
 from errors import Preempted
 from models.summary import summarize
+from training.batch_layout import BatchLayout, carry_over
 from training.callbacks import RunInfo
 from training.checkpoint.best import BestCheckpoints
 from training.checkpoint.checkpointer import Checkpointer
@@ -118,15 +119,17 @@ def _build_and_fit(ctx: DistContext, job: RunConfig, preemption: PreemptionWatch
     settings = job.trainer
     reset_peak_memory(ctx)
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
+    layout = BatchLayout.of(settings, ctx.world_size, len(ctx.devices))  # trainer.max_batch_per_device
+    in_micro_batches = layout.loop_settings(settings)  # the loop's counts: this world's micro-batches
     loaders = build_loaders(
         job.dataset,
         job.data,
         ctx,
-        settings.batch_size,
+        layout.samples,
         settings.seed,
         shuffle=settings.overfit_batches is None,
         drop_last=settings.compile,  # a partial last batch would make torch.compile compile again
-        global_val_batch=settings.val_batch_size,
+        global_val_batch=layout.val_samples,
     )
     if settings.overfit_batches:  # validate on the very batches it trains on: they must be learnt
         loaders = replace(loaders, val=loaders.train)
@@ -142,7 +145,7 @@ def _build_and_fit(ctx: DistContext, job: RunConfig, preemption: PreemptionWatch
     check_arguments(job.optimizer, job.scheduler)
     optimizer = job.optimizer(parameter_groups(model, job.optimizer_options.norm_weight_decay))
     scheduler = job.scheduler(optimizer) if job.scheduler is not None else None
-    scheduler = with_warmup(optimizer, scheduler, job.scheduler_options, settings, len(loaders.train))
+    scheduler = with_warmup(optimizer, scheduler, job.scheduler_options, in_micro_batches, len(loaders.train))
     ema = None
     if settings.ema_decay is not None:  # of the trained module: sync_batchnorm may have replaced `net`'s layers
         ema = EMA(strategies.unwrap(model), adjusted_decay(settings), job.scheduler_options.warmup_epochs)
@@ -180,16 +183,18 @@ def _build_and_fit(ctx: DistContext, job: RunConfig, preemption: PreemptionWatch
     )
     resume = job.resume
     state = checkpointer.restore(resume)
+    state.batch, state.layout = carry_over(state.batch, state.layout, layout), layout
     memory = MemoryProbe(model, optimizer)  # after restore: loading a sharded checkpoint steps the optimizer once
     log_placement(ctx, getattr(loaders.train, "num_workers", 0))
     log.info(
-        "%s on %s: %s, world size %d (%s), global batch %d, from epoch %d%s",
+        "%s on %s: %s, world size %d (%s), global batch %d%s, from epoch %d%s",
         job.choices["model"],
         job.choices["dataset"],
         job.choices["strategy"],
         ctx.world_size,
         ctx.device.type,
         settings.batch_size,
+        f" ({layout.describe()}: trainer.max_batch_per_device)" if layout.split > 1 else "",
         state.epoch + 1,
         f" batch {state.batch + 1} ({resume.path})" if resume else "",
     )
@@ -205,7 +210,7 @@ def _build_and_fit(ctx: DistContext, job: RunConfig, preemption: PreemptionWatch
         preemption=preemption,
         reporting=Reporting(loggers, callbacks),
         ctx=ctx,
-        settings=settings,
+        settings=in_micro_batches,
     )
     try:
         metrics = trainer.fit()

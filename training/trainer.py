@@ -112,7 +112,11 @@ class Trainer:
         self.added = [name for callback in self.callbacks for name in callback.figures]  # to the line and metrics.json
         self.measure_gradients = self.grad_clip is not None or self.skip_check or bool(self.gradient_callbacks)
         self.ema_every = settings.ema_every_n_steps
-        self.saves = SaveCadence(settings.checkpoint_every_n_steps)
+        self.saves = SaveCadence(
+            settings.checkpoint_every_n_steps, settings.checkpoint_every_n_seconds, agreed=ctx.distributed
+        )
+        if preemption is not None:
+            preemption.carry(self.saves)  # rank 0's clock, agreed at the watch's checks
         monitored = settings.checkpoint
         self.monitor = Monitor(monitored.monitor, monitored.mode.value)
         limit = settings.overfit_batches or settings.limit_train_batches
@@ -174,6 +178,7 @@ class Trainer:
             self.progress.epoch_line(where, train, figures, self.added)
             # mid-epoch: every rank's random stream as training left it
             self.checkpointer.save(state, *self._monitored(figures))
+            self.saves.saved()
             if state.stopped:
                 log.info("stopping early at step %d: %s; last.pt is saved", state.step, state.stopped)
                 break
@@ -262,6 +267,7 @@ class Trainer:
             if stop or self.saves.due(state.step):
                 self._raise_if_nonfinite()
                 self.checkpointer.save(state)
+                self.saves.saved()
             if stop:
                 self.progress.end_epoch()
                 raise self.preemption.preempted()

@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from config.schema import ResumePoint
 from distributed.collectives import all_gather_object
 from distributed.context import DistContext
 from distributed.strategies import unwrap
+from training.batch_layout import BatchLayout
 from training.callbacks import Callback
 from training.checkpoint.best import BEST, BestCheckpoints, Plan
 from training.checkpoint.files import fsync_dir, save_checkpoint
@@ -132,6 +134,7 @@ class Checkpointer:
             "best_acc5": state.best_val_acc5,
             "best_weights": state.best_weights,
             "batch": state.batch,
+            "layout": asdict(state.layout) if state.layout is not None else None,  # what `batch` counts
             "stopped": state.stopped,
             "rng": rng,
             "best_checkpoints": self.best.state_dict() if self.best is not None else None,
@@ -177,11 +180,12 @@ class Checkpointer:
             best_val_acc5=checkpoint.get("best_acc5", -1.0),
             best_weights=checkpoint.get("best_weights", "model"),
             stopped=checkpoint.get("stopped"),
+            layout=BatchLayout(**checkpoint["layout"]) if checkpoint.get("layout") else None,
         )
         rng = checkpoint.get("rng")
         if rng is not None and len(rng) == self.ctx.world_size:
             state.rng = rng[self.ctx.rank]
-        elif state.batch:
+        elif state.batch and state.layout is None:  # with a layout, batch_layout.carry_over says it
             log.warning("the checkpoint's world size differs: dropout randomness for the rest of this epoch will too")
         return state
 

@@ -10,6 +10,7 @@ import torch
 
 from distributed.collectives import all_gather_object
 from distributed.context import DistContext
+from training.batch_layout import BatchLayout
 
 
 @dataclass
@@ -22,6 +23,7 @@ class TrainState:
     best_val_acc5: float = -1.0
     best_weights: str = "model"  # which of a checkpoint's weights scored best_val_acc: model or ema
     stopped: str | None = None  # why a callback stopped training early; a resume then trains nothing
+    layout: BatchLayout | None = None  # the micro-batches `batch` counts: the world it was trained at
 
 
 def gather_rng(ctx: DistContext) -> list[list[torch.Tensor]]:

@@ -1,0 +1,106 @@
+"""How the batches lie on the world: each rank's micro-batch, and how many of them an optimizer step
+accumulates. trainer.batch_size is the global batch and an optimizer step takes
+trainer.accumulate_grad_batches of them; a rank whose share of a batch would exceed
+trainer.max_batch_per_device trains it as `split` smaller micro-batches, accumulated too. So
+
+    micro-batch x accumulation x world = batch_size x accumulate_grad_batches
+
+at any world, and a torchrun re-form at another size (`--nnodes=MIN:MAX`) keeps what an optimizer
+step learns from. Which samples it learns from stays too: DistributedSampler gives rank r positions
+r, r + W, r + 2W, ... of the epoch's order, so the world's j-th micro-batches together are positions
+j x micro x W up to (j + 1) x micro x W, and an optimizer step's are one contiguous run of the order,
+the same at any world and accumulation. (The epoch's end differs: the sampler pads the order to a
+multiple of the world, and the last step may take fewer micro-batches.)"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from config.schema import TrainerConfig
+
+log = logging.getLogger("train")
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    world_size: int
+    micro_batch: int  # each rank's training samples per forward
+    split: int  # micro-batches per batch of trainer.batch_size
+    accumulate: int  # micro-batches per optimizer step
+    val_micro_batch: int  # each rank's validation samples per forward
+    val_split: int  # validation batches per batch of trainer.val_batch_size (or batch_size)
+
+    @classmethod
+    def of(cls, settings: TrainerConfig, world_size: int, devices_per_rank: int = 1) -> BatchLayout:
+        """`devices_per_rank`: the GPUs a strategy=dp process splits its micro-batch over. The
+        pre-flight has checked that batch_size splits evenly over `world_size`."""
+        limit = settings.max_batch_per_device
+        limit = None if limit is None else limit * devices_per_rank
+        share = settings.batch_size // world_size
+        val_share = (settings.val_batch_size or settings.batch_size) // world_size
+        split, val_split = _split(share, limit), _split(val_share, limit)
+        return cls(
+            world_size,
+            share // split,
+            split,
+            settings.accumulate_grad_batches * split,
+            val_share // val_split,
+            val_split,
+        )
+
+    @property
+    def samples(self) -> int:
+        """The world's training samples per micro-batch."""
+        return self.micro_batch * self.world_size
+
+    @property
+    def val_samples(self) -> int:
+        return self.val_micro_batch * self.world_size
+
+    def loop_settings(self, settings: TrainerConfig) -> TrainerConfig:
+        """`settings` in the loop's units, this layout's micro-batches: the accumulation, and the
+        batch limits (which count batches of trainer.batch_size, or of the validation batch)."""
+
+        def times(batches: int | None, split: int) -> int | None:
+            return None if batches is None else batches * split
+
+        return replace(
+            settings,
+            accumulate_grad_batches=self.accumulate,
+            limit_train_batches=times(settings.limit_train_batches, self.split),
+            overfit_batches=times(settings.overfit_batches, self.split),
+            limit_val_batches=times(settings.limit_val_batches, self.val_split),
+        )
+
+    def describe(self) -> str:
+        per_step = "1 micro-batch" if self.accumulate == 1 else f"{self.accumulate} micro-batches"
+        return f"{per_step} of {self.micro_batch} per rank"
+
+
+def _split(share: int, limit: int | None) -> int:
+    """The fewest equal parts of `share` that each fit within `limit` (parts of unequal size would
+    weigh their samples unequally in the accumulated mean)."""
+    if limit is None:
+        return 1
+    return next(parts for parts in range(1, share + 1) if share % parts == 0 and share // parts <= limit)
+
+
+def carry_over(position: int, saved: BatchLayout | None, layout: BatchLayout) -> int:
+    """A checkpoint's position in its epoch (the micro-batches of `saved`'s layout done) in
+    `layout`'s micro-batches, and a change of layout said in one line. A mid-epoch save is at an
+    optimizer step's end, whose samples both layouts count alike; an epoch's end, padded to the
+    world's multiple, rounds up to this layout's end of the epoch."""
+    if saved is None or saved == layout:  # a checkpoint of before layouts were saved: this world's
+        return position
+    log.info(  # rank 0's: the others only warn
+        "world size %d -> %d (the checkpoint's -> this run's): an optimizer step's %d samples were %s, now %s%s; "
+        "each rank draws its own random numbers (dropout, augmentations), so those differ from here",
+        saved.world_size,
+        layout.world_size,
+        layout.samples * layout.accumulate,
+        saved.describe(),
+        layout.describe(),
+        f", and the epoch goes on after its first {position * saved.samples} samples" if position else "",
+    )
+    return -(-position * saved.samples // layout.samples)
