@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from tests import train_server
@@ -17,6 +18,7 @@ def test_the_cache_goes_to_the_given_dir_unless_the_user_chose_one(tmp_path):
     assert chosen == {"TORCHINDUCTOR_CACHE_DIR": "/scratch/kernels"}
 
 
+@pytest.mark.slow
 def test_train_py_sets_a_compiled_runs_cache_before_its_pre_flight(tmp_path, monkeypatch):
     """A run's own dir, a sweep's dir for its jobs; said before the pre-flight, which then refuses
     the run: nothing compiles, nothing waits for a compiler."""

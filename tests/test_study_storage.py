@@ -202,6 +202,7 @@ def test_a_search_on_postgresql_through_train_py_keeps_the_password_out_of_its_f
     assert password not in done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_bench_study_storage_counts_each_storages_failed_and_slow_operations(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "bench.study_storage", f"sqlite:///{tmp_path}/s.db", f"journal:///{tmp_path}/j.journal"]
