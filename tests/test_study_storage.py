@@ -215,3 +215,23 @@ def test_bench_study_storage_counts_each_storages_failed_and_slow_operations(tmp
     assert done.returncode == 0, done.stderr
     rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith(("| sqlite", "| journal"))]
     assert [(row[0], row[1], row[2]) for row in rows] == [("| sqlite", "2", "0"), ("| journal", "2", "0")]
+
+
+def test_a_storage_password_in_a_config_file_is_refused_before_the_search_writes_anything(tmp_path):
+    """The command line's is refused sooner (config.overrides); one that a config file sets would
+    reach multirun.yaml and the log."""
+    conf = tmp_path / "conf" / "hparams_search"
+    conf.mkdir(parents=True)
+    (conf / "leaky.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - digits\nhydra:\n  sweeper:\n    storage: postgresql://u:s3cret@h/db\n"
+    )
+    sweep = tmp_path / "search"
+    done = train_server.run(
+        ["--config-dir", str(tmp_path / "conf"), "hparams_search=leaky", f"hydra.sweep.dir={sweep}"]
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1].startswith(
+        "error: hydra.sweeper.storage=postgresql://u:***@h/db: the URL holds"
+    )
+    assert "s3cret" not in done.stdout + done.stderr
+    assert not sweep.exists() or not [p for p in sweep.rglob("*") if p.is_file()]
