@@ -4,9 +4,9 @@ python -m bench.search [--trials 24] [--epochs 5] [--rounds 2] [--only NAME ...]
 
 Each case is `python train.py hparams_search=digits` with --trials trials of --epochs epochs, in a
 fresh sweep dir, its sampler seeded with the round's number (each round draws other trials, and the
-cases of a round start from the same ones): one trial after another (the
-baseline), with hydra.sweeper.pruner=median, with hydra.sweeper.n_jobs=2, and with both. Each round
-runs every case once, in an order rotated per round; a case's figures are the medians over the
+cases of a round start from the same ones): one trial after another (the baseline), with
+hydra.sweeper.pruner=median, with hydra.sweeper.n_jobs=2, with both, and with each of the other two
+pruners. Each round runs every case once, in an order rotated per round; a case's figures are the medians over the
 rounds of its wall time / the baseline's in the same round, and of its CPU time (the search's and
 its trials' processes, user + system) / the baseline's: on a shared machine the wall time moves with
 the others' load, the CPU time much less. Target for pruning: at most 0.6x the baseline's time, its
@@ -33,6 +33,8 @@ CASES = {
     "pruner=median": ["hydra.sweeper.pruner=median"],
     "n_jobs=2": ["hydra.sweeper.n_jobs=2"],
     "pruner=median, n_jobs=2": ["hydra.sweeper.pruner=median", "hydra.sweeper.n_jobs=2"],
+    "pruner=successive_halving": ["hydra.sweeper.pruner=successive_halving"],
+    "pruner=hyperband": ["hydra.sweeper.pruner=hyperband"],
 }
 BASELINE = "one after another"
 
