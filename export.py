@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from errors import ConfigError, first_line
-from trained import Trained, add_source_arguments, load, metadata
+from trained import Trained, load, metadata, source_parser
 
 FORMATS = ("pt2", "onnx")
 TOLERANCE = 1e-4  # absolute and relative, on the logits
@@ -38,13 +38,7 @@ class ExportMismatch(Exception):
 
 
 def parser() -> argparse.ArgumentParser:
-    parse = argparse.ArgumentParser(
-        prog="python export.py",
-        allow_abbrev=False,
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_source_arguments(parse)
+    parse = source_parser("python export.py", __doc__)
     parse.add_argument("--out", type=Path, default=None, help="the folder to write to (default <run dir>/export)")
     parse.add_argument("--format", nargs="+", choices=FORMATS, default=list(FORMATS), help="default: both")
     parse.add_argument("--check-batches", type=int, default=2, help="validation batches to check on (default 2)")

@@ -25,19 +25,13 @@ from torch.utils.data import DataLoader
 from data.image_paths import ImagePaths, collate, image_paths
 from data.transforms import ToDevice
 from errors import ConfigError
-from trained import Trained, add_source_arguments, load
+from trained import Trained, load, source_parser
 
 SHOWN = 20  # images printed to the screen, at most; more go to the CSV only
 
 
 def parser() -> argparse.ArgumentParser:
-    parse = argparse.ArgumentParser(
-        prog="python predict.py",
-        allow_abbrev=False,
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_source_arguments(parse)
+    parse = source_parser("python predict.py", __doc__)
     parse.add_argument("images", nargs="+", help="image files, folders of them, or globs")
     parse.add_argument("--top-k", type=int, default=5, help="classes per image (default 5)")
     parse.add_argument("--out", type=Path, default=Path("predictions.csv"), help="the CSV (default predictions.csv)")

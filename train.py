@@ -33,6 +33,7 @@ from config.typed import Composition, run_config, typed
 from distributed.launch import end_process, launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
 from preflight import check_and_plan, model_figures
+from training.compile_cache import use_compile_cache
 from training.preemption import requeue_or_explain, resume_command
 from training.run import run
 
@@ -52,6 +53,8 @@ def main(cfg: DictConfig) -> float | None:
     choices = dict(hydra_cfg.runtime.choices)
     try:
         config = typed(cfg)
+        if config.trainer.compile:  # inductor reads it as it compiles, here or in the ranks started here
+            use_compile_cache(sweep_dir or run_dir)
         plan = check_and_plan(config, run_dir, multirun=multirun)
         composition = Composition(
             run_dir=run_dir,

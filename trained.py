@@ -197,8 +197,11 @@ def metadata(trained: Trained) -> dict[str, Any]:
     }
 
 
-def add_source_arguments(parse: argparse.ArgumentParser) -> None:
-    """The run to use and whose weights, as predict.py and export.py take them."""
+def source_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
+    """A command line that starts, as predict.py's and export.py's do, with the run to use and whose weights."""
+    parse = argparse.ArgumentParser(
+        prog=prog, allow_abbrev=False, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parse.add_argument(
         "source",
         help="a run dir (its checkpoints/best.pt, else last.pt), or a checkpoint: "
@@ -211,3 +214,4 @@ def add_source_arguments(parse: argparse.ArgumentParser) -> None:
         help="the model's or the EMA's (trainer.ema_decay) weights; best (default): those that "
         "scored the checkpoint's best accuracy",
     )
+    return parse

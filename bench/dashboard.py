@@ -2,9 +2,9 @@
 
 python -m bench.dashboard multirun/search/digits [--port 8080] [--host 127.0.0.1] [optuna-dashboard's options]
 
-The target is a search's dir (its optuna.db), a study's .db file, or any storage URL (the search's
-hydra.sweeper.storage). Then http://127.0.0.1:8080 shows each trial as it completes, the history,
-the parameters' importance and slices. The same as `optuna-dashboard sqlite:///<dir>/optuna.db`,
+The target is a search's dir (its optuna.db or optuna.journal), a study's file, or any storage URL
+(the search's hydra.sweeper.storage, journal:/// included). Then http://127.0.0.1:8080 shows each
+trial as it completes, the history, the parameters' importance and slices. The same as `optuna-dashboard sqlite:///<dir>/optuna.db`,
 with the path checked first: Optuna would make an empty database of a mistyped one, and show no
 study. Needs optuna-dashboard (requirements-extras.txt).
 """
@@ -16,19 +16,28 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from hydra_plugins.optuna_study_sweeper._storage import journal_path
+
 
 def storage_url(target: str) -> str:
-    """The study's storage URL: a URL as given, a search's dir as its optuna.db, a file as SQLite."""
-    if "://" in target:
+    """The study's storage as optuna-dashboard takes it: a URL as given, a journal as its file's
+    path; a search's dir as its optuna.db, else its optuna.journal; a file as SQLite or a journal."""
+    journal = journal_path(target)
+    if journal is None and "://" in target:
         return target
-    path = Path(target)
-    database = path / "optuna.db" if path.is_dir() else path
-    if not database.is_file():
-        raise SystemExit(
-            f"bench.dashboard: {database}: no such study database; give a search's dir "
-            "(multirun/search/<name>), its optuna.db, or a storage URL"
+    path = journal or Path(target)
+    if path.is_dir():
+        path = next(
+            (path / name for name in ("optuna.db", "optuna.journal") if (path / name).is_file()), path / "optuna.db"
         )
-    return f"sqlite:///{database.resolve()}"
+    if not path.is_file():
+        raise SystemExit(
+            f"bench.dashboard: {path}: no such study database; give a search's dir "
+            "(multirun/search/<name>), its optuna.db or optuna.journal, or a storage URL"
+        )
+    with path.open("rb") as f:
+        sqlite = f.read(16) == b"SQLite format 3\x00"
+    return f"sqlite:///{path.resolve()}" if sqlite else str(path.resolve())
 
 
 def main() -> None:

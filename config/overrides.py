@@ -162,26 +162,36 @@ def swept_overrides(task_overrides: Sequence[str], exclude_keys: Sequence[str] =
     return redacted(swept)  # a password in an override reaches no record: the loggers' options, the manifest
 
 
+def last_overrides(overrides: Sequence[Override]) -> list[Override]:
+    """Each key's last override, in the order those come: a later override of a key replaces an earlier
+    one, whatever either's prefix (`+a=1 a=2`: a=2), as the command line replaces a search's params."""
+    last: dict[str, Override] = {}
+    for override in overrides:
+        key = override.get_key_element().lstrip("~+")  # its package kept: db@backup=x is another node than db=x
+        last.pop(key, None)
+        last[key] = override
+    return list(last.values())
+
+
 def sweep_grid(record: str) -> tuple[list[str], dict[str, list[str]]]:
     """A sweep's own overrides, from the record both sweepers (Hydra's and hparams_search's) write in
     its dir before the first job (multirun.yaml, given as its text): hydra.sweeper.params, then the
-    command line, a later override of a key replacing an earlier one as the sweepers read them. The
-    overrides every job shares, and each key the sweep sweeps with an override per value it lists
-    (none for an interval or a glob)."""
+    command line, the last override of each key as the sweepers read them. The overrides every job
+    shares, and each key the sweep sweeps with an override per value it lists (none for an interval or
+    a glob)."""
     hydra = OmegaConf.to_container(OmegaConf.create(record).hydra, resolve=False)
     params = hydra["sweeper"].get("params") or {}
     lines = [*(f"{key}={value}" for key, value in params.items()), *hydra["overrides"]["task"]]
-    fixed: dict[str, str] = {}
+    fixed: list[str] = []
     swept: dict[str, list[str]] = {}
-    for override in OverridesParser.create().parse_overrides(lines):
-        key = override.key_or_group
-        fixed.pop(key, None)
-        swept.pop(key, None)
+    for override in last_overrides(OverridesParser.create().parse_overrides(lines)):
         if not override.is_sweep_override():
-            fixed[key] = override.input_line
+            fixed.append(override.input_line)
             continue
         try:
-            swept[key] = [f"{override.get_key_element()}={value}" for value in override.sweep_string_iterator()]
+            swept[override.key_or_group] = [
+                f"{override.get_key_element()}={value}" for value in override.sweep_string_iterator()
+            ]
         except HydraException:  # an interval, or a glob (which needs the config's option lists)
-            swept[key] = []
-    return list(fixed.values()), swept
+            swept[override.key_or_group] = []
+    return fixed, swept

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -139,3 +140,20 @@ class KillAt(Callback):
     def on_validation_end(self, epoch: int, step: int, figures: dict[str, float]) -> None:
         if epoch == self.epoch and self.here == self.rank:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Together(Callback):
+    """Holds each run at its setup until `count` runs have reached theirs (a file each in `meet_dir`),
+    for at most `timeout_s`: runs that train at once all go on; one that waits alone for that long
+    raises (`+callbacks.together._target_=tests.faults.Together +callbacks.together.meet_dir=DIR`)."""
+
+    def __init__(self, meet_dir: str, count: int = 2, timeout_s: float = 60.0) -> None:
+        self.meet_dir, self.count, self.timeout_s = Path(meet_dir), count, timeout_s
+
+    def setup(self, run: RunInfo) -> None:
+        (self.meet_dir / str(os.getpid())).touch()
+        deadline = time.monotonic() + self.timeout_s
+        while len(list(self.meet_dir.iterdir())) < self.count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no {self.count} runs at once in {self.timeout_s:.0f} s")
+            time.sleep(0.05)

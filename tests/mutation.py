@@ -28,7 +28,8 @@ PARTS = {
         "override_of",
     ],
     # The pre-flight's checks, not the Plan it returns; of config/overrides.py the command line's
-    # checks, not swept_overrides (a job's record); of config/schema.py the values' checks.
+    # checks and the search's last override of each key (search_space's), not swept_overrides (a
+    # job's record); of config/schema.py the values' checks.
     "preflight.py": [
         "check_and_plan",
         "_check_world",
@@ -47,6 +48,7 @@ PARTS = {
         "_check_free_form_keys",
         "_no_such_callback",
         "_no_such_key",
+        "last_overrides",
     ],
     "config/schema.py": [
         "parse_signals",

@@ -5,10 +5,11 @@ from __future__ import annotations
 import signal
 
 import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from config.overrides import check_overrides
+from config.overrides import check_overrides, last_overrides
 from config.schema import parse_signals
 from errors import ConfigError
 from preflight import check_and_plan
@@ -245,6 +246,13 @@ def test_launcher_backend_picks_the_process_groups_backend(monkeypatch):
 def test_sync_batchnorm_under_dp_is_refused_not_ignored():
     with pytest.raises(ConfigError, match="^strategy.sync_batchnorm=true under strategy=dp: .*use strategy=ddp"):
         check_and_plan(typed_config("strategy=dp", "strategy.sync_batchnorm=true"))
+
+
+def test_a_later_override_of_a_key_replaces_an_earlier_one_whatever_its_prefix():
+    # What both sweepers read as the search: hparams_search's params, then the command line.
+    lines = ["a=1", "b=choice(1,2)", "+c=1", "a=2", "++c=3", "b=4", "db@backup=x", "db=y", "~a"]
+    kept = last_overrides(OverridesParser.create().parse_overrides(lines))
+    assert [o.input_line for o in kept] == ["++c=3", "b=4", "db@backup=x", "db=y", "~a"]
 
 
 @pytest.mark.parametrize(

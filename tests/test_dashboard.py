@@ -20,6 +20,7 @@ from config.setup import ROOT
 from hydra_plugins.optuna_study_sweeper import _study
 
 SPACE = {"optimizer.lr": FloatDistribution(1e-3, 0.5, log=True)}
+SAMPLER = OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 0})
 
 
 def free_port() -> int:
@@ -45,9 +46,8 @@ def get(url: str, server: subprocess.Popen, deadline: float):
 def test_the_dashboard_serves_a_searchs_trials_and_stops_by_its_pid(tmp_path):
     search = tmp_path / "search" / "digits"  # as hparams_search=digits lays it out: <sweep dir>/optuna.db
     search.mkdir(parents=True)
-    sampler = OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 0})
     study, _ = _study.open_study(
-        "digits", f"sqlite:///{search / 'optuna.db'}", "maximize", sampler, {"overrides": []}, 10, None
+        "digits", f"sqlite:///{search / 'optuna.db'}", "maximize", SAMPLER, {"overrides": []}, 10, None
     )
     trial = study.ask(SPACE)
     study.tell(trial, 0.97)
@@ -78,7 +78,16 @@ def test_a_mistyped_search_is_one_line_and_no_empty_database(tmp_path):
         storage_url(str(tmp_path / "search" / "digitz"))
     assert str(error.value) == (
         f"bench.dashboard: {tmp_path}/search/digitz: no such study database; give a "
-        "search's dir (multirun/search/<name>), its optuna.db, or a storage URL"
+        "search's dir (multirun/search/<name>), its optuna.db or optuna.journal, or a storage URL"
     )
     assert not (tmp_path / "search").exists()
     assert storage_url("postgresql://host/db") == "postgresql://host/db"
+
+
+def test_a_journal_is_given_to_the_dashboard_as_its_file(tmp_path):
+    """optuna-dashboard reads a file that is not SQLite as Optuna's journal."""
+    journal = tmp_path / "optuna.journal"
+    _study.open_study("s", f"journal:///{journal}", "maximize", SAMPLER, {"overrides": []}, 10, None)
+    assert storage_url(str(tmp_path)) == storage_url(f"journal:///{journal}") == str(journal)
+    _study.open_study("s", f"sqlite:///{tmp_path / 'optuna.db'}", "maximize", SAMPLER, {"overrides": []}, 10, None)
+    assert storage_url(str(tmp_path)) == f"sqlite:///{tmp_path / 'optuna.db'}"  # a dir with both: the default's

@@ -14,7 +14,8 @@ What each treatment checks:
   tiny, through the train server; the rest (GPUs, a download, a search) only compose.
 - `torchrun ... train.py ...`: torchrun's own parser takes its flags; the train.py part composes.
 - `sbatch [options] script ...`: the script exists; its train.py line and the overrides compose.
-- `slurm/rig.sh <sub> ...`: a subcommand the script has; `on DIR NODE <command>` checks the command.
+- `slurm/rig.sh <sub> ...`, `scripts/postgres.sh <sub> ...`: a subcommand the script has; the rig's
+  `on DIR NODE <command>` checks the command.
 - `python download.py ...`: composes, and names a dataset download.py fetches.
 - `python predict.py ...`, `python export.py ...`: the CLI's own parser takes the arguments (running
   them needs a trained run: tests/test_using.py runs both, and the page's Python).
@@ -263,6 +264,7 @@ TREATMENTS = {
     "torchrun": check_torchrun,
     "sbatch": check_sbatch,
     "slurm/rig.sh": check_rig,
+    "scripts/postgres.sh": check_rig,
     "make": check_make,
     ".venv/bin/python": check_mutation,
     "tensorboard": check_tensorboard,

@@ -408,6 +408,7 @@ def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
         f"hydra.sweep.dir={sweep}",
         "hydra.sweeper.n_trials=4",
         "hydra.sweeper.heartbeat_interval=1",
+        "hydra.sweeper.pruner=median",  # its trials report to the study as the kill comes
         "trainer.epochs=1",
         "trainer.limit_train_batches=3",
         "trainer.limit_val_batches=1",
@@ -461,6 +462,7 @@ def test_train_py_returns_the_metric_optimized_metric_names_to_the_sweeper(tmp_p
             "hydra.sweeper.n_trials=1",
             "optimized_metric=val_loss",
             "hydra.sweeper.direction=minimize",
+            "hydra.sweeper.pruner=median",  # each trial gets the pruning callback, and the same dir name
             "debug=fdr",
             "trainer.progress_bar=false",
         ]
@@ -477,6 +479,7 @@ def test_train_py_returns_the_metric_optimized_metric_names_to_the_sweeper(tmp_p
     )
     overrides = yaml.safe_load((sweep / trial.user_attrs["job"] / ".hydra" / "overrides.yaml").read_text())
     assert f"optimizer.lr={lr!r}" in overrides and f"optimizer.weight_decay={decay!r}" in overrides
+    assert _study.PRUNING_OVERRIDE in overrides
     # Where it wrote, and the report command, as a -m sweep says them (config/callbacks.py).
     report_command = f"python -m bench.report {sweep}"
     assert f"[HYDRA] Sweep dir: {sweep} (a dir per job); once it ends, compare them: {report_command}\n" in done.stdout
@@ -578,6 +581,7 @@ def test_a_refused_search_leaves_the_record_of_the_one_in_its_dir(tmp_path):
         (["trainer.epochs=2"], "error: study digits in sqlite:///"),  # another search under the same name
         (["hydra.sweeper.storage=null"], f"error: {sweep} holds another search's job dirs (0_"),
         (["hydra.sweeper.n_jobs=0"], "error: hydra.sweeper: n_jobs must be 1 or more"),
+        (["hydra.sweeper.pruner=bogus"], "error: hydra.sweeper.pruner=bogus: choose none, median, "),
     ]:
         again = train_server.run([*args, *refused])
         # The last line, one line: Optuna logs to stderr before it (a study created, or loaded).

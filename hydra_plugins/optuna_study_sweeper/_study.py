@@ -1,7 +1,7 @@
 """The search: Optuna's ask/tell over Hydra's launcher, on a study kept in a database.
 
-The study, not this process, holds the progress: a sweep counts the study's complete trials and
-launches only what is missing to reach n_trials, so the same command run again after a kill
+The study, not this process, holds the progress: a sweep counts the study's finished trials
+(complete, or pruned) and launches only what is missing to reach n_trials, so the same command run again after a kill
 carries on. Trials a killed sweep left RUNNING stop getting heartbeats (or never got one); once
 they are older than the grace period any sweeper of the study fails them and runs their parameters
 again. What this takes from Optuna's private API is in _optuna_private.py, and nowhere else.
@@ -33,17 +33,28 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.exceptions import ExperimentalWarning
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
+from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import Trial, TrialState
 
+from config.overrides import last_overrides
+from config.redact import redact
 from errors import first_line
-from hydra_plugins.optuna_study_sweeper import _optuna_private
+from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _storage, pruning
 
 log = logging.getLogger(__name__)
 
 # (overrides of each job, number of the first job) -> one JobReturn per job, in order
 Launch = Callable[[list[list[str]], int], Sequence[JobReturn]]
 RESULTS = "optimization_results.yaml"
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+# The callback a pruned search adds to each trial (pruning.py), built from the trial's own job:
+# the study and pruner from its hydra.sweeper, its trial number from its job's.
+PRUNING = "callbacks.optuna_pruning"
+PRUNING_OVERRIDE = (
+    f"+{PRUNING}={{_target_:{pruning.__name__}.{pruning.OptunaPruning.__name__},"
+    "storage:${hydra:sweeper.storage},study_name:${hydra:sweeper.study_name},trial:${hydra:job.num},"
+    "pruner:${hydra:sweeper.pruner},metric:${optimized_metric}}"
+)
 
 
 class SearchError(Exception):
@@ -55,21 +66,19 @@ def search_space(
 ) -> tuple[dict[str, BaseDistribution], list[str]]:
     """Hydra sweep overrides as Optuna distributions; the plain ones pass to every trial as they are.
 
-    A later override of a key replaces an earlier one: the command line beats hparams_search's params.
-    `config_loader` lists a config group's options for glob(...).
+    The last override of each key counts (config.overrides.last_overrides): the command line beats
+    hparams_search's params. `config_loader` lists a config group's options for glob(...).
     """
     space: dict[str, BaseDistribution] = {}
-    fixed: dict[str, str] = {}
-    for override in OverridesParser.create(config_loader=config_loader).parse_overrides(list(overrides)):
-        key = override.get_key_element()
-        space.pop(key, None)
-        fixed.pop(key, None)
+    fixed: list[str] = []
+    parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(list(overrides))
+    for override in last_overrides(parsed):
         if override.is_sweep_override():
-            space[key] = distribution(override)
+            space[override.get_key_element()] = distribution(override)
         else:
             assert override.input_line is not None
-            fixed[key] = override.input_line
-    return space, list(fixed.values())
+            fixed.append(override.input_line)
+    return space, fixed
 
 
 def distribution(override: Override) -> BaseDistribution:
@@ -115,25 +124,14 @@ def open_study(
     command: dict[str, Any],
     heartbeat_interval: int,
     grace_period: int | None,
-) -> tuple[optuna.Study, RDBStorage | None]:
+) -> tuple[optuna.Study, BaseStorage | None]:
     """Create the study, or load it if the storage holds one of this name run by the same command;
     with the storage it is in, for heartbeats (the study's own handle on it is private)."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeats: experimental since Optuna 2.9
-            rdb = (
-                _optuna_private.HeartbeatStorage(
-                    storage,
-                    heartbeat_interval=heartbeat_interval,
-                    grace_period=grace_period,
-                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
-                )
-                if storage
-                else None
-            )
-    except Exception as e:  # SQLAlchemy's errors, a missing database driver, Optuna's own checks
-        raise SearchError(f"hydra.sweeper.storage={storage}: {type(e).__name__}: {first_line(e)}") from None
-    earlier = _trial_count(rdb, name)
+        opened = _storage.open_storage(storage, heartbeat_interval, grace_period)
+    except _storage.StorageError as e:
+        raise SearchError(str(e)) from None
+    earlier = _trial_count(opened, name)
     try:
         built = instantiate(sampler, **_reseeded(sampler.get("seed"), earlier))
     except Exception as e:  # e.g. another sampler's _target_ with TPESampler's constant_liar still set
@@ -141,9 +139,11 @@ def open_study(
             f"hydra.sweeper.sampler: {first_line(e.__cause__ or e)}; drop the keys the sampler does not take "
             "(~hydra.sweeper.sampler.constant_liar)"
         ) from None
-    study = optuna.create_study(study_name=name, storage=rdb, sampler=built, direction=direction, load_if_exists=True)
+    study = optuna.create_study(
+        study_name=name, storage=opened, sampler=built, direction=direction, load_if_exists=True
+    )
     _check_same_search(study, storage, direction, command)
-    return study, rdb
+    return study, opened
 
 
 def _reseeded(seed: int | None, earlier: int) -> dict[str, int]:
@@ -155,7 +155,7 @@ def _reseeded(seed: int | None, earlier: int) -> dict[str, int]:
     return {"seed": int(np.random.SeedSequence([seed, earlier]).generate_state(1)[0])}
 
 
-def _trial_count(storage: RDBStorage | None, name: str) -> int:
+def _trial_count(storage: BaseStorage | None, name: str) -> int:
     if storage is None:
         return 0
     try:
@@ -222,23 +222,25 @@ def run(
     *,
     n_trials: int,
     n_jobs: int,
-    heartbeat: RDBStorage | None = None,
+    heartbeat: BaseStorage | None = None,
     max_failure_rate: float = 0.0,
     poll_s: float = 10.0,
     after_batch: Callable[[], None] = lambda: None,
     parallel: bool = False,
 ) -> None:
-    """Launch batches of up to n_jobs trials until the study holds n_trials complete ones; with
+    """Launch batches of up to n_jobs trials until the study holds n_trials finished ones (complete, or
+    pruned: an answer too); with
     `parallel` (a launcher whose jobs run outside this process) a batch's trials run at once."""
     waiting_for = 0
     failed = 0
     while True:
         _fail_stale(study)  # their retries come back WAITING, and ask() takes those first
         states = [t.state for t in study.get_trials(deepcopy=False)]
-        complete, running = states.count(TrialState.COMPLETE), states.count(TrialState.RUNNING)
-        if complete >= n_trials:
+        finished = states.count(TrialState.COMPLETE) + states.count(TrialState.PRUNED)
+        running = states.count(TrialState.RUNNING)
+        if finished >= n_trials:
             return
-        size = min(n_jobs, n_trials - complete - running)
+        size = min(n_jobs, n_trials - finished - running)
         if size <= 0:
             if running != waiting_for:
                 log.info(
@@ -271,7 +273,7 @@ def _run_batch(
     fixed: list[str],
     launch: Launch,
     sweep_dir: Path,
-    heartbeat: RDBStorage | None,
+    heartbeat: BaseStorage | None,
     parallel: bool,
 ) -> list[str]:
     """Launch the trials, tell the study how each went as it ends; what went wrong in those that failed."""
@@ -346,6 +348,7 @@ def _tell(study: optuna.Study, trial: Trial, ret: JobReturn | Exception, sweep_d
         value = float(value)
         if not math.isfinite(value):  # Optuna would fail the trial itself, unseen by max_failure_rate
             raise ValueError(f"the job returned {value}")
+        pruned = study.get_trials(deepcopy=False)[trial.number].user_attrs.get(pruning.PRUNED)
     except Exception as e:
         log.warning("trial %d failed: %s: %s", trial.number, type(e).__name__, e)
         study.tell(trial, state=TrialState.FAIL)
@@ -353,7 +356,11 @@ def _tell(study: optuna.Study, trial: Trial, ret: JobReturn | Exception, sweep_d
         return f"(trial {trial.number}) with {type(e).__name__}: {said}" + (
             f"; its log: {job / 'train.log'}" if job else ""
         )
-    study.tell(trial, value)
+    if pruned:  # its value: the last figure it reported, as Optuna records a pruned trial's
+        log.info("trial %d %s", trial.number, pruned)
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, value)
     return None
 
 
@@ -381,7 +388,7 @@ class _Heartbeat:
     """Beats for the trials this sweeper runs, so that other sweepers of the study, and this command
     run again after a kill, can tell them from trials whose sweeper is gone."""
 
-    def __init__(self, storage: RDBStorage | None, trials: list[Trial]) -> None:
+    def __init__(self, storage: BaseStorage | None, trials: list[Trial]) -> None:
         self._storage = storage
         self._trial_ids = [_optuna_private.trial_id(trial) for trial in trials]
         self._stop = threading.Event()
@@ -418,6 +425,7 @@ def results(study: optuna.Study, metric: str, n_trials: int) -> dict[str, Any]:
         "direction": study.direction.name.lower(),
         "n_trials": n_trials,
         "complete": len(complete),
+        "pruned": sum(t.state == TrialState.PRUNED for t in trials),
     }
     if complete:
         best = study.best_trial
@@ -454,6 +462,11 @@ def sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any]
 
 
 def check_options(sweeper: Any) -> None:
+    if sweeper.storage and redact(sweeper.storage) != sweeper.storage:  # from a config file: the command line's is
+        raise SearchError(  # refused sooner (config.overrides); Hydra would write it to multirun.yaml and the log
+            f"hydra.sweeper.storage={redact(sweeper.storage)}: the URL holds a password; drop it from the URL and give "
+            "it in PGPASSWORD or ~/.pgpass (PGPASSFILE), where libpq reads it"
+        )
     if sweeper.direction not in ("maximize", "minimize"):
         raise SearchError(f"hydra.sweeper.direction={sweeper.direction}: choose maximize or minimize")
     check_direction(sweeper.metric, sweeper.direction)
@@ -461,6 +474,25 @@ def check_options(sweeper: Any) -> None:
         raise SearchError("hydra.sweeper: n_jobs must be 1 or more, n_trials 0 or more, max_failure_rate in [0, 1]")
     if sweeper.heartbeat_interval < 1:
         raise SearchError(f"hydra.sweeper.heartbeat_interval={sweeper.heartbeat_interval}: give 1 s or more")
+    check_pruner(sweeper.pruner, sweeper.storage, sweeper.config.get("optimized_metric"))
+
+
+def check_pruner(pruner: str, storage: str | None, metric: str | None) -> None:
+    """A pruner Optuna has, a study the trials can reach, and a figure each epoch to report."""
+    if pruner not in pruning.PRUNERS:
+        raise SearchError(f"hydra.sweeper.pruner={pruner}: choose {', '.join(pruning.PRUNERS)}")
+    if pruner == "none":
+        return
+    if storage is None:
+        raise SearchError(
+            f"hydra.sweeper.pruner={pruner} needs a study its trials can reach: a storage, not memory "
+            "(drop hydra.sweeper.storage=null)"
+        )
+    if metric is None or pruning.epoch_figure(metric) is None:
+        raise SearchError(
+            f"hydra.sweeper.pruner={pruner}: optimized_metric={metric} has no figure each epoch to compare trials "
+            "by; optimise val_loss or an accuracy, or hydra.sweeper.pruner=none"
+        )
 
 
 def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any]:
@@ -470,6 +502,8 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
     if not space:
         raise SearchError("nothing to search: give hydra.sweeper.params (or pick one with hparams_search=...)")
     command = {"overrides": sorted(fixed), "search_space": {k: repr(d) for k, d in sorted(space.items())}}
+    if sweeper.pruner != "none":  # not part of the search: a study goes on with another pruner, or none
+        fixed = [*fixed, PRUNING_OVERRIDE]
     sweep_dir.mkdir(parents=True, exist_ok=True)  # the default storage's database is in it
     study, storage = open_study(
         sweeper.study_name,
@@ -486,9 +520,9 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
         study.set_metric_names([sweeper.metric])  # the dashboard's axis says best_val_acc, not "Objective 0"
     # Only now: a refused command leaves the record of the search the dir holds as it was.
     OmegaConf.save(sweeper.config, sweep_dir / "multirun.yaml")
-    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    done = len(study.get_trials(deepcopy=False, states=FINISHED))
     log.info(
-        "Study %s (%s %s) in %s: %d of %d trials complete; after a kill, run the same command again to go on",
+        "Study %s (%s %s) in %s: %d of %d trials finished; after a kill, run the same command again to go on",
         study.study_name,
         sweeper.direction,
         sweeper.metric,
@@ -501,6 +535,19 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
         sweeper.validate_batch_is_legal(batch)
         return sweeper.launcher.launch(batch, initial_job_idx=first)
 
+    # Hydra's basic launcher runs each job in this process, one at a time: n_jobs of them at once
+    # run each in a process of its own. Other launchers' jobs (submitit's) run elsewhere already.
+    here = isinstance(sweeper.launcher, BasicLauncher)
+    if sweeper.pruner != "none" and not here and sweeper.storage.startswith("sqlite"):
+        log.warning(
+            "hydra.sweeper.pruner=%s: trials on other machines will write to SQLite (%s) over a shared filesystem, "
+            "whose locks NFS does not keep; give hydra.sweeper.storage=journal:///<shared dir>/optuna.journal or a "
+            "database server (docs/sweeps.md)",
+            sweeper.pruner,
+            sweeper.storage,
+        )
+    if here and sweeper.n_jobs > 1:
+        launch = _processes.TrialProcesses(launch, _processes.machine_shares(sweeper.n_jobs))
     path = sweep_dir / RESULTS
     run(
         study,
@@ -514,8 +561,7 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
         max_failure_rate=sweeper.max_failure_rate,
         poll_s=sweeper.heartbeat_interval,
         after_batch=lambda: write_results(path, results(study, sweeper.metric, sweeper.n_trials)),
-        # Hydra's basic launcher runs each job in this process: one at a time.
-        parallel=not isinstance(sweeper.launcher, BasicLauncher),
+        parallel=not here or sweeper.n_jobs > 1,
     )
     summary = results(study, sweeper.metric, sweeper.n_trials)
     write_results(path, summary)

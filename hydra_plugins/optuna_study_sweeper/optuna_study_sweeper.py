@@ -43,6 +43,7 @@ class OptunaStudySweeper(Sweeper):
         max_failure_rate: float,
         heartbeat_interval: int,
         grace_period: int | None,
+        pruner: str,
         sampler: DictConfig,
         params: DictConfig | None,
     ) -> None:
@@ -55,6 +56,7 @@ class OptunaStudySweeper(Sweeper):
         self.max_failure_rate = max_failure_rate
         self.heartbeat_interval = heartbeat_interval
         self.grace_period = grace_period
+        self.pruner = pruner
         self.sampler = sampler
         self.params = {str(k): str(v) for k, v in (params or {}).items()}
         self.config: DictConfig | None = None
