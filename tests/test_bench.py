@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -213,3 +214,23 @@ def test_imagefolder_prints_each_path_against_todays_and_the_cut_against_roi_ali
     ]
     assert len(cuts) == 4 and all(row["device"] == "cpu" for row in cuts)
     assert "no CUDA device" in out
+
+
+@pytest.mark.slow
+def test_checkpoint_stall_times_the_steps_with_and_without_fsdp_saves(monkeypatch, capsys):
+    module = importlib.import_module("bench.checkpoint_stall")
+    monkeypatch.setattr(module, "START_METHOD", "fork")  # ranks forked from this process: torch is imported
+    monkeypatch.setattr(sys, "argv", ["bench.checkpoint_stall", "--quick"])
+    module.main()
+    (row,) = table_rows(capsys.readouterr().out)
+    assert (row["model"], row["rounds"]) == ("simple_cnn", "1 x 1 saves")  # --quick: one save after one step
+    step, save = number(row["step s"]), number(row["s a save adds"])
+    assert step > 0
+    # One round: each median is that round's figure, and a ratio of two printed ones, each to 3
+    # decimals (a --quick round's figures mean nothing; a loaded machine can even make a save's negative).
+    ratio = number(row["save / step"])
+    assert ratio * step == pytest.approx(save, abs=5e-4 * (1 + step + abs(ratio)))
+    share, low, high = re.fullmatch(r"(\S+) \((\S+)–(\S+)\)", row["saves' share at every 1 steps"]).groups()
+    assert share == low == high and number(share) * (step + save) == pytest.approx(
+        save, abs=5e-4 * (2 + abs(number(share)))
+    )
