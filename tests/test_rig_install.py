@@ -10,23 +10,18 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.fake_apt import fake_apt_get
+
 RIG = Path(__file__).resolve().parents[1] / "slurm" / "rig.sh"
 
 # What rig.sh runs before and during an install; slurm's and munge's commands are left out.
 TOOLS = ("bash", "realpath", "dirname", "md5sum", "cut", "mkdir", "flock", "sleep", "chmod", "cat")
 
-FAKE_APT_GET = """#!/bin/bash
-# dpkg's frontend lock, as apt-get takes it: a second apt-get at once fails at once.
-exec 9>"$FAKE/dpkg.lock"
-flock -n 9 || { echo "E: Could not get lock $FAKE/dpkg.lock. It is held by another process" >&2; exit 100; }
-sleep 0.3
-if [[ " $* " == *" update "* ]]; then echo update >> "$FAKE/calls"; fi
-if [[ " $* " == *" install "* ]]; then
-  echo install >> "$FAKE/calls"
-  for command in slurmctld slurmd srun munged; do printf '#!/bin/sh\\n' > "$FAKE/bin/$command"; done
+FAKE_APT_GET = fake_apt_get(
+    """  for command in slurmctld slurmd srun munged; do printf '#!/bin/sh\\n' > "$FAKE/bin/$command"; done
   chmod +x "$FAKE"/bin/*
-fi
 """
+)
 
 
 def test_two_rigs_installing_at_once_on_a_machine_without_slurm_both_succeed_with_one_install(tmp_path):

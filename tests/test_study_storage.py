@@ -18,6 +18,7 @@ import pytest
 from config.setup import ROOT
 from hydra_plugins.optuna_study_sweeper import _storage, _study
 from tests import train_server
+from tests.fake_apt import fake_apt_get
 from tests.test_hparams_search import COMMAND, SAMPLER, SPACE, FakeLauncher
 
 POSTGRES = ROOT / "scripts" / "postgres.sh"
@@ -75,19 +76,12 @@ def test_a_missing_journal_directory_is_one_line(tmp_path):
         _study.open_study("s", f"journal:///{tmp_path}/none/j.journal", "maximize", SAMPLER, COMMAND, 10, None)
 
 
-FAKE_APT_GET = """#!/bin/bash
-# dpkg's frontend lock, as apt-get takes it: a second apt-get at once fails at once.
-exec 9>"$FAKE/dpkg.lock"
-flock -n 9 || { echo "E: Could not get lock $FAKE/dpkg.lock. It is held by another process" >&2; exit 100; }
-sleep 0.3
-if [[ " $* " == *" update "* ]]; then echo update >> "$FAKE/calls"; fi
-if [[ " $* " == *" install "* ]]; then
-  echo install >> "$FAKE/calls"
-  mkdir -p "$POSTGRES_LIB/15/bin"
+FAKE_APT_GET = fake_apt_get(
+    """  mkdir -p "$POSTGRES_LIB/15/bin"
   for command in initdb pg_ctl createdb; do printf '#!/bin/sh\\n' > "$POSTGRES_LIB/15/bin/$command"; done
   chmod +x "$POSTGRES_LIB"/15/bin/*
-fi
 """
+)
 
 
 def test_two_servers_installing_at_once_on_a_machine_without_postgresql_both_succeed_with_one_install(tmp_path):
