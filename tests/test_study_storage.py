@@ -150,11 +150,20 @@ def test_two_sweepers_share_one_study_on_postgresql(postgres, tmp_path, monkeypa
     url, name = postgres["STUDY_STORAGE"], f"shared-{time.time_ns()}"
     sampler = {**SAMPLER, "seed": None}
     done = []
+    # Each sweeper's first trial waits for the other's to be asked: without it, the sweeper that
+    # opened the study first could run all 4 fake trials before the other had started.
+    met = threading.Barrier(2, timeout=60)
 
     def sweeper():
         study, storage = _study.open_study(name, url, "maximize", sampler, COMMAND, 1, None)
         launch = FakeLauncher(tmp_path)
-        _study.run(study, SPACE, [], launch, tmp_path, n_trials=4, n_jobs=1, heartbeat=storage, poll_s=0.1)
+
+        def first_waits(batch: list[list[str]], first: int):
+            if not launch.calls:
+                met.wait()
+            return launch(batch, first)
+
+        _study.run(study, SPACE, [], first_waits, tmp_path, n_trials=4, n_jobs=1, heartbeat=storage, poll_s=0.1)
         done.append(len(launch.calls))
 
     sweepers = [threading.Thread(target=sweeper) for _ in range(2)]
