@@ -22,6 +22,7 @@ user=optuna
 database=optuna
 # Debian keeps each major version's programs in /usr/lib/postgresql/<version>/bin, off the PATH.
 lib=${POSTGRES_LIB:-/usr/lib/postgresql}
+source "$(dirname "$(realpath "$0")")/debian_packages.sh"
 
 bindir() {  # the newest installed version's programs, or nothing
   local found
@@ -29,24 +30,11 @@ bindir() {  # the newest installed version's programs, or nothing
   [ -n "$found" ] && [ -x "$found/pg_ctl" ] && [ -x "$found/initdb" ] && [ -x "$found/createdb" ] && echo "$found"
 }
 
-# Servers brought up at once (test modules that each start one) would each run apt-get, and all but
-# one would fail on dpkg's lock: they take this lock in turn, and each asks again once it holds it.
-install_lock=${POSTGRES_INSTALL_LOCK:-/run/lock/postgres-install.lock}
-
 install() {
   [ -n "$(bindir)" ] && return
   [ "$(id -u)" = 0 ] || { echo "postgres.sh: installing postgresql needs root" >&2; exit 3; }
-  mkdir -p "$(dirname "$install_lock")"
-  exec {lock}>"$install_lock"
-  flock "$lock"
-  if [ -z "$(bindir)" ]; then
-    export DEBIAN_FRONTEND=noninteractive
-    # The lock timeout: an apt-get of something else (unattended upgrades) is waited for too.
-    apt-get -o DPkg::Lock::Timeout=300 update -qq >&2 \
-      && apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends postgresql >&2 \
-      || { echo "postgres.sh: apt-get could not install postgresql" >&2; exit 3; }
-  fi
-  exec {lock}>&-
+  debian_install "${POSTGRES_INSTALL_LOCK:-/run/lock/postgres-install.lock}" bindir postgresql \
+    || { echo "postgres.sh: apt-get could not install postgresql" >&2; exit 3; }
 }
 
 as_postgres() { runuser -u postgres -- "$@"; }

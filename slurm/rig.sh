@@ -28,6 +28,7 @@ cmd=${1:?$usage}
 dir=""
 [ "$cmd" = install ] || dir=$(realpath -m "${2:?$usage}")
 self=$(realpath "$0")
+source "$(dirname "$self")/../scripts/debian_packages.sh"
 repo=$(dirname "$(dirname "$self")")
 # One rig per DIR: its namespaces are named after it, so that rigs of parallel tests never meet.
 ns=rig$(printf %s "$dir" | md5sum | cut -c1-8)
@@ -116,25 +117,10 @@ installed() {
     && command -v munged >/dev/null
 }
 
-# Rigs brought up at once (the test modules that each start one) would each run apt-get, and all but
-# one would fail on dpkg's lock: they take this lock in turn, and each asks again once it holds it.
-install_lock=${RIG_INSTALL_LOCK:-/run/lock/slurm-rig-install.lock}
-
 install() {  # SLURM and munge from Debian's packages, where missing; `fail` runs if that fails
   local fail=${1:-true}
-  installed && return
-  mkdir -p "$(dirname "$install_lock")"
-  exec {lock}>"$install_lock"
-  flock "$lock"
-  if ! installed; then
-    export DEBIAN_FRONTEND=noninteractive
-    # The lock timeout: an apt-get of something else (unattended upgrades) is waited for too.
-    apt-get -o DPkg::Lock::Timeout=300 update -qq >&2 \
-      && apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
-        slurmctld slurmd slurm-client munge >&2 \
-      || { echo "apt-get could not install slurm" >&2; exec {lock}>&-; "$fail"; exit 3; }
-  fi
-  exec {lock}>&-
+  debian_install "${RIG_INSTALL_LOCK:-/run/lock/slurm-rig-install.lock}" installed \
+    slurmctld slurmd slurm-client munge || { echo "apt-get could not install slurm" >&2; "$fail"; exit 3; }
 }
 
 slurm_up() {
