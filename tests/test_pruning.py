@@ -21,8 +21,8 @@ import preflight
 from config.setup import compose
 from config.typed import typed
 from errors import ConfigError
-from hydra_plugins.optuna_study_sweeper import _study, pruning
-from hydra_plugins.optuna_study_sweeper.pruning import OptunaPruning
+from hydra_plugins.optuna_study_sweeper import _pruning, _study
+from hydra_plugins.optuna_study_sweeper._pruning import OptunaPruning
 from tests import train_server
 from tests.runs import FORK_RANKS
 from tests.test_hparams_search import COMMAND, SAMPLER, _states
@@ -34,10 +34,10 @@ EPOCHS = 6
 
 
 def test_the_figure_reported_each_epoch_is_the_one_the_metric_ends_as():
-    assert pruning.epoch_figure("best_val_acc") == "val/best_acc"
-    assert pruning.epoch_figure("val_loss") == "val/loss"
-    assert pruning.epoch_figure("val_ema_acc5") == "val_ema/acc5"
-    assert pruning.epoch_figure("wall_s") is None and pruning.epoch_figure("train_samples_per_s") is None
+    assert _pruning.epoch_figure("best_val_acc") == "val/best_acc"
+    assert _pruning.epoch_figure("val_loss") == "val/loss"
+    assert _pruning.epoch_figure("val_ema_acc5") == "val_ema/acc5"
+    assert _pruning.epoch_figure("wall_s") is None and _pruning.epoch_figure("train_samples_per_s") is None
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def tmp_path(memory_dir: Path, request) -> Path:
 
 def test_each_metrics_figure_is_one_validation_makes_and_the_pre_flight_checks_the_runs_makes_it():
     metrics = ("best_val_acc", "best_val_acc5", "val_acc", "val_acc5", "val_loss", "val_ce", "val_ema_acc")
-    assert all(pruning.epoch_figure(metric) in produced(True, []) for metric in metrics)
+    assert all(_pruning.epoch_figure(metric) in produced(True, []) for metric in metrics)
     without_ema = typed(compose("hparams_search=digits", "optimized_metric=val_ema_acc"))
     callback = OptunaPruning("sqlite:///x.db", "s", 0, "median", "val_ema_acc")
     with pytest.raises(ConfigError, match=r"^callbacks.optuna_pruning.monitor=val_ema/acc: this run produces no such"):

@@ -4,7 +4,10 @@ that it holds however the plugin's modules are laid out inside."""
 
 from __future__ import annotations
 
+import ast
 import sqlite3
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -13,6 +16,8 @@ import yaml
 from hydra.test_utils.test_utils import SweepTaskFunction
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
+
+from config.setup import ROOT
 
 
 def _search(sweep_dir: Path, n_trials: int) -> list[dict]:
@@ -68,3 +73,15 @@ def test_a_search_counts_complete_trials_only_and_its_rerun_counts_the_studys(tm
     results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert (results["n_trials"], results["complete"], len(results["trials"])) == (2, 2, 3)
     assert _search(sweep_dir, n_trials=2) == []  # the same command again: the study is complete
+
+
+def test_hydras_plugin_scan_at_every_start_imports_no_optuna():
+    """Hydra imports every public module of hydra_plugins/ as any app starts, train.py's every run
+    included: the sweeper's Optuna (and SQLAlchemy, and the callback's torch) must stay behind its
+    private modules, imported when a search runs."""
+    scan = "from hydra.core.plugins import Plugins; import sys; Plugins.instance(); print(sorted(sys.modules))"
+    result = subprocess.run([sys.executable, "-c", scan], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    imported = {name.split(".")[0] for name in ast.literal_eval(result.stdout)}
+    assert "hydra_plugins" in imported
+    assert not imported & {"optuna", "sqlalchemy", "torch"}

@@ -39,7 +39,7 @@ from optuna.trial import Trial, TrialState
 from config.overrides import last_overrides
 from config.redact import redact
 from errors import first_line
-from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _storage, pruning
+from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _pruning, _storage
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,11 @@ log = logging.getLogger(__name__)
 Launch = Callable[[list[list[str]], int], Sequence[JobReturn]]
 RESULTS = "optimization_results.yaml"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
-# The callback a pruned search adds to each trial (pruning.py), built from the trial's own job:
+# The callback a pruned search adds to each trial (_pruning.py), built from the trial's own job:
 # the study and pruner from its hydra.sweeper, its trial number from its job's.
 PRUNING = "callbacks.optuna_pruning"
 PRUNING_OVERRIDE = (
-    f"+{PRUNING}={{_target_:{pruning.__name__}.{pruning.OptunaPruning.__name__},"
+    f"+{PRUNING}={{_target_:{_pruning.__name__}.{_pruning.OptunaPruning.__name__},"
     "storage:${hydra:sweeper.storage},study_name:${hydra:sweeper.study_name},trial:${hydra:job.num},"
     "pruner:${hydra:sweeper.pruner},metric:${optimized_metric}}"
 )
@@ -348,7 +348,7 @@ def _tell(study: optuna.Study, trial: Trial, ret: JobReturn | Exception, sweep_d
         value = float(value)
         if not math.isfinite(value):  # Optuna would fail the trial itself, unseen by max_failure_rate
             raise ValueError(f"the job returned {value}")
-        pruned = study.get_trials(deepcopy=False)[trial.number].user_attrs.get(pruning.PRUNED)
+        pruned = study.get_trials(deepcopy=False)[trial.number].user_attrs.get(_pruning.PRUNED)
     except Exception as e:
         log.warning("trial %d failed: %s: %s", trial.number, type(e).__name__, e)
         study.tell(trial, state=TrialState.FAIL)
@@ -479,8 +479,8 @@ def check_options(sweeper: Any) -> None:
 
 def check_pruner(pruner: str, storage: str | None, metric: str | None) -> None:
     """A pruner Optuna has, a study the trials can reach, and a figure each epoch to report."""
-    if pruner not in pruning.PRUNERS:
-        raise SearchError(f"hydra.sweeper.pruner={pruner}: choose {', '.join(pruning.PRUNERS)}")
+    if pruner not in _pruning.PRUNERS:
+        raise SearchError(f"hydra.sweeper.pruner={pruner}: choose {', '.join(_pruning.PRUNERS)}")
     if pruner == "none":
         return
     if storage is None:
@@ -488,7 +488,7 @@ def check_pruner(pruner: str, storage: str | None, metric: str | None) -> None:
             f"hydra.sweeper.pruner={pruner} needs a study its trials can reach: a storage, not memory "
             "(drop hydra.sweeper.storage=null)"
         )
-    if metric is None or pruning.epoch_figure(metric) is None:
+    if metric is None or _pruning.epoch_figure(metric) is None:
         raise SearchError(
             f"hydra.sweeper.pruner={pruner}: optimized_metric={metric} has no figure each epoch to compare trials "
             "by; optimise val_loss or an accuracy, or hydra.sweeper.pruner=none"

@@ -29,7 +29,7 @@ class OptunaStudySweeperConf:
     # was left by a killed sweep and is run again with the same parameters.
     heartbeat_interval: int = 10
     grace_period: Optional[int] = None
-    # Stop a hopeless trial at an epoch's end (pruning.py): median | hyperband | successive_halving |
+    # Stop a hopeless trial at an epoch's end (_pruning.py): median | hyperband | successive_halving |
     # none, Optuna's pruners. Each trial reports optimized_metric's figure each epoch to the study.
     pruner: str = "none"
     sampler: Any = field(
