@@ -15,6 +15,7 @@ import pytest
 
 from bench.common import FORKSERVER_RANKS
 from config.setup import ROOT
+from tests import train_server
 from tests.runs import run_train
 
 LIGHTNING = importlib.util.find_spec("lightning") is not None  # bench-only: requirements-bench.txt
@@ -29,10 +30,10 @@ def bench(name: str, *args: str) -> list[dict[str, str]]:
 
 
 def bench_here(name: str, *args: str, monkeypatch, capsys) -> list[dict[str, str]]:
-    """bench.<name> in this process, each of its train.py runs forked from the train server (as
-    run_train's are): for the benchmarks whose figures a run reports (bytes, steady-state
-    samples/s), not its start-up, which those run by `bench` pay for. The runs' ranks fork from
-    them too, where the benchmark's forkserver would import everything once more."""
+    """bench.<name> in this process, each of its train.py runs, and its baseline script's, forked
+    from the train server (as run_train's are): for the benchmarks whose figures a run reports
+    (bytes, steady-state samples/s), not its start-up, which those run by `bench` pay for. The
+    runs' ranks fork from them too, where the benchmark's forkserver would import everything once more."""
     module = importlib.import_module(f"bench.{name}")
 
     def train(*overrides: str) -> dict:
@@ -41,7 +42,15 @@ def bench_here(name: str, *args: str, monkeypatch, capsys) -> list[dict[str, str
             assert done.returncode == 0, done.stderr[-2000:]
             return json.loads((Path(run_dir) / "metrics.json").read_text())
 
+    def python_json(flag: str, script: str, *args: str) -> dict:
+        assert flag == "-m", "bench.common.python_json runs a baseline module: python -m bench.<script> ..."
+        done = train_server.run(list(args), script=ROOT.joinpath(*script.split(".")).with_suffix(".py"))
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
     monkeypatch.setattr(module, "train", train)
+    if hasattr(module, "python_json"):
+        monkeypatch.setattr(module, "python_json", python_json)
     monkeypatch.setattr(sys, "argv", [f"bench.{name}", *args])
     module.main()
     return table_rows(capsys.readouterr().out)
