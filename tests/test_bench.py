@@ -79,7 +79,7 @@ def test_overhead_ratio_is_ours_over_plain(monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_ddp_says_it_compares_two_ways_to_use_the_same_cores(monkeypatch, capsys):
-    (row,) = bench_here("ddp", "--quick", monkeypatch=monkeypatch, capsys=capsys)
+    (row,) = bench_here("ddp", "--quick", "--batch-size", "32", monkeypatch=monkeypatch, capsys=capsys)
     single = number(next(v for k, v in row.items() if k.startswith("1 process x ")))
     ddp = number(next(v for k, v in row.items() if k.startswith("ddp: 2 processes x ")))
     assert number(row["ratio (median of per-round ratios)"]) == pytest.approx(ddp / single, rel=0.01)
@@ -200,7 +200,7 @@ def test_memory_shows_an_fsdp_rank_holding_half_of_a_ddp_rank(monkeypatch, capsy
 @pytest.mark.slow
 def test_fsdp_ratio_is_fsdp_over_ddp(monkeypatch, capsys):
     # --quick: ddp(2) and fsdp(2); ZeRO-2 is fsdp(2) with one option more
-    ddp, fsdp = bench_here("fsdp", "--quick", monkeypatch=monkeypatch, capsys=capsys)
+    ddp, fsdp = bench_here("fsdp", "--quick", "--batch-size", "16", monkeypatch=monkeypatch, capsys=capsys)
     assert (ddp["system"], fsdp["system"]) == ("ddp(2)", "fsdp(2)")
     assert number(ddp["ratio to ddp(2) (median of pairs)"]) == 1
     # One repeat: the median ratio is the ratio of the medians.
