@@ -124,16 +124,22 @@ def test_peers_times_train_py_lightning_and_the_hand_written_loop_side_by_side()
     assert number(by["train.py"][vs_loop]) == pytest.approx(
         speed["train.py"] / speed["hand-written loop"], rel=0.01, abs=5e-4
     )
-    # ...and the range of one round's ratios is that ratio alone.
+    # ...and the range of one round's ratios is that ratio alone (the range always to 3 decimals, a
+    # ratio of 100 or more without them: a 2-step difference of walls can be next to nothing).
     spread = "range of the rounds' throughput ratios"
-    assert all(r[spread] == f"{r[vs_loop]}–{r[vs_loop]}" for r in rows if "/" not in r["program"])
+
+    def alone(row: dict[str, str], ratio: str) -> bool:
+        low, high = row[spread].split("–")
+        return number(low) == number(high) == pytest.approx(number(row[ratio]), rel=0.01, abs=5e-4)
+
+    assert [r for r in rows if "/" not in r["program"] and not alone(r, vs_loop)] == []
     assert all(seconds > 0 for seconds in startup.values())
     if LIGHTNING:
         ratio = by["train.py / Lightning"]
         assert number(ratio["samples/s (median)"]) == pytest.approx(
             speed["train.py"] / speed["Lightning"], rel=0.01, abs=5e-4
         )
-        assert ratio[spread] == f"{ratio['samples/s (median)']}–{ratio['samples/s (median)']}"
+        assert alone(ratio, "samples/s (median)"), ratio
         assert number(ratio["start-up + 2 steps (s)"]) == pytest.approx(
             startup["train.py"] / startup["Lightning"], rel=0.01
         )
