@@ -15,6 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # For benchmarks whose figures are taken after start-up (throughput, memory): their ranks fork from
 # one server that imported torch once, so a run spends less time starting, and measures the same.
 FORKSERVER_RANKS = "launcher.start_method=forkserver"
+# The line bench/first_step.py's callback prints once rank 0's first optimizer step is done, and the
+# override that adds that callback to a train.py run: here, so that a benchmark clocking the line
+# does not import torch itself (the callback's module does).
+FIRST_STEP = "first optimizer step done"
+FIRST_STEP_CALLBACK = "+callbacks.first_step._target_=bench.first_step.FirstStep"
 
 
 def train(*overrides: str) -> dict:

@@ -19,8 +19,7 @@ import sys
 import tempfile
 import time
 
-from bench.common import ROOT, median, table
-from bench.first_step import FIRST_STEP, FirstStep
+from bench.common import FIRST_STEP, FIRST_STEP_CALLBACK, ROOT, median, table
 
 JOB = [
     "train.py",
@@ -28,7 +27,7 @@ JOB = [
     "trainer.compile=true",
     "trainer.max_steps=1",
     "trainer.limit_val_batches=1",
-    f"+callbacks.first_step._target_={FirstStep.__module__}.{FirstStep.__name__}",  # prints FIRST_STEP
+    FIRST_STEP_CALLBACK,
 ]
 
 

@@ -31,7 +31,8 @@ def main() -> None:
     parser.add_argument("--model", default="mnist_net")
     parser.add_argument("--batch-size", type=int, default=128, help="global batch")
     args = parser.parse_args()
-    train_size, epochs, repeats = (512, 2, 1) if args.quick else (16384, 4, args.repeats)
+    quick = (2 * args.batch_size, args.batch_size, 2, 1)  # two steps an epoch, one validation batch
+    train_size, val_size, epochs, repeats = quick if args.quick else (16384, 256, 4, args.repeats)
 
     common = [
         f"model={args.model}",
@@ -39,7 +40,7 @@ def main() -> None:
         "dataset.channels=1",
         "dataset.image_size=28",
         f"dataset.train_size={train_size}",
-        "dataset.val_size=256",
+        f"dataset.val_size={val_size}",
         f"trainer.batch_size={args.batch_size}",
         f"trainer.epochs={epochs}",
         "trainer.accelerator=cpu",

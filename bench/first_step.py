@@ -1,11 +1,10 @@
-"""The callback bench.startup adds to the runs it clocks (`+callbacks.first_step._target_=...`):
-rank 0 prints FIRST_STEP once its first optimizer step is done. The loop itself carries no hook."""
+"""The callback bench.startup adds to the runs it clocks (bench.common.FIRST_STEP_CALLBACK): rank 0
+prints FIRST_STEP once its first optimizer step is done. The loop itself carries no hook."""
 
 from __future__ import annotations
 
+from bench.common import FIRST_STEP
 from training.callbacks import Callback, RunInfo
-
-FIRST_STEP = "first optimizer step done"
 
 
 class FirstStep(Callback):

@@ -31,13 +31,14 @@ def main() -> None:
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--batch-size", type=int, default=64, help="global batch")
     args = parser.parse_args()
-    model, train_size, epochs, repeats = ("mnist_net", 256, 2, 1) if args.quick else (args.model, 1024, 3, args.repeats)
+    quick = ("mnist_net", 2 * args.batch_size, args.batch_size, 2, 1)  # two steps an epoch, one validation batch
+    model, train_size, val_size, epochs, repeats = quick if args.quick else (args.model, 1024, 128, 3, args.repeats)
 
     common = [
         f"model={model}",
         "dataset=synthetic",
         f"dataset.train_size={train_size}",
-        "dataset.val_size=128",
+        f"dataset.val_size={val_size}",
         f"trainer.batch_size={args.batch_size}",
         f"trainer.epochs={epochs}",
         "trainer.accelerator=cpu",

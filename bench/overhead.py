@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run; its figures mean nothing")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    train_size, batch, epochs, repeats = (256, 64, 2, 1) if args.quick else (8192, 64, 4, args.repeats)
+    train_size, batch, epochs, repeats = (32, 16, 2, 1) if args.quick else (8192, 64, 4, args.repeats)
 
     rows = []
     for model, channels, size in CASES[:1] if args.quick else CASES:

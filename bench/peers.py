@@ -153,7 +153,7 @@ def main() -> None:
     short, cases, rounds = SHORT_STEPS, CASES, args.rounds
     if args.quick:
         first = CASES[0]
-        short, cases, rounds = 2, [Case(first.model, first.channels, first.size, first.batch, 34)], 1
+        short, cases, rounds = 2, [Case(first.model, first.channels, first.size, first.batch, 4)], 1
 
     # walls[case][program]: one (short, long) pair per round
     walls = {case: {name: [] for name in programs} for case in cases}

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from bench.first_step import FIRST_STEP
+from bench.common import FIRST_STEP
 from bench.plain_loop import NETS, SGD, add_job_arguments
 
 

@@ -23,8 +23,7 @@ import sys
 import tempfile
 import time
 
-from bench.common import ROOT, median, per_round, table, verdict
-from bench.first_step import FIRST_STEP, FirstStep
+from bench.common import FIRST_STEP, FIRST_STEP_CALLBACK, ROOT, median, per_round, table, verdict
 
 TARGET_S = 2.0
 BARE = "import torch"
@@ -84,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     rounds = 1 if args.quick else args.repeats
 
-    ours = ["train.py", "trainer.max_steps=1", f"+callbacks.first_step._target_={FirstStep.__module__}.FirstStep"]
+    ours = ["train.py", "trainer.max_steps=1", FIRST_STEP_CALLBACK]
     commands = {
         f"python -c '{BARE}'": lambda: to_exit(BARE),
         f"python -c '{WITH_OPTIMIZER}'": lambda: to_exit(WITH_OPTIMIZER),
