@@ -200,7 +200,7 @@ def test_sbatch_template_on_two_nodes_binds_each_rank_to_the_cpus_it_asked_for(r
         cpus, threads, workers = re.fullmatch(
             r"\d+ cpu \(CPUs (\S+), (\d+) threads, (\d+) loader workers\)", placement
         ).groups()
-        bound = sum(int(b) - int(a) + 1 for a, _, b in (span.partition("-") for span in cpus.split(",")))
+        bound = sum(int(b or a) - int(a) + 1 for a, _, b in (span.partition("-") for span in cpus.split(",")))
         assert bound == 2 and int(threads) <= bound and 0 < int(workers) <= bound, (host, placement)
 
 
