@@ -25,6 +25,22 @@ set -euo pipefail
 
 usage="usage: rig.sh up DIR [--node-local] [--slurm] | on DIR a|b CMD... | runs DIR shared|node-local | down DIR | install"
 cmd=${1:?$usage}
+
+on() {  # on NODE CMD...: CMD in the node's network, hostname and mounts; in this directory
+  local node=$1 holder
+  shift
+  read -r holder < "$dir/$node/holder.pid"
+  exec nsenter --target "$holder" --net --uts --mount --wd="$PWD" -- "$@"
+}
+
+# `on` first: what follows starts processes of its own (realpath, dirname, md5sum), and tests poll
+# SLURM through `on`.
+if [ "$cmd" = on ]; then
+  dir=${2:?$usage}
+  shift 2
+  on "$@"
+fi
+
 dir=""
 [ "$cmd" = install ] || dir=$(realpath -m "${2:?$usage}")
 self=$(realpath "$0")
@@ -33,14 +49,6 @@ repo=$(dirname "$(dirname "$self")")
 # One rig per DIR: its namespaces are named after it, so that rigs of parallel tests never meet.
 ns=rig$(printf %s "$dir" | md5sum | cut -c1-8)
 declare -A address=([a]=10.250.0.1 [b]=10.250.0.2)
-
-holder() { cat "$dir/$1/holder.pid"; }
-
-on() {  # on NODE CMD...: CMD in the node's network, hostname and mounts; in this directory
-  local node=$1
-  shift
-  exec nsenter --target "$(holder "$node")" --net --uts --mount --wd="$PWD" -- "$@"
-}
 
 hold() {  # run inside `unshare` in the node's netns: set the node up, then hold its namespaces
   local node=$1
@@ -221,7 +229,6 @@ running() {  # a zombie has ended: whoever adopted the daemons may reap it late
 
 case $cmd in
   up) shift 2; up "$@" ;;
-  on) shift 2; on "$@" ;;
   runs)
     mode=${3:?$usage}
     echo "$mode" > "$dir/runs.mode"

@@ -15,7 +15,7 @@ import torch
 from config.setup import ROOT
 from tests import test_slurm
 from tests.runs import run_train, same_weights
-from tests.test_slurm import ENDED, SLOW, TINY, _wait
+from tests.test_slurm import ASK_SLURM_S, ENDED, SLOW, TINY, _wait
 
 rig = test_slurm.rig  # a rig of this module's own (the fixture is module-scoped)
 
@@ -72,17 +72,22 @@ def test_sigusr1_requeues_a_two_node_job_each_time_and_it_resumes_exactly(rig, s
             except (RuntimeError, EOFError):  # being replaced as it was read
                 return False
 
-        _wait("checkpoint", progressed, out)
+        _wait("checkpoint", progressed, out, every=ASK_SLURM_S)
         # To the job's steps (every rank), not its batch shell: what `#SBATCH --signal=USR1@90` does.
         assert rig.on("a", ["scancel", "--signal=USR1", job]).returncode == 0
-        _wait(f"requeue {restarts}", lambda restarts=restarts: rig.job(job)["Restarts"] == str(restarts), out)
+        _wait(
+            f"requeue {restarts}",
+            lambda restarts=restarts: rig.job(job)["Restarts"] == str(restarts),
+            out,
+            every=ASK_SLURM_S,
+        )
         steps.append(torch.load(last, weights_only=True)["step"])
         # The attempt's steps may still be ending: start the next only once the nodes are idle.
-        _wait("nodes idle", rig.idle, out)
+        _wait("nodes idle", rig.idle, out, every=ASK_SLURM_S)
         # SLURM holds a requeued job ~2 minutes (BeginTime); an admin may start it sooner, though not
         # within the second the last run's credential was revoked in (slurmd refuses that start).
         assert rig.on("a", ["scontrol", "update", f"JobId={job}", "StartTime=now+2"]).returncode == 0
-    _wait("end", lambda: rig.job(job)["JobState"] in ENDED, out, timeout=240)
+    _wait("end", lambda: rig.job(job)["JobState"] in ENDED, out, timeout=240, every=ASK_SLURM_S)
     assert rig.job(job) == {"JobState": "COMPLETED", "Restarts": str(REQUEUES), "ExitCode": "0:0"}, out.read_text()[
         -3000:
     ]
@@ -120,8 +125,8 @@ def test_a_preempted_submitit_job_requeues_and_resumes_exactly(rig, slow_whole):
         _wait("checkpoint", lambda: any((rig.shared / "submitit").glob("0_*/checkpoints/last.pt")), out)
         job = rig.on("a", ["squeue", "-h", "-o", "%i"]).stdout.split()[0]
         assert rig.on("a", ["scancel", "--signal=USR2", job]).returncode == 0
-        _wait("requeue", lambda: rig.job(job)["Restarts"] == "1", out)
-        _wait("nodes idle", rig.idle, out)
+        _wait("requeue", lambda: rig.job(job)["Restarts"] == "1", out, every=ASK_SLURM_S)
+        _wait("nodes idle", rig.idle, out, every=ASK_SLURM_S)
         assert rig.on("a", ["scontrol", "update", f"JobId={job}", "StartTime=now+2"]).returncode == 0
         assert sweeping.wait(timeout=240) == 0, out.read_text()[-3000:]
     finally:
