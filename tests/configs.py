@@ -25,6 +25,12 @@ def typed_config(*overrides: str) -> Config:
 
 def job_config(run_dir: Path, *overrides: str) -> RunConfig:
     """What train.py hands each worker for `python train.py *overrides`, run in `run_dir` (no resume)."""
+    return job_and_config(run_dir, *overrides)[0]
+
+
+def job_and_config(run_dir: Path, *overrides: str) -> tuple[RunConfig, Config]:
+    """job_config's RunConfig and the typed config it was made from (what the pre-flight checks and
+    plans), from one compose."""
     cfg = compose(*overrides, hydra=True)
     choices = dict(cfg.hydra.runtime.choices)
     with open_dict(cfg):
@@ -32,4 +38,5 @@ def job_config(run_dir: Path, *overrides: str) -> RunConfig:
     config = typed(cfg)
     swept = swept_overrides(overrides)
     composition = Composition(run_dir, choices, swept, hparams(cfg, choices))
-    return run_config(config, composition, num_classes=config.dataset.num_classes or num_classes(config.dataset))
+    job = run_config(config, composition, num_classes=config.dataset.num_classes or num_classes(config.dataset))
+    return job, config

@@ -16,7 +16,9 @@ from tests.configs import compose_config
 from tests.dataset_files import write_cifar, write_idx, write_image_folder
 from tests.runs import run_train
 
-TINY = ("debug=fdr",)  # last, as on a command line: a few CPU batches of the recipe
+# Last, as on a command line: the recipe on the CPU, one batch to train and one to validate (what these
+# runs test is that the recipe wires up and runs end to end, which a second batch would not add to).
+TINY = ("debug=fdr", "trainer.limit_train_batches=1", "trainer.limit_val_batches=1")
 # What these runs test is the recipe's wiring, not its sizes: ResNet-50 at 64 px, not 176-224.
 SMALL_CROPS = ("dataset.train_crop=64", "dataset.val_resize=72", "dataset.val_crop=64")
 
@@ -185,7 +187,7 @@ def test_tv_resnet50_runs_tiny_on_an_image_folder(tmp_path):
     root = write_image_folder(tmp_path / "images", classes=3, per_class=2, size=40)
     run_dir = tmp_path / "run"
     # The EMA every step, not every 32nd, and no warmup: within its 5 warmup epochs the EMA only
-    # copies the weights (n_averaged stays 0), and this run is 1 epoch of 3 steps.
+    # copies the weights (n_averaged stays 0), and this run is 1 epoch of 1 step.
     metrics = _run(
         run_dir,
         "experiment=tv_resnet50",
@@ -196,7 +198,7 @@ def test_tv_resnet50_runs_tiny_on_an_image_folder(tmp_path):
         "scheduler.warmup_epochs=0",
         *SMALL_CROPS,
     )
-    assert (metrics["model"], metrics["dataset"], metrics["steps"]) == ("resnet50", "imagefolder", 3)
+    assert (metrics["model"], metrics["dataset"], metrics["steps"]) == ("resnet50", "imagefolder", 1)
     assert {"val_ema_acc", "val_acc5", "best_weights"} <= set(metrics)
     last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert last["optimizer"]["param_groups"][0]["initial_lr"] == pytest.approx(0.5 * 2 / 1024)  # from 0.5 at 1024

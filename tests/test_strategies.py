@@ -29,7 +29,7 @@ from distributed.sync_batchnorm import GlooSyncBatchNorm
 from models.simple_cnn import SimpleCNN
 from preflight import check_and_plan
 from tests import train_server
-from tests.configs import job_config, typed_config
+from tests.configs import job_and_config, job_config
 from tests.runs import last_weights, relative_error, run_train
 from training import run as run_job
 from training.batches import Batches
@@ -39,7 +39,7 @@ from training.validation import evaluate
 
 pytestmark = pytest.mark.slow
 
-STEPS = 20  # digits' 1,437 images make 44 steps of 2B = 32: every run below stays in epoch 1
+STEPS = 8  # digits' 1,437 images make 44 steps of 2B = 32: every run below stays in epoch 1
 B = 16
 # simple_cnn has no dropout and digits no augmentation: the runs differ only in how they split work.
 EQUIVALENCE = (
@@ -100,10 +100,10 @@ def _run_all(runs: dict[str, tuple], base: tuple, out: Path, check_sync_bn: bool
     # The ranks fork from this worker's train server (tests/train_server.py): nothing left to import.
     train_server.ensure_running()
     base = (*base, "launcher.start_method=forkserver")
-    plans = {name: check_and_plan(typed_config(*base, *overrides)).launch for name, overrides in runs.items()}
-    by_processes: dict[int, list] = {}
+    plans, by_processes = {}, {}
     for name, overrides in runs.items():
-        job = job_config(out / name, *base, *overrides)
+        job, config = job_and_config(out / name, *base, *overrides)
+        plans[name] = check_and_plan(config).launch
         by_processes.setdefault(plans[name].world_size, []).append((name, job))
     for jobs in by_processes.values():
         launch(plans[jobs[0][0]], _train_and_dump, jobs, str(out), check_sync_bn)

@@ -96,18 +96,19 @@ def test_ddp_on_cpu_writes_from_rank_zero_only(tmp_path):
 
 
 def test_resume_continues_as_if_never_stopped(tmp_path):
-    # 1,437 training images at batch 64: 23 steps per epoch, so max_steps=46 stops after epoch 2.
+    # 4 steps of batch 64 an epoch (of digits' 23), so max_steps=8 stops after epoch 2.
     whole, first, rest = tmp_path / "whole", tmp_path / "first", tmp_path / "rest"
-    assert run_train(whole, "trainer.epochs=3").returncode == 0
-    assert run_train(first, "trainer.epochs=3", "trainer.max_steps=46").returncode == 0
+    job = ("trainer.epochs=3", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2")
+    assert run_train(whole, *job).returncode == 0
+    assert run_train(first, *job, "trainer.max_steps=8").returncode == 0
     stopped = torch.load(first / "checkpoints" / "last.pt", weights_only=True)
-    assert (stopped["epoch"], stopped["step"]) == (2, 46)
-    result = run_train(rest, "trainer.epochs=3", f"trainer.resume={first / 'checkpoints' / 'last.pt'}")
+    assert (stopped["epoch"], stopped["step"]) == (2, 8)
+    result = run_train(rest, *job, f"trainer.resume={first / 'checkpoints' / 'last.pt'}")
     assert result.returncode == 0, result.stderr
     assert "from epoch 3" in (rest / "train.log").read_text()
     resumed = torch.load(rest / "checkpoints" / "last.pt", weights_only=True)
     uninterrupted = torch.load(whole / "checkpoints" / "last.pt", weights_only=True)
-    assert (resumed["epoch"], resumed["step"]) == (3, 69)
+    assert (resumed["epoch"], resumed["step"]) == (3, 12)
     for key, value in uninterrupted["model"].items():
         assert torch.equal(resumed["model"][key], value), key
     assert resumed["scheduler"] == uninterrupted["scheduler"]

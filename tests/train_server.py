@@ -34,12 +34,17 @@ import hydra  # noqa: F401
 import torch._dynamo  # noqa: F401
 import torch.utils.tensorboard  # noqa: F401
 import torchvision  # noqa: F401
+from hydra.core.plugins import Plugins
 
 import distributed.launch  # noqa: F401
 import preflight  # noqa: F401
 import training.preemption  # noqa: F401
 import training.run  # noqa: F401
 from config.setup import ROOT
+
+# Hydra's scan of its plugins, which every run's hydra.main starts with: it imports this repo's
+# sweeper plugin, and with it Optuna's storage (SQLAlchemy).
+Plugins.instance()
 
 TRAIN_PY = ROOT / "train.py"
 _context = multiprocessing.get_context("forkserver")
