@@ -28,14 +28,19 @@ import tempfile
 import traceback
 from pathlib import Path
 
-# Preloaded: what a run imports, so that its child does not (train.py's own imports, and the first
-# optimizer step's torch._dynamo). train.py itself runs fresh in each child.
+# Preloaded: what a run imports, so that its child does not (train.py's own imports, the first
+# optimizer step's torch._dynamo, and the plugins Hydra's scan imports at every run's start: each
+# module under hydra_plugins/, Optuna's with the search's sweeper, submitit's with SLURM's launcher,
+# whichever the run uses). train.py itself runs fresh in each child.
 import hydra  # noqa: F401
+import hydra_plugins.hydra_submitit_launcher.submitit_launcher  # noqa: F401
 import torch._dynamo  # noqa: F401
 import torch.utils.tensorboard  # noqa: F401
 import torchvision  # noqa: F401
 
 import distributed.launch  # noqa: F401
+import hydra_plugins.optuna_study_sweeper.optuna_study_sweeper  # noqa: F401
+import hydra_plugins.optuna_study_sweeper.pruning  # noqa: F401
 import preflight  # noqa: F401
 import training.preemption  # noqa: F401
 import training.run  # noqa: F401
