@@ -63,7 +63,7 @@ def run(
 ) -> subprocess.CompletedProcess:
     """What `subprocess.run([sys.executable, "train.py", *args], cwd=cwd, capture_output=True,
     text=True, timeout=timeout)` returns; `script`: another of the repo's CLIs (predict.py, export.py,
-    bench/report.py), or pytest's __main__.py for `python -m pytest`."""
+    bench/report.py, bench/study_storage.py), or pytest's __main__.py for `python -m pytest`."""
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
         child = _start(args, cwd, out, err, new_session=False, script=script)
