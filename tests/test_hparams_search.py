@@ -406,7 +406,7 @@ def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
     args = [
         "hparams_search=digits",
         f"hydra.sweep.dir={sweep}",
-        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_trials=3",
         "hydra.sweeper.heartbeat_interval=1",
         "hydra.sweeper.pruner=median",  # its trials report to the study as the kill comes
         "trainer.epochs=1",
@@ -427,7 +427,7 @@ def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
     study = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}")
     trials = study.get_trials()
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    assert len(complete) == 4 and complete[:2] == [t for t in trials[:2]]  # the first run's two, kept
+    assert len(complete) == 3 and complete[:2] == [t for t in trials[:2]]  # the first run's two, kept
     for killed in (t for t in trials if t.state == TrialState.FAIL):  # the one in flight at the kill, if any
         (retry,) = [t for t in complete if t.system_attrs.get("failed_trial") == killed.number]
         # The retry repeats what the killed trial had drawn: a kill between study.ask and the last
@@ -442,7 +442,7 @@ def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
     runs = EventMultiplexer().AddRunsFromDirectory(str(sweep))
     runs.Reload()
     sampled = [float(x) for run in runs.Runs() for x in re.findall(r"\.(?:lr|weight_decay)-([\d.e-]+)", run)]
-    assert len(sampled) >= 8 and all(float(f"{x:.4g}") == x for x in sampled)
+    assert len(sampled) >= 6 and all(float(f"{x:.4g}") == x for x in sampled)
     for tags in runs.PluginRunToTagToContent("hparams").values():
         experiment = plugin_data_pb2.HParamsPluginData.FromString(tags["_hparams_/experiment"]).experiment
         assert {info.name: api_pb2.DataType.Name(info.type) for info in experiment.hparam_infos if info.differs} == {

@@ -28,8 +28,9 @@ import tempfile
 import traceback
 from pathlib import Path
 
-# Preloaded: what a run imports, so that its child does not (train.py's own imports, and the first
-# optimizer step's torch._dynamo). train.py itself runs fresh in each child.
+# Preloaded: what a run imports, so that its child does not (train.py's own imports, the first
+# optimizer step's torch._dynamo, and a search's sweeper with Optuna and SQLAlchemy: searches run
+# forked too). train.py itself runs fresh in each child.
 import hydra  # noqa: F401
 import torch._dynamo  # noqa: F401
 import torch.utils.tensorboard  # noqa: F401
@@ -37,13 +38,14 @@ import torchvision  # noqa: F401
 from hydra.core.plugins import Plugins
 
 import distributed.launch  # noqa: F401
+import hydra_plugins.optuna_study_sweeper._study  # noqa: F401
 import preflight  # noqa: F401
 import training.preemption  # noqa: F401
 import training.run  # noqa: F401
 from config.setup import ROOT
 
-# Hydra's scan of its plugins, which every run's hydra.main starts with: it imports this repo's
-# sweeper plugin, and with it Optuna's storage (SQLAlchemy).
+# Hydra's scan of its plugins (it imports each public module under hydra_plugins/, submitit's
+# launcher among them), which each run's hydra.main would start with: done once, here.
 Plugins.instance()
 
 TRAIN_PY = ROOT / "train.py"
@@ -62,7 +64,8 @@ def run(
     args: list[str], cwd: Path = ROOT, timeout: float = 240, script: Path = TRAIN_PY
 ) -> subprocess.CompletedProcess:
     """What `subprocess.run([sys.executable, "train.py", *args], cwd=cwd, capture_output=True,
-    text=True, timeout=timeout)` returns; `script`: another of the repo's CLIs (predict.py, export.py)."""
+    text=True, timeout=timeout)` returns; `script`: another of the repo's CLIs (predict.py, export.py,
+    bench/report.py, bench/study_storage.py), or pytest's __main__.py for `python -m pytest`."""
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
         child = _start(args, cwd, out, err, new_session=False, script=script)
