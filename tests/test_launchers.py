@@ -620,11 +620,27 @@ def test_the_download_group_is_made_only_when_rank_0_has_something_to_fetch(monk
         context.shutdown(ctx, clean=True)
 
 
+@pytest.fixture(scope="module")
+def restarted_under_torchrun(tmp_path_factory) -> tuple[int, str, Path]:
+    """One torchrun agent's 2 ranks of the reference job, run dir chosen by the job, of which rank 1
+    is SIGKILLed at its 3rd step and --max-restarts starts the group again: (exit code, stderr, the
+    directory train.py ran from). Two tests read it: two ranks under torchrun, and the restart."""
+    cwd = tmp_path_factory.mktemp("torchrun")
+    killer = ["model._target_=tests.faults.FailingNet", "+model.kill=true", "+model.first_attempt_only=true"]
+    agent = ["--standalone", "--nproc_per_node=2", "--max-restarts=1"]
+    separate_stores = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # environment.from_torchrun says why
+    run = _torchrun(cwd, agent, "trainer.devices=2", "trainer.checkpoint_every_n_steps=1", *killer, env=separate_stores)
+    return *_finish(run), cwd
+
+
 @pytest.mark.slow
-def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(tmp_path, ddp_reference):
-    code, stderr = _finish(_torchrun(tmp_path, ["--standalone", "--nproc_per_node=2"], "trainer.devices=2"))
+def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(restarted_under_torchrun, ddp_reference):
+    """The two ranks of one torchrun agent (the restart's job: its kill and restart change none of
+    this) name one run dir by the job, only rank 0 writes Hydra's files and the log, and they end
+    with the weights of spawn's ranks."""
+    code, stderr, cwd = restarted_under_torchrun
     assert code == 0, stderr
-    run_dir = _one_run_dir(tmp_path)
+    run_dir = _one_run_dir(cwd)
     assert run_dir.name.startswith("torchrun-")
     _assert_rank_zero_wrote(run_dir, 2)
     # Ranks from torchrun's env shard the data exactly as spawn's ranks do: the same weights.
@@ -632,18 +648,14 @@ def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(tmp_path, ddp_re
 
 
 @pytest.mark.slow
-def test_a_rank_killed_under_torchrun_restarts_resumes_and_ends_as_an_unbroken_run(tmp_path, ddp_reference):
+def test_a_rank_killed_under_torchrun_restarts_resumes_and_ends_as_an_unbroken_run(
+    restarted_under_torchrun, ddp_reference
+):
     """torchrun --max-restarts starts the worker group again after rank 1's SIGKILL at its 3rd step; the
     new group continues from last.pt unasked, as a SLURM requeue does, to the unbroken run's weights."""
-    killer = ["model._target_=tests.faults.FailingNet", "+model.kill=true", "+model.first_attempt_only=true"]
-    agent = ["--standalone", "--nproc_per_node=2", "--max-restarts=1"]
-    separate_stores = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # environment.from_torchrun says why
-    run = _torchrun(
-        tmp_path, agent, "trainer.devices=2", "trainer.checkpoint_every_n_steps=1", *killer, env=separate_stores
-    )
-    code, stderr = _finish(run)
+    code, stderr, cwd = restarted_under_torchrun
     assert code == 0, stderr
-    run_dir = _one_run_dir(tmp_path)
+    run_dir = _one_run_dir(cwd)
     assert re.search(r"from epoch 1 batch [23] \(.*last\.pt\)", (run_dir / "train.log").read_text())
     assert same_weights(run_dir, ddp_reference)
 
