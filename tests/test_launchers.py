@@ -367,12 +367,13 @@ def test_a_gpu_sweep_job_runs_even_one_process_in_a_child(monkeypatch, strategy)
         ("cpu", True): ([], ["cpu"]),
         ("cpu", False): ([], ["cpu"]),
     }
-    for (accelerator, multirun), where in expected.items():
+    for accelerator in ("gpu", "cpu"):
         cfg = typed_config(f"strategy={strategy}", f"trainer.accelerator={accelerator}")
-        launch(check_and_plan(cfg, multirun=multirun).launch, lambda ctx: in_process.append(ctx.device.type))
-        assert (spawned, in_process) == where, (accelerator, multirun)
-        spawned.clear()
-        in_process.clear()
+        for multirun in (True, False):
+            launch(check_and_plan(cfg, multirun=multirun).launch, lambda ctx: in_process.append(ctx.device.type))
+            assert (spawned, in_process) == expected[accelerator, multirun], (accelerator, multirun)
+            spawned.clear()
+            in_process.clear()
 
 
 def _torchrun(
