@@ -573,11 +573,12 @@ def test_a_torchrun_worker_gets_sigterm_when_its_agent_dies(tmp_path):
     """torchrun's agent forwards only --signals-to-handle: SLURM's USR1 or a SIGKILL ends it at once.
     Its workers must not train on as orphans: each gets SIGTERM, a preemption signal (forked here:
     an agent, and its worker that asks for the signal as a torchrun rank does)."""
-    ready, got = tmp_path / "ready", tmp_path / "got"
+    ready, got, writing = tmp_path / "ready", tmp_path / "got", tmp_path / "got.tmp"
     agent = os.fork()
     if agent == 0:
         if os.fork() == 0:
-            signal.signal(signal.SIGTERM, lambda *_: (got.write_text("SIGTERM"), os._exit(0)))
+            # Written aside and renamed: the test, polling for the file, reads it whole.
+            signal.signal(signal.SIGTERM, lambda *_: (writing.write_text("SIGTERM"), writing.rename(got), os._exit(0)))
             launching._end_with_agent()
             ready.touch()
             time.sleep(30)
