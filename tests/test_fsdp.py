@@ -30,7 +30,7 @@ from models.simple_cnn import SimpleCNN
 from tests.configs import job_config, typed_config
 from tests.runs import FORK_RANKS, last_weights, relative_error, resume_point, run_train, same_weights
 from tests.test_launchers import _finish, _one_run_dir, _torchrun
-from tests.test_resume_preempt import TINY, Run, kill_inside_a_checkpoint_write
+from tests.test_resume_preempt import Run, kill_inside_a_checkpoint_write
 from training.batches import Batches
 from training.checkpoint import sharded
 from training.checkpoint.checkpointer import Checkpointer
@@ -360,12 +360,20 @@ def test_test_only_under_ddp_reports_the_single_process_figures_of_an_fsdp_best_
 @pytest.mark.slow
 def test_kill_9_mid_epoch_and_mid_save_then_resume_auto_ends_bitwise_equal(tmp_path):
     whole, run_dir = tmp_path / "whole", tmp_path / "run"
-    fsdp = ["strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", *TINY]
+    # 3 epochs of 4 steps: a mid-epoch moment in epoch 2, and steps left after it for the kills in a save.
+    batches = 4
+    fsdp = [
+        "strategy=fsdp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "debug=limit",
+        f"trainer.limit_train_batches={batches}",
+    ]
     assert run_train(whole, *fsdp).returncode == 0
     # Its ranks forked (FORK_RANKS): each attempt's kill is what is under test, not how ranks start.
     args = (*fsdp, "trainer.checkpoint_every_n_steps=1", "trainer.resume=auto", FORK_RANKS)
     run = Run(run_dir, *args)
-    run.wait_for(lambda: _committed_step(run_dir) > 8)  # epoch 2 under way: last.pt is a mid-epoch checkpoint
+    run.wait_for(lambda: _committed_step(run_dir) > batches)  # epoch 2 under way: last.pt is a mid-epoch checkpoint
     run.kill()
     # The ranks writing their shards of the next: the previous last.pt is still whole.
     kill_inside_a_checkpoint_write(
@@ -375,13 +383,13 @@ def test_kill_9_mid_epoch_and_mid_save_then_resume_auto_ends_bitwise_equal(tmp_p
     result = run_train(run_dir, *args)
     assert result.returncode == 0, result.stderr
     # train.log gains a line per resumed attempt; the last is this run's, from the step last.pt held.
-    # The first kill came inside epoch 2 (8 batches an epoch): an attempt resumed mid-epoch.
+    # The first kill came inside epoch 2: an attempt resumed mid-epoch.
     log = (run_dir / "train.log").read_text()
     resumed = [tuple(map(int, found)) for found in re.findall(r"from epoch (\d+) batch (\d+) \(", log)]
     epoch, batch = resumed[-1]
-    assert (epoch - 1) * 8 + batch - 1 == step, (resumed, step)
+    assert (epoch - 1) * batches + batch - 1 == step, (resumed, step)
     assert any(batch > 1 for _, batch in resumed), resumed
-    assert (_metrics(run_dir)["epochs"], _metrics(run_dir)["steps"]) == (3, 24)
+    assert (_metrics(run_dir)["epochs"], _metrics(run_dir)["steps"]) == (3, 3 * batches)
     assert same_weights(run_dir, whole)
 
 

@@ -367,12 +367,13 @@ def test_a_gpu_sweep_job_runs_even_one_process_in_a_child(monkeypatch, strategy)
         ("cpu", True): ([], ["cpu"]),
         ("cpu", False): ([], ["cpu"]),
     }
-    for (accelerator, multirun), where in expected.items():
+    for accelerator in ("gpu", "cpu"):
         cfg = typed_config(f"strategy={strategy}", f"trainer.accelerator={accelerator}")
-        launch(check_and_plan(cfg, multirun=multirun).launch, lambda ctx: in_process.append(ctx.device.type))
-        assert (spawned, in_process) == where, (accelerator, multirun)
-        spawned.clear()
-        in_process.clear()
+        for multirun in (True, False):
+            launch(check_and_plan(cfg, multirun=multirun).launch, lambda ctx: in_process.append(ctx.device.type))
+            assert (spawned, in_process) == expected[accelerator, multirun], (accelerator, multirun)
+            spawned.clear()
+            in_process.clear()
 
 
 def _torchrun(
@@ -572,11 +573,12 @@ def test_a_torchrun_worker_gets_sigterm_when_its_agent_dies(tmp_path):
     """torchrun's agent forwards only --signals-to-handle: SLURM's USR1 or a SIGKILL ends it at once.
     Its workers must not train on as orphans: each gets SIGTERM, a preemption signal (forked here:
     an agent, and its worker that asks for the signal as a torchrun rank does)."""
-    ready, got = tmp_path / "ready", tmp_path / "got"
+    ready, got, writing = tmp_path / "ready", tmp_path / "got", tmp_path / "got.tmp"
     agent = os.fork()
     if agent == 0:
         if os.fork() == 0:
-            signal.signal(signal.SIGTERM, lambda *_: (got.write_text("SIGTERM"), os._exit(0)))
+            # Written aside and renamed: the test, polling for the file, reads it whole.
+            signal.signal(signal.SIGTERM, lambda *_: (writing.write_text("SIGTERM"), writing.rename(got), os._exit(0)))
             launching._end_with_agent()
             ready.touch()
             time.sleep(30)
@@ -620,11 +622,27 @@ def test_the_download_group_is_made_only_when_rank_0_has_something_to_fetch(monk
         context.shutdown(ctx, clean=True)
 
 
+@pytest.fixture(scope="module")
+def restarted_under_torchrun(tmp_path_factory) -> tuple[int, str, Path]:
+    """One torchrun agent's 2 ranks of the reference job, run dir chosen by the job, of which rank 1
+    is SIGKILLed at its 3rd step and --max-restarts starts the group again: (exit code, stderr, the
+    directory train.py ran from). Two tests read it: two ranks under torchrun, and the restart."""
+    cwd = tmp_path_factory.mktemp("torchrun")
+    killer = ["model._target_=tests.faults.FailingNet", "+model.kill=true", "+model.first_attempt_only=true"]
+    agent = ["--standalone", "--nproc_per_node=2", "--max-restarts=1"]
+    separate_stores = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # environment.from_torchrun says why
+    run = _torchrun(cwd, agent, "trainer.devices=2", "trainer.checkpoint_every_n_steps=1", *killer, env=separate_stores)
+    return *_finish(run), cwd
+
+
 @pytest.mark.slow
-def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(tmp_path, ddp_reference):
-    code, stderr = _finish(_torchrun(tmp_path, ["--standalone", "--nproc_per_node=2"], "trainer.devices=2"))
+def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(restarted_under_torchrun, ddp_reference):
+    """The two ranks of one torchrun agent (the restart's job: its kill and restart change none of
+    this) name one run dir by the job, only rank 0 writes Hydra's files and the log, and they end
+    with the weights of spawn's ranks."""
+    code, stderr, cwd = restarted_under_torchrun
     assert code == 0, stderr
-    run_dir = _one_run_dir(tmp_path)
+    run_dir = _one_run_dir(cwd)
     assert run_dir.name.startswith("torchrun-")
     _assert_rank_zero_wrote(run_dir, 2)
     # Ranks from torchrun's env shard the data exactly as spawn's ranks do: the same weights.
@@ -632,18 +650,14 @@ def test_torchrun_two_processes_train_like_spawn_in_one_run_dir(tmp_path, ddp_re
 
 
 @pytest.mark.slow
-def test_a_rank_killed_under_torchrun_restarts_resumes_and_ends_as_an_unbroken_run(tmp_path, ddp_reference):
+def test_a_rank_killed_under_torchrun_restarts_resumes_and_ends_as_an_unbroken_run(
+    restarted_under_torchrun, ddp_reference
+):
     """torchrun --max-restarts starts the worker group again after rank 1's SIGKILL at its 3rd step; the
     new group continues from last.pt unasked, as a SLURM requeue does, to the unbroken run's weights."""
-    killer = ["model._target_=tests.faults.FailingNet", "+model.kill=true", "+model.first_attempt_only=true"]
-    agent = ["--standalone", "--nproc_per_node=2", "--max-restarts=1"]
-    separate_stores = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # environment.from_torchrun says why
-    run = _torchrun(
-        tmp_path, agent, "trainer.devices=2", "trainer.checkpoint_every_n_steps=1", *killer, env=separate_stores
-    )
-    code, stderr = _finish(run)
+    code, stderr, cwd = restarted_under_torchrun
     assert code == 0, stderr
-    run_dir = _one_run_dir(tmp_path)
+    run_dir = _one_run_dir(cwd)
     assert re.search(r"from epoch 1 batch [23] \(.*last\.pt\)", (run_dir / "train.log").read_text())
     assert same_weights(run_dir, ddp_reference)
 
