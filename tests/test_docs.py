@@ -220,8 +220,13 @@ def check_sbatch(words: list[str], tmp_path: Path) -> None:
 
 
 def check_rig(words: list[str], tmp_path: Path) -> None:
-    cases = (ROOT / words[0]).read_text().split("case $cmd in", 1)[1].split("esac", 1)[0]
-    assert words[1] in re.findall(r"^  (\w+)\)", cases, flags=re.M), f"{words[0]} has no subcommand {words[1]}"
+    script = (ROOT / words[0]).read_text()
+    cases = script.split("case $cmd in", 1)[1].split("esac", 1)[0]
+    # A subcommand is a branch of the script's case, or (rig.sh's `on`) an `if` taken before it.
+    subcommands = re.findall(r"^  (\w+)\)", cases, flags=re.M) + re.findall(
+        r'^if \[ "\$cmd" = (\w+) \]', script, flags=re.M
+    )
+    assert words[1] in subcommands, f"{words[0]} has no subcommand {words[1]}"
     if words[1] == "on":
         check(words[4:], tmp_path)
 
