@@ -175,8 +175,10 @@ def check_python(words: list[str], tmp_path: Path) -> None:
     assert words[1] == "-m", f"python {words[1]}: a script test_docs.py has no treatment for"
     module, args = words[2], words[3:]
     if module == "pytest":
-        paths = [arg.split("::")[0] for arg in args if arg.startswith("tests")]  # not an option's value
+        paths = [arg.split("::")[0] for arg in args if arg.startswith("tests/")]  # not an option's value
         assert paths and all((ROOT / path).exists() for path in paths), args
+        plugins = [args[i + 1] for i, arg in enumerate(args) if arg == "-p"]
+        assert all(importlib.util.find_spec(plugin) for plugin in plugins), plugins
         return
     assert importlib.util.find_spec(module), f"no module {module}"
     saved = sys.argv
