@@ -93,6 +93,13 @@ class Rig:
         shown = self.on("a", ["scontrol", "show", "job", "-o", job]).stdout
         return {key: re.search(rf"\b{key}=(\S*)", shown)[1] for key in ("JobState", "Restarts", "ExitCode")}
 
+    def requeued(self, job: str, times: int) -> bool:
+        """SLURM has requeued the job `times` times; a job that ended instead fails the test at once,
+        not at the end of the wait."""
+        state = self.job(job)
+        assert state["JobState"] not in ENDED, f"job {job} ended before its requeue {times}: {state}"
+        return state["Restarts"] == str(times)
+
     def idle(self) -> bool:
         return self.on("a", ["sinfo", "-h", "-o", "%T"]).stdout.split() == ["idle"]
 

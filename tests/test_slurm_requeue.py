@@ -75,12 +75,7 @@ def test_sigusr1_requeues_a_two_node_job_each_time_and_it_resumes_exactly(rig, s
         _wait("checkpoint", progressed, out, every=ASK_SLURM_S)
         # To the job's steps (every rank), not its batch shell: what `#SBATCH --signal=USR1@90` does.
         assert rig.on("a", ["scancel", "--signal=USR1", job]).returncode == 0
-        _wait(
-            f"requeue {restarts}",
-            lambda restarts=restarts: rig.job(job)["Restarts"] == str(restarts),
-            out,
-            every=ASK_SLURM_S,
-        )
+        _wait(f"requeue {restarts}", lambda restarts=restarts: rig.requeued(job, restarts), out, every=ASK_SLURM_S)
         steps.append(torch.load(last, weights_only=True)["step"])
         # The attempt's steps may still be ending: start the next only once the nodes are idle.
         _wait("nodes idle", rig.idle, out, every=ASK_SLURM_S)
@@ -125,7 +120,7 @@ def test_a_preempted_submitit_job_requeues_and_resumes_exactly(rig, slow_whole):
         _wait("checkpoint", lambda: any((rig.shared / "submitit").glob("0_*/checkpoints/last.pt")), out)
         job = rig.on("a", ["squeue", "-h", "-o", "%i"]).stdout.split()[0]
         assert rig.on("a", ["scancel", "--signal=USR2", job]).returncode == 0
-        _wait("requeue", lambda: rig.job(job)["Restarts"] == "1", out, every=ASK_SLURM_S)
+        _wait("requeue", lambda: rig.requeued(job, 1), out, every=ASK_SLURM_S)
         _wait("nodes idle", rig.idle, out, every=ASK_SLURM_S)
         assert rig.on("a", ["scontrol", "update", f"JobId={job}", "StartTime=now+2"]).returncode == 0
         assert sweeping.wait(timeout=240) == 0, out.read_text()[-3000:]
