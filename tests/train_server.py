@@ -38,6 +38,7 @@ import torchvision  # noqa: F401
 from hydra.core.plugins import Plugins
 
 import distributed.launch  # noqa: F401
+import hydra_plugins.optuna_study_sweeper._study  # noqa: F401
 import preflight  # noqa: F401
 import training.preemption  # noqa: F401
 import training.run  # noqa: F401
@@ -46,10 +47,6 @@ from config.setup import ROOT
 # Hydra's scan of its plugins (it imports each public module under hydra_plugins/, submitit's
 # launcher among them), which each run's hydra.main would start with: done once, here.
 Plugins.instance()
-# After the scan, which executes each plugin module again, Hydra's BasicLauncher included: the
-# sweeper's check that a search runs its trials here (n_jobs of them in processes of their own) is an
-# isinstance of the class the scan made.
-import hydra_plugins.optuna_study_sweeper._study  # noqa: E402, F401
 
 TRAIN_PY = ROOT / "train.py"
 _context = multiprocessing.get_context("forkserver")

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import optuna
-from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+from hydra._internal.core_plugins import basic_launcher
 from hydra.core.config_loader import ConfigLoader
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep, Transformer
@@ -537,7 +537,9 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
 
     # Hydra's basic launcher runs each job in this process, one at a time: n_jobs of them at once
     # run each in a process of its own. Other launchers' jobs (submitit's) run elsewhere already.
-    here = isinstance(sweeper.launcher, BasicLauncher)
+    # The class as the module holds it now: Hydra's plugin scan executes an imported plugin module
+    # again, and a BasicLauncher imported before the scan would be another class than the launcher's.
+    here = isinstance(sweeper.launcher, basic_launcher.BasicLauncher)
     if sweeper.pruner != "none" and not here and sweeper.storage.startswith("sqlite"):
         log.warning(
             "hydra.sweeper.pruner=%s: trials on other machines will write to SQLite (%s) over a shared filesystem, "
