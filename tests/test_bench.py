@@ -42,9 +42,9 @@ def bench_here(name: str, *args: str, monkeypatch, capsys) -> list[dict[str, str
             assert done.returncode == 0, done.stderr[-2000:]
             return json.loads((Path(run_dir) / "metrics.json").read_text())
 
-    def python_json(flag: str, script: str, *args: str) -> dict:
-        assert flag == "-m", "bench.common.python_json runs a baseline module: python -m bench.<script> ..."
-        done = train_server.run(list(args), script=ROOT.joinpath(*script.split(".")).with_suffix(".py"))
+    def python_json(flag: str, module: str, *args: str) -> dict:
+        assert flag == "-m", "bench.common.python_json runs a baseline module: python -m bench.<module> ..."
+        done = train_server.run(list(args), module=module)
         assert done.returncode == 0, done.stderr[-2000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 

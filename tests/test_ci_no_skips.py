@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from config.setup import ROOT
 from tests import train_server
 
@@ -46,7 +42,7 @@ def test_a_cluster_that_cannot_start_skips_only_outside_ci(tmp_path):
     # server has imported already, with Hydra, whose pytest plugin pytest then warns it cannot rewrite.
     args = ["-c", str(ROOT / "pytest.ini"), "-o", "addopts=", "-p", "no:xdist", "-p", "no:cacheprovider", "-rA"]
     args += ["-W", "ignore::pytest.PytestAssertRewriteWarning", str(tmp_path)]
-    done = train_server.run(args, timeout=120, script=Path(pytest.__file__).with_name("__main__.py"))
+    done = train_server.run(args, timeout=120, module="pytest")
     out = done.stdout
     assert done.returncode == 1 and "1 skipped, 1 error" in out, out[-3000:] + done.stderr[-3000:]
     assert "SKIPPED [1] " in out and "test_outside_ci.py" in out.split("SKIPPED [1] ")[1].splitlines()[0], out

@@ -210,7 +210,7 @@ def test_bench_study_storage_counts_each_storages_failed_and_slow_operations(tmp
     done = train_server.run(
         [f"sqlite:///{tmp_path}/s.db", f"journal:///{tmp_path}/j.journal", "--writers", "2", "--epochs", "2"],
         timeout=120,
-        script=ROOT / "bench" / "study_storage.py",
+        module="bench.study_storage",
     )
     assert done.returncode == 0, done.stderr
     rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith(("| sqlite", "| journal"))]

@@ -14,7 +14,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from bench import report
 from config.schema import StrategyName
-from config.setup import ROOT, compose, job_dir
+from config.setup import compose, job_dir
 from config.typed import typed
 from errors import ConfigError
 from preflight import check_and_plan
@@ -198,7 +198,7 @@ def test_scaling_sweep_runs_ddp_per_job_logs_each_as_a_run_of_the_sweep_and_repo
     assert [run.data.metrics["best_val_acc"] for run in logged] == [m["best_val_acc"] for m in metrics]
 
     # `python -m bench.report`, forked from the train server: the torch it imports is imported there.
-    result = train_server.run([str(sweep)], timeout=120, script=ROOT / "bench" / "report.py")
+    result = train_server.run([str(sweep)], timeout=120, module="bench.report")
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ddp |")]
     speedup = metrics[1]["train_samples_per_s"] / metrics[0]["train_samples_per_s"]

@@ -61,20 +61,21 @@ def ensure_running() -> None:
 
 
 def run(
-    args: list[str], cwd: Path = ROOT, timeout: float = 240, script: Path = TRAIN_PY
+    args: list[str], cwd: Path = ROOT, timeout: float = 240, script: Path = TRAIN_PY, module: str | None = None
 ) -> subprocess.CompletedProcess:
     """What `subprocess.run([sys.executable, "train.py", *args], cwd=cwd, capture_output=True,
     text=True, timeout=timeout)` returns; `script`: another of the repo's CLIs (predict.py, export.py,
-    bench/report.py, bench/study_storage.py), or pytest's __main__.py for `python -m pytest`."""
+    download.py); `module`: `python -m module *args` instead (bench.report, pytest)."""
+    name = module or script.name
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        child = _start(args, cwd, out, err, new_session=False, script=script)
+        child = _start(args, cwd, out, err, new_session=False, script=script, module=module)
         child.join(timeout)
         if child.exitcode is None:
             child.kill()
             child.join()
-            raise subprocess.TimeoutExpired([script.name, *args], timeout, out.read_text(), err.read_text())
-        return subprocess.CompletedProcess([script.name, *args], child.exitcode, out.read_text(), err.read_text())
+            raise subprocess.TimeoutExpired([name, *args], timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess([name, *args], child.exitcode, out.read_text(), err.read_text())
 
 
 class Started:
@@ -106,18 +107,34 @@ def start(args: list[str], output: Path, cwd: Path = ROOT) -> Started:
 
 
 def _start(
-    args: list[str], cwd: Path, out: Path, err: Path, new_session: bool, script: Path = TRAIN_PY
+    args: list[str],
+    cwd: Path,
+    out: Path,
+    err: Path,
+    new_session: bool,
+    script: Path = TRAIN_PY,
+    module: str | None = None,
 ) -> multiprocessing.Process:
     ensure_running()
-    child = _context.Process(target=_train_py, args=(args, cwd, dict(os.environ), out, err, new_session, script))
+    child = _context.Process(
+        target=_train_py, args=(args, cwd, dict(os.environ), out, err, new_session, script, module)
+    )
     child.start()
     return child
 
 
 def _train_py(
-    args: list[str], cwd: Path, env: dict[str, str], out: Path, err: Path, new_session: bool, script: Path = TRAIN_PY
+    args: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    out: Path,
+    err: Path,
+    new_session: bool,
+    script: Path = TRAIN_PY,
+    module: str | None = None,
 ) -> None:
-    """The child: what the interpreter does for `python train.py *args` (or `script`), from the preloaded state."""
+    """The child: what the interpreter does for `python train.py *args` (or `script`, or `python -m
+    module`), from the preloaded state."""
     if new_session:
         os.setsid()
     os.chdir(cwd)
@@ -125,11 +142,15 @@ def _train_py(
     os.environ.update(env)
     os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
     os.dup2(1 if err == out else os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-    sys.argv = [str(script), *args]
-    sys.path.insert(0, str(ROOT))  # the script's directory, as `python train.py` puts it first
+    sys.argv = [module or str(script), *args]  # runpy puts the module's file in argv[0], as -m does
+    # What the interpreter puts first on the path: the working directory for -m, else the script's.
+    sys.path.insert(0, str(cwd if module else script.parent))
     code = 0
     try:
-        runpy.run_path(str(script), run_name="__main__")
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(str(script), run_name="__main__")
     except SystemExit as e:  # sys.exit(): an int is the status; anything else is printed, status 1
         if isinstance(e.code, int) or e.code is None:
             code = e.code or 0
