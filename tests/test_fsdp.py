@@ -30,7 +30,7 @@ from models.simple_cnn import SimpleCNN
 from tests.configs import job_config, typed_config
 from tests.runs import FORK_RANKS, last_weights, relative_error, resume_point, run_train, same_weights
 from tests.test_launchers import _finish, _one_run_dir, _torchrun
-from tests.test_resume_preempt import Run, kill_inside_a_checkpoint_write
+from tests.test_resume_preempt import Run
 from training.batches import Batches
 from training.checkpoint import sharded
 from training.checkpoint.checkpointer import Checkpointer
@@ -376,9 +376,7 @@ def test_kill_9_mid_epoch_and_mid_save_then_resume_auto_ends_bitwise_equal(tmp_p
     run.wait_for(lambda: _committed_step(run_dir) > batches)  # epoch 2 under way: last.pt is a mid-epoch checkpoint
     run.kill()
     # The ranks writing their shards of the next: the previous last.pt is still whole.
-    kill_inside_a_checkpoint_write(
-        run_dir, args, whole=(run_dir / "checkpoints" / "last.pt" / ".metadata").is_file, tmp_name=".last.pt.shards.tmp"
-    )
+    _kill_inside_a_sharded_save(run_dir, args)
     step = _committed_step(run_dir)
     result = run_train(run_dir, *args)
     assert result.returncode == 0, result.stderr
@@ -391,6 +389,22 @@ def test_kill_9_mid_epoch_and_mid_save_then_resume_auto_ends_bitwise_equal(tmp_p
     assert any(batch > 1 for _, batch in resumed), resumed
     assert (_metrics(run_dir)["epochs"], _metrics(run_dir)["steps"]) == (3, 3 * batches)
     assert same_weights(run_dir, whole)
+
+
+def _kill_inside_a_sharded_save(run_dir: Path, args: tuple[str, ...]) -> None:
+    """SIGKILL runs of `args` until one dies while its ranks write their shards of last.pt (the
+    shards' temp directory, left behind, proves it), checking after each kill that the previous
+    last.pt is whole. A sharded save (each rank's shards, a barrier, the commit) stays open long enough
+    for a 1 ms poll to find it."""
+    tmp = run_dir / "checkpoints" / ".last.pt.shards.tmp"
+    for _ in range(5):
+        run = Run(run_dir, *args)
+        run.wait_for(tmp.exists, poll=0.001)
+        run.kill()
+        assert (run_dir / "checkpoints" / "last.pt" / ".metadata").is_file(), "the kill damaged the previous last.pt"
+        if tmp.exists():
+            return
+    raise AssertionError("no kill landed inside a sharded save in 5 tries")
 
 
 def _committed_step(run_dir: Path) -> int:

@@ -60,8 +60,7 @@ class Run:
 
     def wait_for(self, ready, timeout: float = 180, poll: float = 0.02) -> None:
         """Poll `ready()` every `poll` s; fail if the run ends first. 20 ms: a finer poll steals CPU from
-        the run on a 2-core machine, and a log line stays. A kill meant to land inside a checkpoint
-        write needs 1 ms: the temp file lives a few ms."""
+        the run on a 2-core machine, and a log line stays."""
         deadline = time.monotonic() + timeout
         while not ready():
             assert self.proc.poll() is None, f"the run ended before the moment came:\n{self.output()}"
@@ -105,23 +104,43 @@ class Run:
         return found
 
 
-def kill_inside_a_checkpoint_write(
-    run_dir: Path,
-    args: tuple[str, ...],
-    whole: Callable[[], bool],
-    tmp_name: str = ".last.pt.tmp",
-) -> None:
-    """SIGKILL runs of `args` until one dies while last.pt is being written (its temp file, left
-    behind, proves it), checking after each kill that the previous last.pt is `whole()`."""
-    tmp = run_dir / "checkpoints" / tmp_name
-    for _ in range(5):
+def kill_inside_a_checkpoint_write(run_dir: Path, args: tuple[str, ...], whole: Callable[[], bool]) -> None:
+    """SIGKILL a run of `args` in the middle of writing last.pt, its first 64 KiB written, leave its
+    temp file as such a kill leaves it (a regular file, cut short), and check that the previous
+    last.pt is still `whole()`.
+
+    The temp file is a FIFO this test reads, so the writer cannot pass the pipe's buffer until the
+    test reads on: the kill lands inside the write every time, however busy the machine. (Polling for
+    a temp file that lives 2 ms missed it 5 times in a row under the suite's load.)"""
+    tmp = run_dir / "checkpoints" / ".last.pt.tmp"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    tmp.unlink(missing_ok=True)  # an earlier kill's, when it too landed inside a write
+    os.mkfifo(tmp)
+    reader = os.open(tmp, os.O_RDONLY | os.O_NONBLOCK)  # a reader already there: the writer's open goes on
+    written = bytearray()
+    try:
         run = Run(run_dir, *args)
-        run.wait_for(tmp.exists, poll=0.001)
+        run.wait_for(lambda: _read_into(reader, written, up_to=64 * 1024) >= 64 * 1024)
         run.kill()
-        assert whole(), "the kill damaged the previous last.pt"
-        if tmp.exists():
-            return
-    raise AssertionError("no kill landed inside a checkpoint write in 5 tries")
+        _read_into(reader, written)  # what it wrote before it died, still in the pipe
+    finally:
+        os.close(reader)
+        tmp.unlink()
+    tmp.write_bytes(written)
+    assert whole(), "the kill damaged the previous last.pt"
+
+
+def _read_into(fd: int, buffer: bytearray, up_to: int | None = None) -> int:
+    """Read what the pipe `fd` holds now into `buffer`, until it holds `up_to` bytes; its length."""
+    while up_to is None or len(buffer) < up_to:
+        try:
+            chunk = os.read(fd, 65536 if up_to is None else up_to - len(buffer))
+        except BlockingIOError:  # empty, its writer still there
+            break
+        if not chunk:  # no writer: not yet opened, or gone
+            break
+        buffer += chunk
+    return len(buffer)
 
 
 def _cmdline(pid: int) -> str:
