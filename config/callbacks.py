@@ -1,5 +1,6 @@
 """Hydra's callbacks (conf/config.yaml's hydra.callbacks): what Hydra does before main() runs, made
-to fail in one line and to leave an earlier run's record as it was; and a sweep (`-m`, or an
+to fail in one line and to leave an earlier run's record as it was (a secret the config shows is
+refused before Hydra writes the record); and a sweep (`-m`, or an
 hparams_search) saying where it writes, as it starts and as it ends, with the command that compares
 its jobs."""
 
@@ -13,12 +14,35 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from config.redact import IN_THE_ENVIRONMENT, shown_secret
 from errors import config_error_within
 
 log = logging.getLogger(__name__)
+
+
+class SecretCheck(Callback):
+    """Hydra writes the composed config, as its files wrote it, to the run's record (.hydra/, a
+    sweep's multirun.yaml) before main() runs: a password or key a config file holds would be kept
+    there. The command line's are refused sooner (config.overrides)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_if_a_secret_shows(config)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_if_a_secret_shows(config)
+
+
+def _exit_if_a_secret_shows(config: DictConfig) -> None:
+    shown = shown_secret(OmegaConf.to_container(config, resolve=False))
+    if shown is not None:
+        print(
+            f"error: {shown}: a password or key in a config file is written to the run's records; {IN_THE_ENVIRONMENT}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
 
 
 class OutputDirCheck(Callback):

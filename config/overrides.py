@@ -15,7 +15,7 @@ from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from config.redact import HIDDEN, is_secret_key, redact, redacted
+from config.redact import HIDDEN, IN_THE_ENVIRONMENT, is_secret_key, redact, redacted
 from config.schema import Config
 from config.setup import compose
 from errors import ConfigError
@@ -71,8 +71,7 @@ def _check_no_secret(parsed: list[Override]) -> None:
         if is_secret_key(override.key_or_group) or redact(line) != line:
             raise ConfigError(
                 f"{redact(line) if redact(line) != line else override.key_or_group + '=' + HIDDEN}: a password or key "
-                "on the command line is written to the run's records (.hydra/); give it through the environment "
-                "instead (PGPASSWORD or ~/.pgpass for a database, MLFLOW_TRACKING_PASSWORD, WANDB_API_KEY)"
+                f"on the command line is written to the run's records (.hydra/); {IN_THE_ENVIRONMENT}"
             )
 
 

@@ -1,7 +1,7 @@
 """Secrets out of what a run records: a URL's password (postgresql://user:secret@host/db) and the
 value of a key named as a secret (api_key=..., password: ..., ?token=...), as `***`. For whatever
 holds the command line or the config: the manifest, the config a checkpoint carries, the
-loggers' options."""
+loggers' options; and where the records would show one, which is refused (`shown_secret`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,11 @@ from collections.abc import Mapping
 from typing import Any
 
 HIDDEN = "***"
+# Where a refused secret goes instead: every backend here reads its own from the environment.
+IN_THE_ENVIRONMENT = (
+    "give it through the environment instead "
+    "(PGPASSWORD or ~/.pgpass for a database, MLFLOW_TRACKING_PASSWORD, WANDB_API_KEY)"
+)
 # A key named as a secret: it ends in one of these words (db_password, HF_TOKEN, openai-api-key,
 # client_secret, githubtoken), not in a longer one (tokenizer, num_tokens).
 _SECRET_KEY = r"[\w.-]*?(?:password|passwd|secret|token|apikey|credentials?|(?:api|access|private|secret)[_-]?key)"
@@ -51,3 +56,24 @@ def redacted(value: Any, key: str = "") -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(redacted(v) for v in value)
     return value
+
+
+def shown_secret(value: Any, path: str = "") -> str | None:
+    """The first `key=value` of a config (dicts and lists, as its files wrote it) that shows a
+    secret, the secret hidden; None when none does. An interpolation counts as what it names: its
+    value would reach the records that resolve the config. A secret's key set to nothing, or to a
+    switch (use_token: true), shows none."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            key = f"{path}.{k}" if path else str(k)
+            if v not in (None, "") and not isinstance(v, bool) and is_secret_key(str(k)):
+                return f"{key}={HIDDEN}"
+            if (found := shown_secret(v, key)) is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            if (found := shown_secret(v, f"{path}[{i}]")) is not None:
+                return found
+    elif isinstance(value, str) and redact(value) != value:
+        return f"{path}={redact(value)}"
+    return None

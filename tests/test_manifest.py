@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from bench import report
-from config.redact import redact, redacted
+from config.redact import redact, redacted, shown_secret
 from tests.configs import job_config
 from tests.runs import PASSWORD, SECRET_ROOT
 from training.manifest import DIFF, MANIFEST, git_state, read_manifest, record, write
@@ -46,6 +46,22 @@ def test_a_secret_keys_value_is_hidden_whole_in_a_structure():
         "model": {"api_key": "***", "root": "s3://a:***@b/c"},
         "argv": ["token=***"],
     }
+
+
+@pytest.mark.parametrize(
+    ("config", "shown"),
+    [
+        ({"dataset": {"root": "https://u:pw@h/d", "val_fraction": 0.1}}, "dataset.root=https://u:***@h/d"),
+        ({"logger": {"wandb": {"mode": "online", "api_key": "${oc.env:KEY}"}}}, "logger.wandb.api_key=***"),
+        (
+            {"hydra": {"launcher": {"setup": ["module load cuda", "export HF_TOKEN=pw"]}}},
+            "hydra.launcher.setup[1]=export HF_TOKEN=***",
+        ),
+        ({"model": {"api_key": None, "token_dim": 3, "use_token": True, "root": "s3://b/c"}}, None),
+    ],
+)
+def test_a_config_shows_a_secret_where_its_records_would(config, shown):
+    assert shown_secret(config) == shown
 
 
 def test_a_password_on_the_command_line_reaches_no_record_the_worker_is_given(tmp_path, monkeypatch):

@@ -219,7 +219,7 @@ def test_bench_study_storage_counts_each_storages_failed_and_slow_operations(tmp
 
 def test_a_storage_password_in_a_config_file_is_refused_before_the_search_writes_anything(tmp_path):
     """The command line's is refused sooner (config.overrides); one that a config file sets would
-    reach multirun.yaml and the log."""
+    reach multirun.yaml and the log (config.callbacks.SecretCheck)."""
     conf = tmp_path / "conf" / "hparams_search"
     conf.mkdir(parents=True)
     (conf / "leaky.yaml").write_text(
@@ -231,7 +231,8 @@ def test_a_storage_password_in_a_config_file_is_refused_before_the_search_writes
     )
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.splitlines()[-1].startswith(
-        "error: hydra.sweeper.storage=postgresql://u:***@h/db: the URL holds"
+        "error: hydra.sweeper.storage=postgresql://u:***@h/db: a password or key in a config file is written to "
+        "the run's records; give it through the environment instead (PGPASSWORD or ~/.pgpass"
     )
     assert "s3cret" not in done.stdout + done.stderr
     assert not sweep.exists() or not [p for p in sweep.rglob("*") if p.is_file()]

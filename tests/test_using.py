@@ -142,6 +142,19 @@ def test_a_password_in_an_override_is_refused_before_anything_is_written(tmp_pat
     assert PASSWORD not in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_a_password_in_a_config_file_is_refused_before_anything_is_written(tmp_path, sweep):
+    """Hydra would write it, as the file does, to .hydra/config.yaml (a sweep's to multirun.yaml)."""
+    (tmp_path / "conf" / "local").mkdir(parents=True)
+    (tmp_path / "conf" / "local" / "site.yaml").write_text(f"# @package _global_\ndataset:\n  root: {SECRET_ROOT}\n")
+    out = tmp_path / "out"
+    where = ["-m", f"hydra.sweep.dir={out}", "trainer.seed=1,2"] if sweep else [f"hydra.run.dir={out}"]
+    result = train_server.run(["--config-dir", str(tmp_path / "conf"), *where, "+local=site", "debug=fdr"])
+    assert result.returncode == 2 and not out.exists()
+    assert result.stderr.startswith("error: dataset.root=https://user:***@example.org/data: a password or key in a")
+    assert len(result.stderr.splitlines()) == 1 and PASSWORD not in result.stdout + result.stderr
+
+
 def test_images_are_files_folders_and_globs_each_cut_as_validation_cuts(images, tmp_path):
     files = sorted(str(f) for f in images.iterdir())
     assert image_paths([str(images)]) == files  # a folder: its image files (broken.png too: decoding tells)

@@ -37,7 +37,6 @@ from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback, fail_
 from optuna.trial import Trial, TrialState
 
 from config.overrides import last_overrides
-from config.redact import redact
 from errors import first_line
 from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _pruning, _storage
 
@@ -462,11 +461,6 @@ def sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any]
 
 
 def check_options(sweeper: Any) -> None:
-    if sweeper.storage and redact(sweeper.storage) != sweeper.storage:  # from a config file: the command line's is
-        raise SearchError(  # refused sooner (config.overrides); Hydra would write it to multirun.yaml and the log
-            f"hydra.sweeper.storage={redact(sweeper.storage)}: the URL holds a password; drop it from the URL and give "
-            "it in PGPASSWORD or ~/.pgpass (PGPASSFILE), where libpq reads it"
-        )
     if sweeper.direction not in ("maximize", "minimize"):
         raise SearchError(f"hydra.sweeper.direction={sweeper.direction}: choose maximize or minimize")
     check_direction(sweeper.metric, sweeper.direction)
