@@ -61,6 +61,28 @@ def test_a_rank_share_above_the_limit_trains_as_equal_micro_batches_accumulated_
         assert lay.micro_batch * lay.accumulate * world == batch * accumulate and lay.micro_batch <= limit
 
 
+def test_a_share_that_splits_only_into_small_micro_batches_names_a_batch_that_fills_them():
+    prime = TrainerConfig(batch_size=34, max_batch_per_device=16)  # 17 a rank: 17 micro-batches of 1
+    assert BatchLayout.of(prime, 2).underfilled(prime) == (
+        "trainer.batch_size=34 gives each rank 17 samples, which split evenly only into 17 micro-batches of 1 "
+        "under trainer.max_batch_per_device=16: slow; trainer.batch_size=64 fills them"
+    )
+    for batch, limit, world in [(48, 16, 1), (64, 16, 2), (96, 64, 1), (34, None, 2)]:  # 96 as 2 x 48 fills 64
+        settings = TrainerConfig(batch_size=batch, max_batch_per_device=limit)
+        assert BatchLayout.of(settings, world).underfilled(settings) is None, (batch, limit, world)
+    # strategy=dp: a process's limit is its GPUs' (2 x 16); 34 as 2 x 17 fills them
+    assert BatchLayout.of(prime, 1, devices_per_rank=2).underfilled(prime, devices_per_rank=2) is None
+
+
+@pytest.mark.slow
+def test_train_py_warns_once_of_a_prime_batch_that_splits_only_into_micro_batches_of_1(tmp_path):
+    job = ["debug=fdr", "trainer.batch_size=13", "trainer.max_batch_per_device=4", "trainer.limit_train_batches=1"]
+    result = run_train(tmp_path / "run", *job, "trainer.limit_val_batches=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert log.count("into 13 micro-batches of 1 under trainer.max_batch_per_device=4: slow; trainer.batch_size=16") == 1
+
+
 def test_the_loop_counts_micro_batches_where_the_keys_count_batches():
     settings = TrainerConfig(batch_size=64, max_batch_per_device=16, limit_train_batches=3, limit_val_batches=2)
     loop = BatchLayout.of(settings, 2).loop_settings(settings)

@@ -73,6 +73,24 @@ class BatchLayout:
             limit_val_batches=times(settings.limit_val_batches, self.val_split),
         )
 
+    def underfilled(self, settings: TrainerConfig, devices_per_rank: int = 1) -> str | None:
+        """A line when each rank's share of a batch splits evenly only into micro-batches of less than
+        half of trainer.max_batch_per_device (a prime share: into micro-batches of 1), which leave the
+        device mostly idle; it names the nearest larger global batch that splits into full ones."""
+        if settings.max_batch_per_device is None:
+            return None
+        limit = settings.max_batch_per_device * devices_per_rank
+        if 2 * self.micro_batch >= limit:
+            return None
+        share = self.micro_batch * self.split
+        fills = -(-share // limit) * limit * self.world_size  # a share that is a multiple of the limit
+        return (
+            f"trainer.batch_size={settings.batch_size} gives each rank {share} samples, "
+            f"which split evenly only into {self.split} micro-batches of {self.micro_batch} under "
+            f"trainer.max_batch_per_device={settings.max_batch_per_device}: slow; trainer.batch_size={fills} "
+            "fills them"
+        )
+
     def describe(self) -> str:
         per_step = "1 micro-batch" if self.accumulate == 1 else f"{self.accumulate} micro-batches"
         return f"{per_step} of {self.micro_batch} per rank"

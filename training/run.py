@@ -120,6 +120,9 @@ def _build_and_fit(ctx: DistContext, job: RunConfig, preemption: PreemptionWatch
     reset_peak_memory(ctx)
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     layout = BatchLayout.of(settings, ctx.world_size, len(ctx.devices))  # trainer.max_batch_per_device
+    underfilled = layout.underfilled(settings, len(ctx.devices))
+    if underfilled is not None and ctx.rank == 0:  # the same on every rank
+        log.warning("%s", underfilled)
     in_micro_batches = layout.loop_settings(settings)  # the loop's counts: this world's micro-batches
     loaders = build_loaders(
         job.dataset,
