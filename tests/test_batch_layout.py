@@ -80,7 +80,9 @@ def test_train_py_warns_once_of_a_prime_batch_that_splits_only_into_micro_batche
     result = run_train(tmp_path / "run", *job, "trainer.limit_val_batches=1")
     assert result.returncode == 0, result.stderr[-3000:]
     log = (tmp_path / "run" / "train.log").read_text()
-    assert log.count("into 13 micro-batches of 1 under trainer.max_batch_per_device=4: slow; trainer.batch_size=16") == 1
+    assert (
+        log.count("into 13 micro-batches of 1 under trainer.max_batch_per_device=4: slow; trainer.batch_size=16") == 1
+    )
 
 
 def test_the_loop_counts_micro_batches_where_the_keys_count_batches():

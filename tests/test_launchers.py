@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from config import launcher_env
-from config.setup import ROOT
+from config.setup import ROOT, compose
 from distributed import collectives, context, environment, strategies
 from distributed import launch as launching
 from distributed.launch import launch, plan_launch
@@ -189,6 +189,15 @@ def test_only_rank_zero_writes_hydra_files():
     assert not launcher_env.is_rank_zero("auto", TORCHRUN_ENV)
     assert launcher_env.is_rank_zero("auto", TORCHRUN_ENV | {"RANK": "0"})
     assert not launcher_env.is_rank_zero("slurm", SLURM_ENV)
+
+
+@pytest.mark.parametrize(("rank", "record"), [("0", ".hydra"), ("3", None)])
+def test_the_config_gives_hydras_record_dir_to_rank_zero_only(monkeypatch, rank, record):
+    """The wiring the torchrun and SLURM runs cannot show: their later ranks would write the same
+    files into the same dir."""
+    for key, value in (TORCHRUN_ENV | {"RANK": rank}).items():
+        monkeypatch.setenv(key, value)
+    assert compose(hydra=True).hydra.output_subdir == record
 
 
 def test_the_first_task_of_a_later_slurm_node_is_not_rank_zero():
