@@ -144,6 +144,9 @@ def postgres():
 
 
 @pytest.mark.slow
+# Two sweepers as threads of one process: warnings.catch_warnings, with which each hides Optuna's
+# note that heartbeats are experimental, changes the process's filters, so one thread's ends the other's.
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 def test_two_sweepers_share_one_study_on_postgresql(postgres, tmp_path, monkeypatch):
     monkeypatch.setenv("PGPASSFILE", postgres["PGPASSFILE"])  # the URL holds no password: libpq reads it here
     url, name = postgres["STUDY_STORAGE"], f"shared-{time.time_ns()}"
