@@ -174,6 +174,15 @@ def test_outside_slurm_it_says_how_to_resume(scontrol, caplog):
     assert not scontrol.exists() and "resume with: the command" in caplog.text
 
 
+def test_under_torchrun_it_says_a_re_form_resumes_by_itself(scontrol, monkeypatch, caplog):
+    """torchrun's agent SIGTERMs its ranks when a node joins, then starts them again: not a stop."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "elastic")
+    with caplog.at_level(logging.WARNING, logger="train"):
+        requeue_or_explain(Preempted(signal.SIGTERM), [signal.SIGUSR1], "the command")
+    assert "if torchrun is re-forming the group (a node joined or left), it starts the ranks again" in caplog.text
+    assert caplog.text.rstrip().endswith("if the job was stopped, resume with: the command")
+
+
 def test_the_resume_command_keeps_the_overrides_and_pins_the_run_dir():
     command = resume_command(["strategy=ddp", "trainer.resume=/old.pt", "hydra.run.dir=x", "model.name=a b"], "/runs/r")
     assert command == "python train.py strategy=ddp 'model.name=a b' hydra.run.dir=/runs/r trainer.resume=auto"

@@ -123,6 +123,8 @@ def test_a_node_lost_mid_epoch_shrinks_the_world_and_one_that_returns_grows_it_o
         ("2", "1", "1 micro-batch of 8 per rank", "2 micro-batches of 8 per rank"),
         ("1", "2", "2 micro-batches of 8 per rank", "1 micro-batch of 8 per rank"),
     ], log[-3000:]
+    # The grow's SIGTERM is the agent's re-form, not a stop: the log says the group goes on by itself.
+    assert "if torchrun is re-forming the group (a node joined or left), it starts the ranks again" in log
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert (metrics["world_size"], metrics["steps"]) == (2, 30)
     losses, expected = _losses(run_dir), _losses(unbroken)

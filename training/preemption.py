@@ -107,7 +107,8 @@ class PreemptionWatch:
 
 
 def requeue_or_explain(preempted: Preempted, requeue_on: list[signal.Signals], resume_command: str) -> None:
-    """Under SLURM a requeue signal puts the job back in the queue; otherwise say how to resume."""
+    """Under SLURM a requeue signal puts the job back in the queue; otherwise say how to resume (under
+    torchrun, which may be re-forming the group, only if it was stopped)."""
     if not preempted.is_main:
         return
     job = _slurm_job_id()
@@ -123,6 +124,14 @@ def requeue_or_explain(preempted: Preempted, requeue_on: list[signal.Signals], r
         except (OSError, subprocess.TimeoutExpired) as e:
             reason = str(e)
         log.error("scontrol requeue %s failed: %s", job, reason)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's agent SIGTERMs its ranks to re-form the group, too
+        log.warning(
+            "%s: last.pt is saved; if torchrun is re-forming the group (a node joined or left), it starts the "
+            "ranks again from there by itself; if the job was stopped, resume with: %s",
+            preempted,
+            resume_command,
+        )
+        return
     log.warning("%s: last.pt is saved; resume with: %s", preempted, resume_command)
 
 
