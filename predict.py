@@ -4,7 +4,8 @@
 cut as the run's validation cut its images (its saved config's dataset.val_resize, val_crop or
 image_size, channels), decoded in DataLoader workers, and normalised on the device (mean, std), a
 batch at a time. The top-k classes, by name, with their probabilities go to a CSV (one row per
-image), and to the screen when there are few images.
+image), and to the screen when there are few images. The forward computes in the run's
+trainer.precision, as its validation did, unless --precision says otherwise.
 
 Exit status: 0, every image classified; 1, some could not be read (each named in one line on
 stderr; the others classified and written); 2, nothing to classify (a run or an image argument
@@ -26,6 +27,7 @@ from data.image_paths import ImagePaths, collate, image_paths
 from data.transforms import ToDevice
 from errors import ConfigError
 from trained import Trained, load, source_parser
+from training.precision import AUTOCAST_DTYPES, Precision
 
 SHOWN = 20  # images printed to the screen, at most; more go to the CSV only
 
@@ -43,6 +45,12 @@ def parser() -> argparse.ArgumentParser:
         help="DataLoader workers decoding the images (default: none for one batch, else up to 8)",
     )
     parse.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda where there is one)")
+    parse.add_argument(
+        "--precision",
+        choices=list(AUTOCAST_DTYPES),
+        default=None,
+        help="what the forward computes in; default: the run's trainer.precision, as its validation computed",
+    )
     return parse
 
 
@@ -56,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--num-workers={args.num_workers}: use 0 (decode here) or more")
         device = _device(args.device)
         trained = load(args.source, args.weights)
+        args.precision = args.precision or trained.trainer.get("precision", "32")  # the figures validation computed
         paths = image_paths(args.images)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -65,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(rows) <= SHOWN:
         for path, top in rows:
             print(f"{path}: " + ", ".join(f"{name} {p:.1%}" for _, name, p in top))
-    source = f"{trained.path} ({trained.weights} weights)"
+    source = f"{trained.path} ({trained.weights} weights, precision {args.precision})"
     print(f"{len(rows)} of {len(paths)} image(s) classified by {source}: {args.out}")
     return 1 if unread else 0
 
@@ -88,6 +97,7 @@ def predict(
     """[(path, [(label, name, probability), ...])] for each image that could be read, in the order
     given, and how many could not (each said on stderr)."""
     model = trained.model.to(device)
+    precision = Precision.of(args.precision, device)
     finish = ToDevice(trained.dataset, 255, device)  # the run's normalisation, on the device
     workers = args.num_workers
     if workers is None:
@@ -109,7 +119,9 @@ def predict(
             if not positions:
                 continue
             x, _ = finish(images, torch.empty(0))
-            probabilities = model(x).float().softmax(dim=1)  # of logits, or of a log_softmax output alike
+            with precision.autocast():
+                outputs = model(x)
+            probabilities = outputs.float().softmax(dim=1)  # of logits, or of a log_softmax output alike
             top = probabilities.topk(k, dim=1)
             for position, values, labels in zip(positions, top.values.tolist(), top.indices.tolist()):
                 named = [(label, trained.class_names[label], p) for label, p in zip(labels, values)]

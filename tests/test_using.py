@@ -14,15 +14,16 @@ from PIL import Image
 
 import export
 import predict
-from config.schema import DatasetConfig
+from config.schema import DataConfig, DatasetConfig
 from config.setup import ROOT
 from data.digits import arrays
 from data.image_paths import image_paths, validation_image
 from errors import ConfigError
 from tests import train_server
 from tests.runs import PASSWORD, SECRET_ROOT, last_weights, run_train
-from trained import checkpoint_path, load
+from trained import Trained, checkpoint_path, load
 from training.checkpoint import sharded
+from training.precision import Precision
 
 DIGITS = DatasetConfig(name="digits", channels=1, image_size=8, num_classes=10, mean=[0.3053], std=[0.3760])
 
@@ -297,10 +298,8 @@ def test_predict_cuts_an_image_folders_files_as_the_runs_validation_does(tmp_pat
     predict.py's cut of the same files: the same probabilities, for JPEGs resized then centre-cropped."""
     import argparse
 
-    from config.schema import DataConfig
     from models.simple_cnn import SimpleCNN
     from tests.dataset_files import write_image_folder
-    from trained import Trained
 
     root = write_image_folder(tmp_path / "folder", size=40, suffix=".jpg")
     dataset = DatasetConfig(
@@ -311,14 +310,31 @@ def test_predict_cuts_an_image_folders_files_as_the_runs_validation_does(tmp_pat
     model = SimpleCNN(in_channels=3, num_classes=2, image_size=16).eval()
     trained = Trained(tmp_path, tmp_path, dataset, DataConfig(), {"batch_size": 8}, model, "model", ["a", "b"], None)
     (batch,) = export.validation_batches(trained, 1)
-    with torch.no_grad():
-        expected = model(batch).softmax(1)
     paths = image_paths([str(root / "val")])
-    args = argparse.Namespace(top_k=2, batch_size=3, num_workers=0)
-    rows, unread = predict.predict(trained, paths, torch.device("cpu"), args)
-    assert unread == 0 and [path for path, _ in rows] == paths
-    for (_, top), probabilities in zip(rows, expected):
-        assert {label: p for label, _, p in top} == pytest.approx(dict(enumerate(probabilities.tolist())), abs=1e-6)
+    for precision in ("32", "bf16-mixed"):  # bf16-mixed: validation's autocast, the figures it computed
+        with torch.no_grad(), Precision.of(precision, torch.device("cpu")).autocast():
+            expected = model(batch).float().softmax(1)
+        args = argparse.Namespace(top_k=2, batch_size=3, num_workers=0, precision=precision)
+        rows, unread = predict.predict(trained, paths, torch.device("cpu"), args)
+        assert unread == 0 and [path for path, _ in rows] == paths
+        for (_, top), probabilities in zip(rows, expected):
+            got = {label: p for label, _, p in top}
+            assert got == pytest.approx(dict(enumerate(probabilities.tolist())), abs=1e-6), precision
+
+
+def test_predict_computes_as_the_run_validated_unless_told_otherwise(single_run, images, tmp_path, capsys):
+    checkpoint = torch.load(single_run / "checkpoints" / "best.pt", weights_only=True)
+    assert "\n  precision: '32'\n" in checkpoint["config"]  # the resolved config, as YAML
+    checkpoint["config"] = checkpoint["config"].replace("\n  precision: '32'\n", "\n  precision: bf16-mixed\n")
+    torch.save(checkpoint, tmp_path / "bf16.pt")
+    for told, computed in [([], "bf16-mixed"), (["--precision", "32"], "32")]:
+        assert (
+            predict.main(
+                [str(tmp_path / "bf16.pt"), str(images / "digit0.png"), "--out", str(tmp_path / "p.csv"), *told]
+            )
+            == 0
+        )
+        assert capsys.readouterr().out.rstrip().endswith(f"(model weights, precision {computed}): {tmp_path / 'p.csv'}")
 
 
 @pytest.mark.slow
