@@ -22,6 +22,9 @@ pytestmark = pytest.mark.slow
 
 # 8 batches x 3 epochs; checkpoints every step, so kills land on every kind of moment.
 TINY = ["debug=limit", "trainer.limit_train_batches=8"]
+# The same math, 50 ms a forward: a signal sent once a run has logged a line lands while it trains
+# (TINY alone can train to its end in the 0.3 s a loaded machine takes to read the line and signal).
+SLOW = ["model._target_=tests.faults.SlowNet", "+model.delay_s=0.05"]
 DDP = ["strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
 
 
@@ -170,7 +173,7 @@ def uninterrupted(tmp_path_factory) -> dict:
 
 def test_kill_9_at_any_moment_then_resume_auto_ends_bitwise_equal(tmp_path, uninterrupted):
     run_dir = tmp_path / "run"
-    args = (*TINY, "trainer.checkpoint_every_n_steps=1", "trainer.resume=auto")
+    args = (*TINY, *SLOW, "trainer.checkpoint_every_n_steps=1", "trainer.resume=auto")
     # During an epoch: between the end-of-epoch checkpoint and the next.
     run = Run(run_dir, *args)
     run.wait_for(lambda: run.logged("epoch 1/3"))
@@ -186,7 +189,7 @@ def test_kill_9_at_any_moment_then_resume_auto_ends_bitwise_equal(tmp_path, unin
 def test_sigterm_saves_mid_epoch_and_resume_continues_exactly(tmp_path, uninterrupted):
     sig = signal.SIGTERM
     run_dir = tmp_path / "run"
-    run = Run(run_dir, *TINY)
+    run = Run(run_dir, *TINY, *SLOW)
     # After the first epoch: the resumed epoch is one whose order the sampler's default epoch (0) is not.
     run.wait_for(lambda: run.logged("epoch 1/3"))
     run.proc.send_signal(sig)
@@ -197,7 +200,7 @@ def test_sigterm_saves_mid_epoch_and_resume_continues_exactly(tmp_path, uninterr
     stopped = _checkpoint(run_dir)
     assert f"SIGTERM: every rank stops after step {stopped['step']};" in (run_dir / "train.log").read_text()
     assert stopped["epoch"] >= 1
-    result = run_train(run_dir, *TINY, "trainer.resume=auto")
+    result = run_train(run_dir, *TINY, *SLOW, "trainer.resume=auto")
     assert result.returncode == 0, result.stderr
     _assert_same_weights(_checkpoint(run_dir), uninterrupted)
 
@@ -205,7 +208,7 @@ def test_sigterm_saves_mid_epoch_and_resume_continues_exactly(tmp_path, uninterr
 def test_sigusr1_to_a_ddp_run_saves_and_resume_continues_exactly(tmp_path):
     whole, run_dir = tmp_path / "whole", tmp_path / "run"
     assert run_train(whole, *DDP, *TINY).returncode == 0
-    run = Run(run_dir, *DDP, *TINY, "trainer.preempt_grace_s=0.1")  # the ranks agree at every step
+    run = Run(run_dir, *DDP, *TINY, *SLOW, "trainer.preempt_grace_s=0.1")  # the ranks agree at every step
     run.wait_for(lambda: run.logged("from epoch 1"))
     run.proc.send_signal(signal.SIGUSR1)  # to train.py only: it passes the signal on to the ranks
     assert run.finish() == 128 + signal.SIGUSR1, run.output()
@@ -214,7 +217,7 @@ def test_sigusr1_to_a_ddp_run_saves_and_resume_continues_exactly(tmp_path):
     stopped = _checkpoint(run_dir)
     if stopped["batch"]:
         assert len(stopped["rng"]) == 2  # each rank's random stream, to continue mid-epoch
-    result = run_train(run_dir, *DDP, *TINY, "trainer.resume=auto")
+    result = run_train(run_dir, *DDP, *TINY, *SLOW, "trainer.resume=auto")
     assert result.returncode == 0, result.stderr
     _assert_same_weights(_checkpoint(run_dir), _checkpoint(whole))
 
