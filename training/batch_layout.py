@@ -35,8 +35,7 @@ class BatchLayout:
     def of(cls, settings: TrainerConfig, world_size: int, devices_per_rank: int = 1) -> BatchLayout:
         """`devices_per_rank`: the GPUs a strategy=dp process splits its micro-batch over. The
         pre-flight has checked that batch_size splits evenly over `world_size`."""
-        limit = settings.max_batch_per_device
-        limit = None if limit is None else limit * devices_per_rank
+        limit = _limit(settings, devices_per_rank)
         share = settings.batch_size // world_size
         val_share = (settings.val_batch_size or settings.batch_size) // world_size
         split, val_split = _split(share, limit), _split(val_share, limit)
@@ -77,10 +76,8 @@ class BatchLayout:
         """A line when each rank's share of a batch splits evenly only into micro-batches of less than
         half of trainer.max_batch_per_device (a prime share: into micro-batches of 1), which leave the
         device mostly idle; it names the nearest larger global batch that splits into full ones."""
-        if settings.max_batch_per_device is None:
-            return None
-        limit = settings.max_batch_per_device * devices_per_rank
-        if 2 * self.micro_batch >= limit:
+        limit = _limit(settings, devices_per_rank)
+        if limit is None or 2 * self.micro_batch >= limit:
             return None
         share = self.micro_batch * self.split
         fills = -(-share // limit) * limit * self.world_size  # a share that is a multiple of the limit
@@ -94,6 +91,13 @@ class BatchLayout:
     def describe(self) -> str:
         per_step = "1 micro-batch" if self.accumulate == 1 else f"{self.accumulate} micro-batches"
         return f"{per_step} of {self.micro_batch} per rank"
+
+
+def _limit(settings: TrainerConfig, devices_per_rank: int) -> int | None:
+    """A rank's samples per forward at most: trainer.max_batch_per_device, over a strategy=dp
+    process's GPUs; None: no limit."""
+    limit = settings.max_batch_per_device
+    return None if limit is None else limit * devices_per_rank
 
 
 def _split(share: int, limit: int | None) -> int:
