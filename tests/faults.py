@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -156,4 +157,26 @@ class Together(Callback):
         while len(list(self.meet_dir.iterdir())) < self.count:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no {self.count} runs at once in {self.timeout_s:.0f} s")
+            time.sleep(0.05)
+
+
+class Held(Callback):
+    """Holds the `from_run`-th run (counted from 1) of those that share the directory $HELD_DIR, and
+    every later one, at its first step's end while the file `$HELD_DIR/hold` exists: a test's kill
+    then lands inside that run, never in an earlier one and never after it finished. The runs count
+    themselves by a file each in `$HELD_DIR/arrived` (`+callbacks.held._target_=tests.faults.Held`).
+    The directory comes from the environment, not the config, so that it stays out of a sweep's job
+    dir names."""
+
+    def __init__(self, from_run: int = 1) -> None:
+        self.dir, self.from_run, self.held = Path(os.environ["HELD_DIR"]), from_run, False
+
+    def setup(self, run: RunInfo) -> None:
+        arrived = self.dir / "arrived"
+        arrived.mkdir(exist_ok=True)
+        os.close(tempfile.mkstemp(dir=arrived)[0])  # a name of its own: a search's trials share one process
+        self.held = len(list(arrived.iterdir())) >= self.from_run
+
+    def on_step_end(self, step: int) -> None:
+        while self.held and (self.dir / "hold").exists():
             time.sleep(0.05)

@@ -401,8 +401,12 @@ def _complete(db: Path) -> int:
 
 
 @pytest.mark.slow
-def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
-    sweep, output = tmp_path / "search", tmp_path / "first.out"
+def test_a_killed_search_continues_to_exactly_n_trials(tmp_path, monkeypatch):
+    """kill -9 of a search in its third trial (held at its first step's end, so that the kill never
+    lands after it finished): the same command again keeps the two complete trials, fails the
+    killed one (its heartbeat is stale), runs it again with its parameters, and ends at n_trials."""
+    sweep, output, held = tmp_path / "search", tmp_path / "first.out", tmp_path / "held"
+    held.mkdir()
     args = [
         "hparams_search=digits",
         f"hydra.sweep.dir={sweep}",
@@ -413,26 +417,29 @@ def test_a_killed_search_continues_to_exactly_n_trials(tmp_path):
         "trainer.limit_train_batches=3",
         "trainer.limit_val_batches=1",
         "trainer.progress_bar=false",
+        "+callbacks.held._target_=tests.faults.Held",
+        "+callbacks.held.from_run=3",
     ]
+    monkeypatch.setenv("HELD_DIR", str(held))
+    (held / "hold").touch()
     first = train_server.start(args, output)  # a session of its own: killpg ends the search and its trials
     deadline = time.monotonic() + 120
-    while _complete(sweep / "optuna.db") < 2 and first.poll() is None and time.monotonic() < deadline:
+    while len(list((held / "arrived").glob("*"))) < 3 and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     assert _complete(sweep / "optuna.db") == 2, output.read_text()[-3000:]
 
+    (held / "hold").unlink()
     again = train_server.run(args)
     assert again.returncode == 0, again.stderr[-3000:]
     study = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}")
     trials = study.get_trials()
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert len(complete) == 3 and complete[:2] == [t for t in trials[:2]]  # the first run's two, kept
-    for killed in (t for t in trials if t.state == TrialState.FAIL):  # the one in flight at the kill, if any
-        (retry,) = [t for t in complete if t.system_attrs.get("failed_trial") == killed.number]
-        # The retry repeats what the killed trial had drawn: a kill between study.ask and the last
-        # suggest leaves it some parameters (or none), and the retry draws the rest afresh.
-        assert {key: retry.params[key] for key in killed.params} == killed.params
+    (killed,) = [t for t in trials if t.state == TrialState.FAIL]  # the one in flight at the kill
+    (retry,) = [t for t in complete if t.system_attrs.get("failed_trial") == killed.number]
+    assert retry.params == killed.params  # it had drawn them all: it was training
     results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     assert (results["best_value"], results["best_params"]) == (study.best_value, study.best_params)
     assert "Best parameters: optimizer.lr=" in again.stdout
