@@ -30,7 +30,7 @@ from distributed.context import cpus_per_rank, make_context
 from distributed.launch import end_process
 from models.resnet import resnet
 from models.simple_cnn import SimpleCNN
-from training.checkpoint.sharded import ShardedCheckpointer
+from training.checkpoint.sharded_checkpointer import ShardedCheckpointer
 from training.checkpoint.state import TrainState
 
 WORLD = 2

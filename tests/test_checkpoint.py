@@ -240,13 +240,13 @@ def test_a_failed_background_write_raises_at_a_later_save_or_at_close(tmp_path, 
 def test_a_whole_file_last_pt_deletes_the_sharded_one_it_replaces(tmp_path):
     # An fsdp run's sharded last.pt, resumed in its run dir under single or ddp: the whole file that
     # replaces its link leaves no directory behind; until then a failed save leaves it in place.
-    from training.checkpoint.sharded import _commit
+    from training.checkpoint.sharded import commit
 
     directory = tmp_path / "checkpoints"
     for step in (3, 6):  # the second commit deletes the first version, as every fsdp save does
         (directory / ".last.pt.shards.tmp").mkdir(parents=True)
         (directory / ".last.pt.shards.tmp" / ".metadata").write_bytes(b"shards")
-        _commit(directory / ".last.pt.shards.tmp", directory / "last.pt", f"last.pt.step{step}.abc123")
+        commit(directory / ".last.pt.shards.tmp", directory / "last.pt", f"last.pt.step{step}.abc123")
     assert sorted(p.name for p in directory.iterdir()) == ["last.pt", "last.pt.step6.abc123"]
     with pytest.raises((pickle.PicklingError, AttributeError)):  # what pickle raises for a local lambda
         save_checkpoint({"bad": lambda: None}, directory / "last.pt")

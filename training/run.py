@@ -88,7 +88,8 @@ def log_placement(ctx: DistContext, workers: int) -> None:
 def _checkpointer(strategy: strategies.Strategy) -> type[Checkpointer]:
     if not strategy.sharded_checkpoint:
         return Checkpointer
-    from training.checkpoint.sharded import ShardedCheckpointer  # torch.distributed.checkpoint: slow to import
+    # torch.distributed.checkpoint, which it imports, is slow to import: only a sharded run pays for it.
+    from training.checkpoint.sharded_checkpointer import ShardedCheckpointer
 
     return ShardedCheckpointer
 

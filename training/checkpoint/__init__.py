@@ -6,5 +6,6 @@ primitives only, loadable with weights_only=True.
 - `state`: the train state and the random streams, as every checkpoint form holds them;
 - `resume`: which checkpoint a run continues, decided once before launch and agreed on by every rank;
 - `checkpointer`: saving and restoring a run (`Checkpointer`);
-- `sharded`: strategy=fsdp's form, through torch.distributed.checkpoint (`ShardedCheckpointer`).
+- `sharded`: strategy=fsdp's form of last.pt, through torch.distributed.checkpoint: written, read, described;
+- `sharded_checkpointer`: strategy=fsdp's saving and restoring (`ShardedCheckpointer`), on that form.
 """

@@ -33,8 +33,6 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import secrets
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -55,49 +53,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from distributed.collectives import barrier
 from distributed.context import DistContext
 from errors import ConfigError, first_line
-from training.checkpoint.best import Plan
-from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.files import FIX, drop_unnamed_versions, fsync_dir
-from training.checkpoint.resume import confirm_shared
-from training.checkpoint.state import TrainState, gather_rng
 
 
-class ShardedCheckpointer(Checkpointer):
-    """Every rank ranks the best checkpoints alike (from the same figures): writing one gathers the
-    whole model from every rank."""
-
-    def save(self, state: TrainState, value: float | None = None, weights: str = "model") -> None:
-        """Every rank writes its shards of last.pt; rank 0 commits it. A best one first, when `value`
-        is among the k best."""
-        rng = gather_rng(self.ctx) if state.batch else None
-        plan = self.best.offer(value, state.epoch, state.step, weights) if value is not None and self.best else Plan()
-        if plan.write is not None:
-            model_state, optimizer_state = full_state(self.model, self.optimizer)
-            if self.ctx.is_main:
-                payload = {"model": model_state, "optimizer": optimizer_state, **self.train_state(state, rng)}
-                self.keep_best(payload, plan)
-        name = "last.pt"
-        final = self.directory / name
-        tmp = self.directory / f".{name}.shards.tmp"
-        if self.ctx.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)  # a save a kill interrupted
-            tmp.mkdir(parents=True)
-        confirm_shared(tmp, self.ctx)  # every rank's shards must land where rank 0 commits them
-        save(tmp, self.model, self.optimizer, self.train_state(state, rng), self.ctx)
-        if self.ctx.is_main:
-            _commit(tmp, final, f"{name}.step{state.step}.{secrets.token_hex(3)}")
-        # No rank may start the next save's writes into the temp directory before it is renamed.
-        barrier(self.ctx)
-
-    def load_weights(self, checkpoint: dict) -> None:
-        """A whole checkpoint (best.pt, or any strategy's last.pt file): each rank keeps its shards."""
-        load_full(self.model, self.optimizer, checkpoint["model"], checkpoint["optimizer"])
-
-
-def _commit(tmp: Path, final: Path, version: str) -> None:
+def commit(tmp: Path, final: Path, version: str) -> None:
     """Rename the written directory to `version` and point `final` at it, atomically; then drop
     the versions nothing points at any more."""
     directory = final.parent
