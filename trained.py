@@ -108,8 +108,8 @@ def _read(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         if _sharded(path):
             from training.checkpoint import sharded  # late: torch.distributed.checkpoint is slow to import
 
-            checkpoint = sharded.describe(path)
-            return checkpoint, sharded.read_model_state(path)
+            checkpoint = sharded.read_whole(path)
+            return checkpoint, checkpoint["model"]
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # the optimizer state unread
     except Exception as e:  # torch raises several types for a truncated, corrupt or foreign file
         detail = str(e).split("WeightsUnpickler error:")[-1].strip()  # torch's advice comes first

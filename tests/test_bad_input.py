@@ -63,10 +63,6 @@ def files(tmp_path_factory):
     with open(root / "sharded_foreign" / sharded.METADATA, "wb") as f:
         pickle.dump(_Touch(root / "touched"), f)
     write_image_folder(root / "folders")
-    fsdp_run = root / "fsdp_run" / "checkpoints"  # strategy=fsdp's: last.pt sharded, best.pt one file
-    fsdp_run.mkdir(parents=True)
-    _sharded(MnistNet(1, 10, 8), fsdp_run / "last.pt")
-    save_checkpoint(_checkpoint(MnistNet(1, 10, 8)), fsdp_run / "best.pt")
     return root
 
 
@@ -156,10 +152,6 @@ CHECKS = {  # preflight.check_and_plan's ConfigErrors: the one line train.py pri
     "pickled object in sharded metadata": (
         ["trainer.resume={root}/sharded_foreign"],
         ["sharded_foreign", "pickled Python object", "system"],
-    ),
-    "test_only of a sharded last.pt": (
-        ["trainer.test_only=true", "trainer.resume={root}/fsdp_run/checkpoints/last.pt"],
-        ["trainer.test_only=true", "sharded last.pt", "trainer.resume={root}/fsdp_run/checkpoints/best.pt"],
     ),
     "fsdp with fp16": ([*DDP[1:], "strategy=fsdp", "trainer.precision=16-mixed"], ["trainer.precision=bf16-mixed"]),
     "fsdp sharding a class the model lacks": (

@@ -339,22 +339,24 @@ def test_a_checkpoint_saved_at_2_ranks_resumes_at_1_and_at_4(tmp_path, saved_at_
 
 
 @pytest.mark.slow
-def test_test_only_under_ddp_reports_the_single_process_figures_of_an_fsdp_best_pt(tmp_path, saved_at_2):
-    args = (
-        "model=simple_cnn",
-        "trainer.accelerator=cpu",
-        "logger=none",
-        "trainer.test_only=true",
-        f"trainer.resume={saved_at_2 / 'checkpoints' / 'best.pt'}",
-    )
+def test_test_only_under_ddp_reports_the_single_process_figures_of_an_fsdp_best_pt_or_sharded_last_pt(
+    tmp_path, saved_at_2
+):
+    """best.pt (one file) and the sharded last.pt (a directory, read whole by every rank) hold the
+    same weights here: the run's one epoch was its best."""
+    args = ("model=simple_cnn", "trainer.accelerator=cpu", "logger=none", "trainer.test_only=true")
     figures = {}
-    for name, strategy in (("single", ()), ("ddp", ("strategy=ddp", "trainer.devices=2"))):
-        result = run_train(tmp_path / name, *args, *strategy)
-        assert result.returncode == 0, result.stderr
-        metrics = _metrics(tmp_path / name)
-        figures[name] = {k: metrics[k] for k in ("val_acc", "val_acc5", "val_loss", "val_samples")}
-        assert metrics["world_size"] == (2 if strategy else 1)
-    assert figures["ddp"] == figures["single"] and figures["single"]["val_samples"] == 360
+    for checkpoint in ("best.pt", "last.pt"):
+        for name, strategy in (("single", ()), ("ddp", ("strategy=ddp", "trainer.devices=2"))):
+            run_dir = tmp_path / f"{checkpoint}-{name}"
+            result = run_train(run_dir, *args, *strategy, f"trainer.resume={saved_at_2 / 'checkpoints' / checkpoint}")
+            assert result.returncode == 0, result.stderr
+            metrics = _metrics(run_dir)
+            figures[checkpoint, name] = {k: metrics[k] for k in ("val_acc", "val_acc5", "val_loss", "val_samples")}
+            assert metrics["world_size"] == (2 if strategy else 1)
+    assert (saved_at_2 / "checkpoints" / "last.pt").is_dir()
+    assert all(f == figures["best.pt", "single"] for f in figures.values()), figures
+    assert figures["best.pt", "single"]["val_samples"] == 360
 
 
 @pytest.mark.slow

@@ -160,16 +160,6 @@ def test_trainer_profile_fits_the_steps_after_the_profilers_warm_up(composed, st
         assert _refusal_of(cfg).endswith(fix)
 
 
-def test_a_test_only_run_of_a_sharded_last_pt_names_the_best_pt_to_give(tmp_path):
-    last = tmp_path / "checkpoints" / "last.pt"
-    last.mkdir(parents=True)  # strategy=fsdp's sharded last.pt: a directory
-    fix = "give trainer.resume=<that run>/checkpoints/best.pt, the best epoch's weights in one file"
-    assert _refusal("trainer.test_only=true", f"trainer.resume={last}").endswith(fix)
-    (last.parent / "best.pt").touch()
-    fix = f"give trainer.resume={last.parent / 'best.pt'}, the best epoch's weights in one file"
-    assert _refusal("trainer.test_only=true", f"trainer.resume={last}").endswith(fix)
-
-
 def test_a_test_only_run_without_weights_names_both_ways_to_give_them():
     assert _refusal("trainer.test_only=true").endswith("give trainer.resume=<checkpoint> or model.weights=<file>")
 

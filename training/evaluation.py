@@ -34,6 +34,10 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
     net = job.model().to(ctx.device)  # model.weights, if given, are loaded here
     source, ema = job.model.keywords.get("weights"), None
     checkpoint = open_resume(job.resume, job.run_dir, ctx)
+    if checkpoint is None and job.resume is not None:  # strategy=fsdp's sharded last.pt: read whole, as predict.py does
+        from training.checkpoint import sharded  # torch.distributed.checkpoint: slow to import
+
+        checkpoint = sharded.read_whole(job.resume.path)
     if checkpoint is not None:
         net.load_state_dict(checkpoint["model"])
         source = str(job.resume.path)

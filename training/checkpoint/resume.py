@@ -103,14 +103,6 @@ def decide_resume(
         if not path.exists():
             raise no_such_checkpoint(resume)
         if path.is_dir():  # strategy=fsdp's sharded last.pt, checked from its metadata and train state
-            if test_only:  # training.evaluation reads one whole file; strategy=fsdp writes best.pt as one
-                best = path.parent / "best.pt"
-                best = best if best.is_file() else "<that run>/checkpoints/best.pt"
-                raise ConfigError(
-                    f"trainer.test_only=true evaluates a whole-file checkpoint, but trainer.resume={resume} is "
-                    f"strategy=fsdp's sharded last.pt (a directory); give trainer.resume={best}, the best epoch's "
-                    "weights in one file"
-                )
             from training.checkpoint import sharded  # late: DCP is slow to import (BENCHMARKS.md: Start-up)
 
             checkpoint = sharded.describe(path)

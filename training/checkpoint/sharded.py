@@ -130,6 +130,14 @@ def describe(path: Path) -> dict[str, Any]:
     return {**_train_state(state[_TRAIN_STATE]), "model": model, **({"optimizer": optimizer} if optimizer else {})}
 
 
+def read_whole(path: Path) -> dict[str, Any]:
+    """The checkpoint as one process reads a whole-file one: its train state and the whole model's
+    weights as plain CPU tensors (the optimizer state unread): to evaluate or use its weights."""
+    checkpoint = describe(path)
+    checkpoint.pop("optimizer", None)  # describe's: the names of its shards
+    return {**checkpoint, "model": read_model_state(path)}
+
+
 def read_model_state(path: Path | str) -> dict[str, torch.Tensor]:
     """The whole model of a sharded checkpoint as plain CPU tensors, read by this one process
     (no process group, no model needed): to compare or convert a checkpoint."""
