@@ -152,12 +152,14 @@ def test_a_trial_left_running_by_a_killed_sweep_runs_again_with_its_parameters(t
 
 
 def test_a_trial_whose_sweeper_died_before_its_first_heartbeat_runs_again(tmp_path):
-    study, storage = _open(tmp_path, heartbeat_interval=1, grace_period=1)
+    # A grace of 2 s: the young trial must stay fresh while the study is opened again, however loaded
+    # the machine; the killed one is stale after it.
+    study, storage = _open(tmp_path, heartbeat_interval=1, grace_period=2)
     killed = study.ask(SPACE)  # killed here: no heartbeat was ever recorded for it
-    time.sleep(1.1)
+    time.sleep(2.1)
     young = study.ask(SPACE)  # another sweeper's, asked a moment ago, its first beat still to come
     launch = FakeLauncher(tmp_path)
-    study, storage = _open(tmp_path, heartbeat_interval=1, grace_period=1)
+    study, storage = _open(tmp_path, heartbeat_interval=1, grace_period=2)
     _study._fail_stale(study)
     assert _states(study) == ["FAIL", "RUNNING", "WAITING"]
     retry = study.get_trials()[2]

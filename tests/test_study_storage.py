@@ -46,14 +46,16 @@ def _journal(tmp_path: Path, heartbeat_interval: int = 1, grace_period: int | No
 
 
 def test_a_journal_study_runs_again_the_trials_a_killed_sweeper_left(tmp_path):
-    study, storage = _journal(tmp_path)
+    # A grace of 2 s: the alive trial must stay fresh while the journal is replayed, however loaded the
+    # machine; the other two are stale after it.
+    study, storage = _journal(tmp_path, grace_period=2)
     beaten = study.ask(SPACE)
     storage.record_heartbeat(beaten._trial_id)  # its sweeper beat for it, then died
     never = study.ask(SPACE)  # killed before its first heartbeat
-    time.sleep(1.1)
+    time.sleep(2.1)
     alive = study.ask(SPACE)  # another sweeper's, beating
     storage.record_heartbeat(alive._trial_id)
-    study, storage = _journal(tmp_path)  # the same command again
+    study, storage = _journal(tmp_path, grace_period=2)  # the same command again
     _study._fail_stale(study)
     assert _states(study) == ["FAIL", "FAIL", "RUNNING", "WAITING", "WAITING"]
     retries = study.get_trials()[3:]
