@@ -145,18 +145,29 @@ def _steps_at_most(settings: TrainerConfig) -> tuple[int | None, str]:
 
 
 def _check_model(node: Mapping[str, Any]) -> None:
-    """A weights file that exists; then the builder's own check, if its module has one."""
+    """A weights file that exists; then the builder's own check, if its module has one, given every
+    argument the builder will get: the config's keys and the builder's defaults for the others (so
+    that a check repeats no default)."""
     weights = node.get("weights")
     if weights is not None and not Path(weights).is_file():
         raise ConfigError(f"model.weights={weights}: no such file; give a state_dict file saved with torch.save")
     arguments = {k: v for k, v in node.items() if not k.startswith("_")}
+    signature = inspect.signature(get_object(node["_target_"]))
     try:
-        inspect.signature(get_object(node["_target_"])).bind_partial(**arguments)
+        bound = signature.bind_partial(**arguments)
     except TypeError as e:  # a typo'd model.* key, or one added with + that the builder does not take
         raise ConfigError(f"model: {node['_target_']} refuses these options ({e}); fix the model.* keys") from None
     module = importlib.import_module(node["_target_"].rsplit(".", 1)[0])
     if hasattr(module, "check"):
-        module.check(**arguments)
+        bound.apply_defaults()
+        given = {}
+        for name, value in bound.arguments.items():
+            kind = signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_KEYWORD:  # a builder's **options: each a keyword again
+                given.update(value)
+            elif kind is not inspect.Parameter.VAR_POSITIONAL:
+                given[name] = value
+        module.check(**given)
 
 
 def _check_built(config: Config) -> dict[str, Any]:

@@ -40,7 +40,7 @@ def resnet(
     return model
 
 
-def check(arch: str, in_channels: int, num_classes: int, stem: str = "imagenet", weights: str | None = None) -> None:
+def check(arch: str, in_channels: int, num_classes: int, stem: str, weights: str | None) -> None:
     """Before launch: a ResNet torchvision has, a stem this module builds, weights that fit."""
     import torchvision
 

@@ -28,7 +28,7 @@ def torchvision_classifier(arch: str, num_classes: int, in_channels: int = 3, we
     return model
 
 
-def check(arch: str, in_channels: int, num_classes: int, weights: str | None = None) -> None:
+def check(arch: str, in_channels: int, num_classes: int, weights: str | None) -> None:
     """Before launch: a name torchvision knows, images it can take, weights that fit."""
     import torchvision
 

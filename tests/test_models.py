@@ -95,17 +95,29 @@ def _one_line_error(match: str, build, *args) -> None:
 
 
 def test_resnet_arch_and_stem_are_checked_before_launch():
-    _one_line_error(r"model.arch=resnet81: .*closest: resnet18", models.resnet.check, "resnet81", 3, 10)
-    _one_line_error(r"model.arch=vit_b_16: .*model=torchvision", models.resnet.check, "vit_b_16", 3, 10)
-    _one_line_error(r"model.stem=cifr: .*give imagenet .* or cifar", models.resnet.check, "resnet18", 3, 10, "cifr")
+    _one_line_error(
+        r"model.arch=resnet81: .*closest: resnet18", models.resnet.check, "resnet81", 3, 10, "imagenet", None
+    )
+    _one_line_error(
+        r"model.arch=vit_b_16: .*model=torchvision", models.resnet.check, "vit_b_16", 3, 10, "imagenet", None
+    )
+    _one_line_error(
+        r"model.stem=cifr: .*give imagenet .* or cifar", models.resnet.check, "resnet18", 3, 10, "cifr", None
+    )
     # the pre-flight hands the check every key of conf/model/resnet18.yaml
     with pytest.raises(ConfigError, match="model.stem=cifr"):
         check_and_plan(typed_config("model=resnet18", "dataset=synthetic", "model.stem=cifr"))
 
 
 def test_the_tiny_vits_patches_and_heads_are_checked_before_launch():
-    _one_line_error(r"^model.patch_size=3 must tile dataset.image_size=8", models.vit_tiny.check, 1, 10, 8, 3)
-    _one_line_error(r"^model.heads=5 must split model.dim=64", models.vit_tiny.check, 1, 10, 8, 4, 64, 2, 5)
+    def planned(*overrides: str) -> None:
+        check_and_plan(typed_config("model=vit_tiny", *overrides))
+
+    _one_line_error(r"^model.patch_size=3 must tile dataset.image_size=8", planned, "model.patch_size=3")
+    _one_line_error(r"^model.heads=5 must split model.dim=64", planned, "model.heads=5")
+    # A key the config leaves out reaches the check as the builder's default: TinyViT's patch_size=4.
+    without = ("~model.patch_size", "dataset=synthetic", "dataset.image_size=10")
+    _one_line_error(r"^model.patch_size=4 must tile dataset.image_size=10", planned, *without)
 
 
 def test_the_cifar_stem_keeps_32_px_images_whole_into_the_first_stage():
