@@ -321,9 +321,9 @@ def test_repeated_augmentation_gives_each_drawn_image_to_consecutive_ranks():
 
 def test_torchvision_names_are_checked_with_the_closest_suggested():
     with pytest.raises(ConfigError, match=r"model.arch=resnt50: .*closest: resnet50"):
-        check_torchvision("resnt50", in_channels=3, num_classes=10)
+        check_torchvision("resnt50", in_channels=3, num_classes=10, weights=None)
     with pytest.raises(ConfigError, match="3-channel images but the dataset has 1"):
-        check_torchvision("resnet18", in_channels=1, num_classes=10)
+        check_torchvision("resnet18", in_channels=1, num_classes=10, weights=None)
 
 
 def test_torchvision_weights_load_all_but_a_head_sized_for_other_classes(tmp_path):
