@@ -154,20 +154,13 @@ def _check_model(node: Mapping[str, Any]) -> None:
     arguments = {k: v for k, v in node.items() if not k.startswith("_")}
     signature = inspect.signature(get_object(node["_target_"]))
     try:
-        bound = signature.bind_partial(**arguments)
+        signature.bind_partial(**arguments)
     except TypeError as e:  # a typo'd model.* key, or one added with + that the builder does not take
         raise ConfigError(f"model: {node['_target_']} refuses these options ({e}); fix the model.* keys") from None
     module = importlib.import_module(node["_target_"].rsplit(".", 1)[0])
     if hasattr(module, "check"):
-        bound.apply_defaults()
-        given = {}
-        for name, value in bound.arguments.items():
-            kind = signature.parameters[name].kind
-            if kind is inspect.Parameter.VAR_KEYWORD:  # a builder's **options: each a keyword again
-                given.update(value)
-            elif kind is not inspect.Parameter.VAR_POSITIONAL:
-                given[name] = value
-        module.check(**given)
+        defaults = {name: p.default for name, p in signature.parameters.items() if p.default is not p.empty}
+        module.check(**{**defaults, **arguments})  # the config's keys over the defaults
 
 
 def _check_built(config: Config) -> dict[str, Any]:
