@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import is_dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from config.redact import HIDDEN, IN_THE_ENVIRONMENT, is_secret_key, redact, redacted
 from config.schema import Config
-from config.setup import compose
+from config.setup import CONF_DIR, compose
 from errors import ConfigError
 
 
@@ -81,8 +81,14 @@ def _check_schema_keys(parsed: list[Override]) -> list[list[str]]:
     free_form = []
     for override in parsed:
         path = override.key_or_group.split(".")
-        if override.is_delete() or len(path) < 2 or path[0] not in sections:
-            continue  # group choices (a group's path, a/b, has no dot), ~ and hydra.* are Hydra's to judge
+        if override.is_delete() or path[0] == "hydra" or "/" in path[0]:
+            continue  # ~, Hydra's own node and groups (hydra/launcher=...): Hydra's to judge
+        if path[0] not in sections:
+            if not (override.is_add() or override.is_force_add()):  # +note=...: a label the record keeps
+                _check_top_level(path, sections)
+            continue
+        if len(path) < 2:
+            continue  # a group's choice, or a top-level value
         if not is_dataclass(sections[path[0]]):
             if not (override.is_add() or override.is_force_add() or path[-1].startswith("_")):
                 free_form.append(path)  # _target_, _partial_: Hydra's keys, in every such node
@@ -96,6 +102,38 @@ def _check_schema_keys(parsed: list[Override]) -> list[list[str]]:
                 raise _no_such_key(path, depth, names)
             cls = names[part]
     return free_form
+
+
+def _check_top_level(path: list[str], sections: Sequence[str]) -> None:
+    """A key outside the typed sections is a config group's choice (debug=fdr) or a typo: Hydra's five
+    lines for it suggest `+key=value`, which the typed config would drop unread."""
+    key, groups = ".".join(path), sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+    if path[0] in groups:
+        if len(path) > 1:
+            raise ConfigError(
+                f"{key}: no such key; {path[0]} is a config group: choose one of its options with "
+                f"{path[0]}=<name> (conf/{path[0]}/)"
+            )
+        return
+    if len(path) > 1:
+        close = difflib.get_close_matches(path[0], list(sections), n=1)
+        hint = f"; did you mean {'.'.join([close[0], *path[1:]])}?" if close else ""
+        raise ConfigError(f"{key}: no such key{hint} (python train.py --cfg job lists them all)")
+    # seed=1 from a template with a top-level seed: the typed key of that name (trainer.seed), else the nearest
+    nested = [name for name in _typed_keys(Config) if name.rsplit(".", 1)[-1] == key]
+    close = nested[:1] or difflib.get_close_matches(key, [*sections, *groups], n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    raise ConfigError(
+        f"{key}: no such key or config group{hint} (python train.py --cfg job lists the keys, conf/ the groups)"
+    )
+
+
+def _typed_keys(cls: type, prefix: str = "") -> Iterator[str]:
+    """Every key of the typed sections, nested ones dotted (trainer.checkpoint.monitor)."""
+    for name, hint in typing.get_type_hints(cls).items():
+        yield prefix + name
+        if is_dataclass(hint):
+            yield from _typed_keys(hint, f"{prefix}{name}.")
 
 
 def _unchosen_logger_options(parsed: list[Override]) -> dict[str, str]:

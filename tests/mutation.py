@@ -44,6 +44,8 @@ PARTS = {
         "check_overrides",
         "_check_no_secret",
         "_check_schema_keys",
+        "_check_top_level",
+        "_typed_keys",
         "_unchosen_logger_options",
         "_check_free_form_keys",
         "_no_such_callback",

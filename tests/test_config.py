@@ -105,12 +105,25 @@ def test_train_py_rejects_more_gpus_than_visible_in_one_line(run_dir):
     assert not (run_dir / "checkpoints").exists()
 
 
-def test_train_py_rejects_an_unknown_key_in_one_line_naming_the_nearest(run_dir):
-    result = run_train(run_dir, "trainer.epoch=3")
+@pytest.mark.parametrize(
+    "override, error",
+    [
+        (
+            "trainer.epoch=3",
+            "trainer.epoch: no such key; did you mean trainer.epochs? (python train.py --cfg job lists them all)",
+        ),
+        # A template's top-level seed: Hydra's five lines suggested +seed=1, which the typed config drops unread.
+        (
+            "seed=1",
+            "seed: no such key or config group; did you mean trainer.seed? (python train.py --cfg job lists the keys, "
+            "conf/ the groups)",
+        ),
+    ],
+)
+def test_train_py_rejects_an_unknown_key_in_one_line_naming_the_nearest(run_dir, override, error):
+    result = run_train(run_dir, override)
     assert result.returncode == 2 and not run_dir.exists()
-    assert result.stderr == (
-        "error: trainer.epoch: no such key; did you mean trainer.epochs? (python train.py --cfg job lists them all)\n"
-    )
+    assert result.stderr == f"error: {error}\n"
 
 
 @pytest.mark.parametrize(
@@ -125,6 +138,11 @@ def test_train_py_rejects_an_unknown_key_in_one_line_naming_the_nearest(run_dir)
             "dataset.augment.flip=true",
             "model=resnet18",
             "hydra/launcher=basic",
+            "debug=fdr",
+            "experiment=seed000",
+            "optimized_metric=best_val_acc",
+            "+note=a label",
+            "++note=another",
             "+model.at_step=3",
             "+optimizer.fused=true",
             "++trainer.epochs=2",
@@ -151,6 +169,32 @@ def test_keys_the_typed_config_has_or_does_not_type_pass_the_key_check(overrides
 def test_an_unknown_key_names_the_nearest_in_its_section(override, error):
     with pytest.raises(ConfigError, match=error):
         check_overrides([override])
+
+
+@pytest.mark.parametrize(
+    "overrides, error",
+    [
+        (
+            ["trainerr.epochs=2"],
+            r"^trainerr.epochs: no such key; did you mean trainer.epochs\? \(python train.py --cfg job",
+        ),
+        (["modle=resnet18"], r"^modle: no such key or config group; did you mean model\? "),
+        (["epochs=3"], r"^epochs: no such key or config group; did you mean trainer.epochs\? "),
+        (
+            ["zzzzzz=1"],
+            r"^zzzzzz: no such key or config group \(python train.py --cfg job lists the keys, conf/ the groups\)$",
+        ),
+        (
+            ["hparams_search=digits", "hparams_search.n_trials=5"],
+            r"^hparams_search.n_trials: no such key; hparams_search is a config group: choose one of its options with "
+            r"hparams_search=<name> \(conf/hparams_search/\)$",
+        ),
+        (["-m", "trainer.seed=1,2", "modle=a,b"], r"^modle: no such key or config group"),  # in a sweep too
+    ],
+)
+def test_a_key_outside_the_typed_sections_is_a_group_choice_or_one_line_naming_the_nearest(overrides, error):
+    with pytest.raises(ConfigError, match=error):
+        check_overrides(overrides)
 
 
 @pytest.mark.parametrize(
