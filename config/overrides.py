@@ -69,9 +69,11 @@ def _check_no_secret(parsed: list[Override]) -> None:
     for override in parsed:
         line = override.input_line
         if is_secret_key(override.key_or_group) or redact(line) != line:
+            # A secret's key: its whole value hidden (redact's pattern stops at a list's comma); else a URL's password.
+            shown = f"{override.key_or_group}={HIDDEN}" if is_secret_key(override.key_or_group) else redact(line)
             raise ConfigError(
-                f"{redact(line) if redact(line) != line else override.key_or_group + '=' + HIDDEN}: a password or key "
-                f"on the command line is written to the run's records (.hydra/); {IN_THE_ENVIRONMENT}"
+                f"{shown}: a password or key on the command line is written to the run's records (.hydra/); "
+                f"{IN_THE_ENVIRONMENT}"
             )
 
 
