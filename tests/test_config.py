@@ -190,6 +190,13 @@ def test_an_unknown_key_names_the_nearest_in_its_section(override, error):
             r"hparams_search=<name> \(conf/hparams_search/\)$",
         ),
         (["-m", "trainer.seed=1,2", "modle=a,b"], r"^modle: no such key or config group"),  # in a sweep too
+        (["zzzz.y=1"], r"^zzzz.y: no such key \(python train.py --cfg job lists them all\)$"),
+        # Hydra's own node is not a group to choose: never the guess.
+        (
+            ["hydr=1"],
+            r"^hydr: no such key or config group \(python train.py --cfg job lists the keys, conf/ the groups\)$",
+        ),
+        (["monitor=val/loss"], r"^monitor: no such key or config group; did you mean trainer.checkpoint.monitor\? "),
     ],
 )
 def test_a_key_outside_the_typed_sections_is_a_group_choice_or_one_line_naming_the_nearest(overrides, error):
@@ -240,6 +247,9 @@ def test_every_override_is_checked_past_a_free_form_key_a_leaf_or_a_value_that_i
     assert _key_refusal("optimizer.lr=0.1", "trainer.epoch=3").startswith("trainer.epoch: no such key")
     assert _key_refusal("logger.wandb.project=p", "trainer.epoch=3").startswith("trainer.epoch: no such key")
     assert _key_refusal("optimizer.lr.x=1", "optimizer.lrr=0.1").startswith("optimizer.lrr: no such key")
+    assert _key_refusal("hydra.run.dir=x", "~trainer.resume", "trainer.epoch=3").startswith(
+        "trainer.epoch: no such key"
+    )
 
 
 def test_hydras_own_keys_a_deletion_and_a_forced_add_in_a_free_form_node_are_left_to_hydra():
@@ -312,3 +322,27 @@ def test_a_password_on_the_command_line_is_refused_in_one_line_that_hides_it(ove
         check_overrides(["trainer.epochs=2", override])
     message = str(refused.value)
     assert shown in message and "pw-123" not in message and "give it through the environment" in message
+
+
+@pytest.mark.parametrize(
+    "override, shown",
+    [
+        ("logger.wandb.api_key=abc123", "logger.wandb.api_key=***"),  # a secret's key: the whole value hidden
+        ("logger.wandb.api_key=[ab,cd]", "logger.wandb.api_key=***"),  # a list's too, past its first comma
+        ("+db.password=", "db.password=***"),
+        (
+            "dataset.root=https://u:pw@example.org/x",
+            "dataset.root=https://u:***@example.org/x",
+        ),  # in a URL: the password
+    ],
+)
+def test_a_secret_on_the_command_line_is_refused_in_a_line_that_hides_it(override, shown):
+    assert _key_refusal(override) == (
+        f"{shown}: a password or key on the command line is written to the run's records (.hydra/); give it through "
+        "the environment instead (PGPASSWORD or ~/.pgpass for a database, MLFLOW_TRACKING_PASSWORD, WANDB_API_KEY)"
+    )
+
+
+def test_each_keys_last_override_wins_and_keys_differ_by_every_character():
+    parsed = OverridesParser.create().parse_overrides(["Xa=1", "a=2", "+a=3", "~b", "b=4"])
+    assert [o.input_line for o in last_overrides(parsed)] == ["Xa=1", "+a=3", "b=4"]

@@ -245,3 +245,8 @@ def test_torchrun_restarts_into_the_store_of_the_ranks_before_are_refused_in_one
     assert environment.from_torchrun(
         TORCHRUN | {"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True"}
     )
+    assert environment.from_torchrun(TORCHRUN | {"TORCHELASTIC_USE_AGENT_STORE": "True"})  # no restarts given: none
+
+
+def test_an_address_resolves_to_itself_without_a_lookup():
+    assert environment._resolved("127.0.0.1") == "127.0.0.1"  # numeric: no resolver asked

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
 
 from config.overrides import check_overrides
-from config.schema import COMPILE_MODES
+from config.schema import COMPILE_MODES, ResumePoint, TrainerConfig
 from errors import ConfigError
 from models.mnist_net import MnistNet
-from preflight import _check_forward
+from preflight import _check_forward, _check_model, _check_monitors, _check_world
 from preflight import check_and_plan as check
 from tests.configs import typed_config
+from training.checkpoint import resume
 from training.checkpoint.files import save_checkpoint
 
 
@@ -55,10 +57,13 @@ def _refusal_of(cfg, run_dir: Path | None = None) -> str:
     return str(refused.value)
 
 
-def test_resume_auto_continues_the_run_dirs_last_pt_and_without_a_run_dir_starts_fresh(tmp_path):
-    _last_pt(tmp_path)
-    assert check(typed_config("trainer.resume=auto"), tmp_path).launch.world_size == 1
-    assert check(typed_config("trainer.resume=auto")).launch.world_size == 1  # no run dir yet (a -m job's parent)
+def test_resume_auto_continues_the_run_dirs_last_pt_and_without_a_run_dir_starts_fresh(tmp_path, monkeypatch):
+    path = _last_pt(tmp_path)
+    monkeypatch.setattr(resume, "_opened", {})
+    plan = check(typed_config("trainer.resume=auto"), tmp_path)
+    assert plan.launch.in_process and plan.resume == ResumePoint(path, 3, path.stat().st_size)
+    assert resume._opened[path][0] == plan.resume  # a run that trains in this process restores from this read
+    assert check(typed_config("trainer.resume=auto")).resume is None  # no run dir yet (a -m job's parent)
 
 
 def test_a_plain_run_over_a_run_dirs_last_pt_is_refused_in_one_line(tmp_path):
@@ -288,3 +293,45 @@ def test_fp16_on_cpu_and_an_unknown_compile_mode_name_their_fixes():
     assert refusal.startswith("trainer.precision=16-mixed needs CUDA")
     assert refusal.endswith("on CPU use trainer.precision=bf16-mixed or 32")
     assert _refusal("trainer.compile_mode=fast") == f"trainer.compile_mode=fast: choose {', '.join(COMPILE_MODES)}"
+
+
+ELASTIC = "every world size torchrun may re-form the job at (--nnodes=MIN:MAX x --nproc-per-node)"
+
+
+@pytest.mark.parametrize("num_nodes", [1, None])
+def test_a_batch_the_world_cannot_split_names_the_fix_and_in_an_elastic_world_every_size(num_nodes):
+    world = SimpleNamespace(world_size=4, accelerator="cpu")
+
+    def refusal(**settings) -> str:
+        with pytest.raises(ConfigError) as refused:
+            _check_world(TrainerConfig(num_nodes=num_nodes, **settings), world)
+        return str(refused.value)
+
+    elastic = num_nodes is None
+    assert refusal(batch_size=2) == (
+        "trainer.batch_size=2 is the global batch, at least one sample for each of 4 process(es); use 4 or more"
+        + (f", and with trainer.num_nodes=null, as many as the largest of {ELASTIC}" if elastic else "")
+    )
+    assert refusal(batch_size=6) == (
+        "trainer.batch_size=6 is the global batch and must split evenly over 4 processes; use a multiple of 4"
+        + (f", and with trainer.num_nodes=null, of {ELASTIC}" if elastic else "")
+    )
+    assert refusal(batch_size=8, val_batch_size=2) == (
+        "trainer.val_batch_size=2 is the global validation batch, at least one sample for each of 4 process(es); "
+        "use 4 or more, or null for trainer.batch_size"
+    )
+
+
+def test_a_monitor_with_no_near_figure_lists_the_figures_without_a_guess():
+    with pytest.raises(ConfigError) as refused:
+        _check_monitors(typed_config("trainer.checkpoint.monitor=zzzz"), {})
+    assert str(refused.value).startswith(
+        "trainer.checkpoint.monitor=zzzz: this run produces no such figure at validation's end; it produces val/"
+    )
+
+
+def test_a_models_check_gets_the_builders_default_for_a_key_the_config_leaves_out():
+    node = {k: v for k, v in typed_config("model=vit_tiny").model.items() if k != "patch_size"}
+    _check_model(node)  # TinyViT's default patch, 4, tiles the digits' 8 px
+    with pytest.raises(ConfigError, match=r"^model.patch_size=4 must tile dataset.image_size=10"):
+        _check_model({**node, "image_size": 10})

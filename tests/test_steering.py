@@ -25,7 +25,7 @@ from training.callbacks import Callback
 from training.callbacks.confusion_matrix import draw, scores
 from training.callbacks.early_stopping import EarlyStopping
 from training.checkpoint import sharded
-from training.checkpoint.best import BEST, BestCheckpoints
+from training.checkpoint.best import BEST, BestCheckpoints, Plan
 from training.checkpoint.files import save_checkpoint
 from training.monitor import Monitor
 from training.trainer import Reporting
@@ -120,6 +120,18 @@ def test_the_k_best_checkpoints_by_a_figure_best_pt_the_best_of_them(tmp_path, v
     assert best.kept[0].epoch == values.index(kept[0]) + 1
 
 
+def test_one_best_checkpoint_is_replaced_in_place_and_each_records_whose_weights_scored_it():
+    best = BestCheckpoints(Monitor("val/acc", "max"), top_k=1)
+    assert best.offer(0.5, 1, 10) == Plan(write=BEST)
+    # k = 1: the new best.pt replaces the old; nothing to link it away to, nothing to drop.
+    assert best.offer(0.7, 2, 20, weights="ema") == Plan(write=BEST)
+    assert [(k.value, k.weights) for k in best.kept] == [(0.7, "ema")]
+    two = BestCheckpoints(Monitor("val/acc", "max"), top_k=2)
+    two.offer(0.5, 1, 10)
+    assert two.offer(0.7, 2, 20) == Plan(write=BEST, link=(BEST, "best-epoch1-step10.pt"))
+    assert [k.weights for k in two.kept] == ["model", "model"]  # the model's, unless given
+
+
 def test_a_min_monitor_keeps_the_lowest_and_a_resumed_ranking_goes_on(tmp_path):
     saver = _trainer(TinyNet(), tmp_path, loaders=_loaders(), epochs=1)
     checkpointer = saver.checkpointer
@@ -173,9 +185,18 @@ def test_a_callbacks_option_without_its_name_names_the_key_to_give():
         ConfigError, match=r"^callbacks.patience: no such key; did you mean callbacks.early_stopping.patience\?$"
     ):
         check_overrides(["callbacks=early_stopping", "callbacks.patience=2"])
-    with pytest.raises(
-        ConfigError, match=r"a callback's option is callbacks.<name>.patience, and this run's callbacks"
-    ):
+    # The callback that has the option, of those chosen; the chosen ones named when none has it.
+    with pytest.raises(ConfigError, match=r"^callbacks.patience: .* mean callbacks.early_stopping.patience\?$"):
+        check_overrides(["callbacks=[confusion_matrix,early_stopping]", "callbacks.patience=2"])
+    with pytest.raises(ConfigError, match=r"^callbacks.patience.x: .* mean callbacks.early_stopping.patience.x\?$"):
+        check_overrides(["callbacks=early_stopping", "callbacks.patience.x=2"])
+    with pytest.raises(ConfigError) as refused:
+        check_overrides(["callbacks=[confusion_matrix,early_stopping]", "callbacks.window.size=2"])
+    assert str(refused.value) == (
+        "callbacks.window.size: no such key; a callback's option is callbacks.<name>.window.size, and this run's "
+        "callbacks are: confusion_matrix, early_stopping (choose one with callbacks=<name>, conf/callbacks/)"
+    )
+    with pytest.raises(ConfigError, match=r"and this run's callbacks are: none \(choose one with callbacks=<name>"):
         check_overrides(["callbacks.patience=2"])
 
 
