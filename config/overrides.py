@@ -67,10 +67,10 @@ def _check_no_secret(parsed: list[Override]) -> None:
     """A password or key on the command line would be written as typed to .hydra/ (Hydra's record
     of the run, before main() runs) and could reach a log: refused, in one line that hides it."""
     for override in parsed:
-        line = override.input_line
-        if is_secret_key(override.key_or_group) or redact(line) != line:
+        line, secret_key = override.input_line, is_secret_key(override.key_or_group)
+        if secret_key or redact(line) != line:
             # A secret's key: its whole value hidden (redact's pattern stops at a list's comma); else a URL's password.
-            shown = f"{override.key_or_group}={HIDDEN}" if is_secret_key(override.key_or_group) else redact(line)
+            shown = f"{override.key_or_group}={HIDDEN}" if secret_key else redact(line)
             raise ConfigError(
                 f"{shown}: a password or key on the command line is written to the run's records (.hydra/); "
                 f"{IN_THE_ENVIRONMENT}"
@@ -118,9 +118,7 @@ def _check_top_level(path: list[str], sections: Sequence[str]) -> None:
             )
         return
     if len(path) > 1:
-        close = difflib.get_close_matches(path[0], list(sections), n=1)
-        hint = f"; did you mean {'.'.join([close[0], *path[1:]])}?" if close else ""
-        raise ConfigError(f"{key}: no such key{hint} (python train.py --cfg job lists them all)")
+        raise _no_such_key(path, 0, list(sections))
     # seed=1 from a template with a top-level seed: the typed key of that name (trainer.seed), else the nearest
     nested = [name for name in _typed_keys(Config) if name.rsplit(".", 1)[-1] == key]
     close = nested[:1] or difflib.get_close_matches(key, [*sections, *groups], n=1)
@@ -185,7 +183,7 @@ def _no_such_callback(path: list[str], callbacks: DictConfig) -> ConfigError:
 def _no_such_key(path: list[str], depth: int, names: Sequence[str], add: bool = False) -> ConfigError:
     key = ".".join(path)
     close = difflib.get_close_matches(path[depth], list(names), n=1)
-    hint = f"; did you mean {'.'.join([*path[:depth], close[0]])}?" if close else ""
+    hint = f"; did you mean {'.'.join([*path[:depth], close[0], *path[depth + 1 :]])}?" if close else ""
     new = f"; +{key}=... adds an argument of its class" if add else ""
     return ConfigError(f"{key}: no such key{hint} (python train.py --cfg job lists them all{new})")
 

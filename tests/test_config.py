@@ -161,6 +161,8 @@ def test_keys_the_typed_config_has_or_does_not_type_pass_the_key_check(overrides
     "override, error",
     [
         ("dataset.augment.flp=true", r"^dataset.augment.flp: no such key; did you mean dataset.augment.flip\?"),
+        # A typo above the leaf: the guess keeps the rest of the key.
+        ("dataset.augmnt.flip=true", r"^dataset.augmnt.flip: no such key; did you mean dataset.augment.flip\?"),
         # Added with + or ++, a key the typed config lacks was kept in config.yaml and never read.
         ("+trainer.epoch=3", r"^trainer.epoch: no such key; did you mean trainer.epochs\?"),
         ("++data.num_worker=2", r"^data.num_worker: no such key; did you mean data.num_workers\?"),
