@@ -167,7 +167,11 @@ def test_a_rank_that_sees_the_same_last_pt_resumes_from_it(tmp_path, monkeypatch
     assert resume.open_resume(ResumePoint(path, 6, path.stat().st_size), tmp_path, RANK_1)["step"] == 6
 
 
-def _decide(run_dir: Path | None, **settings) -> ResumePoint | None:
+# A train.py checkpoint of the model _decide builds, less its step (_last_pt's).
+TRAINED = {"model": MnistNet(1, 10, 8).state_dict(), "optimizer": {}, "scheduler": None, "epoch": 1, "best": 0.5}
+
+
+def _decide(run_dir: Path | None, restores_here: bool = False, **settings) -> ResumePoint | None:
     return resume.decide_resume(
         TrainerConfig(**settings),
         run_dir,
@@ -175,25 +179,17 @@ def _decide(run_dir: Path | None, **settings) -> ResumePoint | None:
         scheduler={},
         warmup_epochs=0,
         weights=None,
+        restores_here=restores_here,
     )
 
 
 def test_the_pre_flight_decides_the_point_and_keeps_what_it_read_only_in_a_process_that_restores(tmp_path, monkeypatch):
     assert _decide(tmp_path, resume="auto") is None  # nothing to resume: afresh
-    trained = {"model": MnistNet(1, 10, 8).state_dict(), "optimizer": {}, "scheduler": None, "epoch": 1, "best": 0.5}
-    path, point = _last_pt(tmp_path, **trained)
+    path, point = _last_pt(tmp_path, **TRAINED)
     monkeypatch.setattr(resume, "_opened", {})
     assert _decide(tmp_path, resume="auto") == point == ResumePoint(path, 6, path.stat().st_size)
     assert resume._opened == {}  # a launcher that starts ranks holds no checkpoint in memory meanwhile
-    decided = resume.decide_resume(
-        TrainerConfig(resume="auto"),
-        tmp_path,
-        model=lambda: MnistNet(1, 10, 8),
-        scheduler={},
-        warmup_epochs=0,
-        weights=None,
-        restores_here=True,
-    )
+    decided = _decide(tmp_path, restores_here=True, resume="auto")
     held_point, held = resume._opened[path]
     assert held_point == decided == point and held["step"] == 6 and _mapped_from(held["model"]["fc2.bias"], path)
 
@@ -201,6 +197,5 @@ def test_the_pre_flight_decides_the_point_and_keeps_what_it_read_only_in_a_proce
 def test_a_run_without_a_run_dir_decides_without_recording_a_torchrun_job(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")  # the record goes in the run dir: none here
     monkeypatch.setenv("RANK", "0")
-    trained = {"model": MnistNet(1, 10, 8).state_dict(), "optimizer": {}, "scheduler": None, "epoch": 1, "best": 0.5}
-    path, point = _last_pt(tmp_path, **trained)
+    path, point = _last_pt(tmp_path, **TRAINED)
     assert _decide(None, resume=str(path)) == point
