@@ -82,11 +82,13 @@ def job_dir(
     """Its number, then the overrides that tell it from the others, if any, as Hydra's
     override_dirname joins them, but with floats to 4 significant digits: a search's sampled
     0.03028525153605885 names its dir 0.03029 (the exact value stays in its .hydra/; the number
-    keeps two such jobs apart). A name past what file systems take (255 bytes) keeps its start
-    and a hash of the whole, so that it stays apart from its neighbours'."""
+    keeps two such jobs apart). A value's "/" becomes "_" (val/loss names val_loss): the name is one
+    dir, never a dir nested in it or, by "../", one outside the sweep's. A name past what file
+    systems take (255 bytes) keeps its start and a hash of the whole, so that it stays apart from
+    its neighbours'."""
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     lines = sorted(_four_digits(o) for o in parsed if o.key_or_group not in exclude_keys)
-    dirname = item_sep.join(lines).replace("=", kv_sep)
+    dirname = item_sep.join(lines).replace("=", kv_sep).replace("/", "_")
     prefix = "<job number>" if num is None else str(num)
     name = f"{prefix}_{dirname}" if dirname else prefix
     if len(name.encode()) <= _NAME_BYTES:

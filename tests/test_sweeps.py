@@ -98,7 +98,11 @@ def test_a_job_dir_is_named_by_its_overrides_with_floats_to_4_digits_and_stays_a
     names = [name(7, *long, f"trainer.seed={seed}") for seed in (1, 2)]
     assert all(len(n.encode()) <= 200 and n.startswith("7_model.key0-a_value") for n in names)
     assert names[0] != names[1]
-    # Machine paths tell no job from another; with their "/" they would nest one job in another's dir.
+    # A value's "/" would nest the job's dir in another, or put it outside the sweep's by "../".
+    assert name(4, "trainer.checkpoint.monitor=val/loss", "+note=../../x") == (
+        "4_+note-.._.._x+trainer.checkpoint.monitor-val_loss"
+    )
+    # Machine paths tell no job from another.
     assert {"paths.data_dir", "paths.log_dir", "paths.sweep_dir", "paths.root_dir"} <= set(naming.exclude_keys)
 
 
@@ -209,9 +213,11 @@ def test_scaling_sweep_runs_ddp_per_job_logs_each_as_a_run_of_the_sweep_and_repo
 @pytest.mark.slow
 def test_every_strategy_runs_under_multirun(tmp_path):
     # sweep=strategies' 1-device jobs (the command line narrows its seven): one process runs all three
-    # (world size 1), each joining and leaving its own process group.
-    jobs = _multirun(tmp_path / "sweep", "sweep=strategies", "parallelism=single,ddp1,fsdp1")
-    assert [job.name for job in jobs] == [f"{i}_parallelism-{p}" for i, p in enumerate(("single", "ddp1", "fsdp1"))]
+    # (world size 1), each joining and leaving its own process group. A note's "/" stays in the job's one dir.
+    jobs = _multirun(tmp_path / "sweep", "sweep=strategies", "parallelism=single,ddp1,fsdp1", "+note=cpu/1")
+    assert [job.name for job in jobs] == [
+        f"{i}_+note-cpu_1+parallelism-{p}" for i, p in enumerate(("single", "ddp1", "fsdp1"))
+    ]
     metrics = [json.loads((job / "metrics.json").read_text()) for job in jobs]
     assert [(m["strategy"], m["devices"]) for m in metrics] == [("single", 1), ("ddp", 1), ("fsdp", 1)]
     assert all((job / "checkpoints" / "last.pt").exists() and (job / "train.log").is_file() for job in jobs)
