@@ -110,8 +110,7 @@ def check_ranges(section: str, ranges: List[Tuple[str, Any, bool, str]]) -> None
     """(key, value, whether it is allowed, what is): the first value not allowed, as one line."""
     for key, value, allowed, what in ranges:
         if not allowed:
-            shown = value.name if isinstance(value, Enum) else value
-            raise ConfigError(f"{section}.{key}={shown}: use {what}")
+            raise ConfigError(f"{section}.{key}={value}: use {what}")
 
 
 def _at_least_1_or_null(value: Optional[int]) -> bool:

@@ -10,7 +10,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from config.overrides import check_overrides, last_overrides
-from config.schema import parse_signals
+from config.schema import CheckpointConfig, DataConfig, TrainerConfig, parse_signals
 from errors import ConfigError
 from preflight import check_and_plan
 from tests.configs import compose_config, typed_config
@@ -95,6 +95,60 @@ def test_resume_auto_starts_fresh_but_a_plain_run_never_overwrites_last_pt(tmp_p
 
 def test_signal_names_may_drop_the_sig_prefix():
     assert parse_signals(["usr1", "SIGTERM"], "k") == [signal.SIGUSR1, signal.SIGTERM]
+
+
+@pytest.mark.parametrize(
+    "section, values, line",
+    [
+        (CheckpointConfig, {"save_top_k": 0}, "trainer.checkpoint.save_top_k=0: use 1 (best.pt alone) or more"),
+        (TrainerConfig, {"epochs": 0}, "trainer.epochs=0: use at least 1 epoch"),
+        (
+            TrainerConfig,
+            {"accumulate_grad_batches": 0},
+            "trainer.accumulate_grad_batches=0: use 1 (no accumulation) or more",
+        ),
+        (TrainerConfig, {"grad_clip": -1.0}, "trainer.grad_clip=-1.0: use a positive max norm, or null for none"),
+        (TrainerConfig, {"limit_val_batches": 0}, "trainer.limit_val_batches=0: use a positive number, or null"),
+        (
+            TrainerConfig,
+            {"checkpoint_every_n_seconds": 0.0},
+            "trainer.checkpoint_every_n_seconds=0.0: use a positive number of seconds, or null",
+        ),
+        (TrainerConfig, {"max_batch_per_device": 0}, "trainer.max_batch_per_device=0: use a positive number, or null"),
+        (
+            TrainerConfig,
+            {"num_nodes": 0},
+            "trainer.num_nodes=0: use 1 or more, or null for as many as the launcher starts",
+        ),
+        (
+            TrainerConfig,
+            {"preempt_signals": ["SIGNOPE"]},
+            "trainer.preempt_signals: SIGNOPE is not a signal a process can catch; use e.g. [SIGTERM, SIGUSR1]",
+        ),
+        (
+            TrainerConfig,
+            {"requeue_signals": ["stop"]},
+            "trainer.requeue_signals: stop is not a signal a process can catch; use e.g. [SIGTERM, SIGUSR1]",
+        ),
+        (
+            DataConfig,
+            {"num_workers": -1},
+            "data.num_workers=-1: use 0 (load in the training process), a number of worker processes, "
+            "or null (this task's CPUs shared among its ranks)",
+        ),
+    ],
+)
+def test_a_value_no_run_could_use_is_refused_as_the_config_is_typed_in_one_line_naming_the_key_and_the_fix(
+    section, values, line
+):
+    # As OmegaConf.to_object builds each section: before the pre-flight, or anything, looks at it.
+    with pytest.raises(ConfigError) as refused:
+        section(**values)
+    assert str(refused.value) == line
+
+
+def test_a_values_least_allowed_passes_as_the_config_is_typed():
+    TrainerConfig(checkpoint_every_n_seconds=0.5, num_nodes=None, max_batch_per_device=1, limit_val_batches=1)
 
 
 def test_train_py_rejects_more_gpus_than_visible_in_one_line(run_dir):
