@@ -29,6 +29,7 @@ from errors import ConfigError, first_line
 from models.summary import summarize
 from training.checkpoint.resume import decide_resume
 from training.loggers.packages import check_installed
+from training.monitor import Monitor, better_way
 from training.profiling import WAIT, WARMUP
 from training.validation import produced
 
@@ -179,7 +180,9 @@ def _check_built(config: Config) -> dict[str, Any]:
 
 def _check_monitors(config: Config, callbacks: dict[str, Any]) -> None:
     """Every monitored figure (trainer.checkpoint.monitor, a callback's monitor) is one the run
-    produces at validation's end: a typo is one line before launch, not a KeyError after epoch 1."""
+    produces at validation's end: a typo is one line before launch, not a KeyError after epoch 1.
+    And a best by a figure whose name says which way is better goes that way: monitor=val/loss
+    with the default mode=max would keep the worst checkpoints, or stop on progress."""
     figures = produced(config.trainer.ema_decay is not None, list(callbacks.values()))
     monitors = [("trainer.checkpoint.monitor", config.trainer.checkpoint.monitor)]
     # A callback's own monitor: a Monitor (early_stopping's) or a figure's name (stop_at's).
@@ -196,6 +199,21 @@ def _check_monitors(config: Config, callbacks: dict[str, Any]) -> None:
                 f"{key}={name}: this run produces no such figure at validation's end; {hint}"
                 f"it produces {', '.join(figures)}"
             )
+    ranked = [("trainer.checkpoint", config.trainer.checkpoint.monitor, config.trainer.checkpoint.mode.value)]
+    ranked += [(f"callbacks.{n}", c.monitor.name, c.monitor.mode) for n, c in callbacks.items() if _ranks_by(c)]
+    for key, name, mode in ranked:
+        better = better_way(name)
+        if better not in (None, mode):
+            raise ConfigError(
+                f"{key}.monitor={name} is better {'lower' if better == 'min' else 'higher'}, "
+                f"but {key}.mode={mode}: add {key}.mode={better}"
+            )
+
+
+def _ranks_by(callback: Any) -> bool:
+    """A callback that keeps a best (early stopping's Monitor), not one that waits for a value to be
+    reached either way (stop_at's: a loss at most, or at least to catch a divergence)."""
+    return isinstance(getattr(callback, "monitor", None), Monitor)
 
 
 def _check_forward(config: Config, num_classes: int) -> None:

@@ -248,6 +248,10 @@ def test_direction_must_suit_the_metric():
         _study.check_direction("best_val_acc", "minimize")
     with pytest.raises(_study.SearchError, match="minimize it"):
         _study.check_direction("val_loss", "maximize")
+    with pytest.raises(_study.SearchError, match="minimize it"):
+        _study.check_direction("wall_s", "maximize")
+    for direction in ("minimize", "maximize"):  # a figure whose name says neither way
+        _study.check_direction("peak_memory_mb", direction)
 
 
 def test_a_failed_trial_stops_the_search_and_an_interrupted_one_is_queued_again(tmp_path):

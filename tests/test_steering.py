@@ -27,7 +27,7 @@ from training.callbacks.early_stopping import EarlyStopping
 from training.checkpoint import sharded
 from training.checkpoint.best import BEST, BestCheckpoints, Plan
 from training.checkpoint.files import save_checkpoint
-from training.monitor import Monitor
+from training.monitor import Monitor, better_way
 from training.trainer import Reporting
 
 
@@ -178,6 +178,38 @@ def test_a_monitor_the_run_does_not_produce_is_one_line_naming_the_nearest(overr
 def test_a_monitor_may_name_a_callbacks_figure_and_the_emas():
     check_and_plan(typed_config("callbacks=confusion_matrix", "trainer.checkpoint.monitor=val/macro_f1"))
     check_and_plan(typed_config("trainer.ema_decay=0.9", "trainer.checkpoint.monitor=val_ema/acc"))
+
+
+@pytest.mark.parametrize(
+    "overrides, refusal",
+    [
+        (  # mode's default, max, would keep the highest losses
+            ["trainer.checkpoint.monitor=val/loss"],
+            "trainer.checkpoint.monitor=val/loss is better lower, but trainer.checkpoint.mode=max: "
+            "add trainer.checkpoint.mode=min",
+        ),
+        (  # early_stopping's default mode, min, would count a fall in accuracy as progress
+            ["callbacks=early_stopping", "callbacks.early_stopping.monitor=val/acc"],
+            "callbacks.early_stopping.monitor=val/acc is better higher, but callbacks.early_stopping.mode=min: "
+            "add callbacks.early_stopping.mode=max",
+        ),
+    ],
+)
+def test_a_best_ranked_against_its_figures_better_way_is_one_line_naming_the_mode_to_add(overrides, refusal):
+    with pytest.raises(ConfigError) as refused:
+        check_and_plan(typed_config(*overrides))
+    assert str(refused.value) == refusal
+
+
+def test_a_figure_that_names_no_better_way_or_a_threshold_either_way_is_not_refused():
+    # stop_at waits for a value to be reached, either way: a loss at least that high catches a divergence.
+    check_and_plan(
+        typed_config("callbacks=stop_at", "callbacks.stop_at.monitor=val/loss", "callbacks.stop_at.mode=max")
+    )
+    check_and_plan(typed_config("trainer.checkpoint.monitor=val/loss", "trainer.checkpoint.mode=min"))
+    names = ["val/loss", "val_ema/ce", "time/train_s", "wall_s", "val/acc5", "val/balanced_acc", "best_val_acc"]
+    names += ["val/macro_f1", "throughput/samples_per_s", "train_samples_per_s", "train/grad_norm", "peak_memory_mb"]
+    assert [better_way(n) for n in names] == [*["min"] * 4, *["max"] * 6, None, None]
 
 
 def test_a_callbacks_option_without_its_name_names_the_key_to_give():

@@ -3,7 +3,22 @@ checkpoints (trainer.checkpoint) and early stopping read one each."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+# A figure's name that says which way is better (its last part): a loss, a cross-entropy or a
+# time lower; an accuracy, an F1 or a throughput higher. As validation's end names them (val/loss,
+# val_ema/ce, time/train_s; val/acc5, val/macro_f1, throughput/samples_per_s) and as metrics.json
+# does (val_loss, wall_s; best_val_acc, train_samples_per_s). Others say none: a norm, a size, a
+# callback's own figure.
+_LOWER = re.compile(r"(\w*_)?(loss|ce)|wall_s|(train|data)_s")
+_HIGHER = re.compile(r"(\w*_)?(acc\d*|f1|samples_per_s)")
+
+
+def better_way(name: str) -> str | None:
+    """min or max (a Monitor's mode) for a figure whose name says which way is better; else None."""
+    last = name.rsplit("/", 1)[-1]
+    return "min" if _LOWER.fullmatch(last) else "max" if _HIGHER.fullmatch(last) else None
 
 
 @dataclass(frozen=True)

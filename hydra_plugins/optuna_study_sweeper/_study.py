@@ -39,6 +39,7 @@ from optuna.trial import Trial, TrialState
 from config.overrides import last_overrides
 from errors import first_line
 from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _pruning, _storage
+from training.monitor import better_way
 
 log = logging.getLogger(__name__)
 
@@ -205,10 +206,8 @@ def _flatten(command: dict[str, Any]) -> list[str]:
 
 def check_direction(metric: str, direction: str) -> None:
     """Catch the search that would hunt for the worst model."""
-    lower = metric.lower()
-    lower_is_better = "loss" in lower or lower == "wall_s"
-    if (direction == "minimize" and "acc" in lower) or (direction == "maximize" and lower_is_better):
-        better = "maximize" if direction == "minimize" else "minimize"
+    better = {"min": "minimize", "max": "maximize", None: direction}[better_way(metric)]
+    if direction != better:
         raise SearchError(f"hydra.sweeper.direction={direction} for {metric}: {better} it")
 
 
