@@ -38,6 +38,7 @@ PARTS = {
         "_check_model",
         "_check_built",
         "_check_monitors",
+        "_ranks_by",
         "_check_forward",
     ],
     "config/overrides.py": [
