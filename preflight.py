@@ -181,8 +181,9 @@ def _check_built(config: Config) -> dict[str, Any]:
 def _check_monitors(config: Config, callbacks: dict[str, Any]) -> None:
     """Every monitored figure (trainer.checkpoint.monitor, a callback's monitor) is one the run
     produces at validation's end: a typo is one line before launch, not a KeyError after epoch 1.
-    And a best by a figure whose name says which way is better goes that way: monitor=val/loss
-    with the default mode=max would keep the worst checkpoints, or stop on progress."""
+    And a best is ranked the way its figure's name says is better, if it says one: mode=auto
+    takes that way, and a mode given against it (val/loss with max) would keep the worst
+    checkpoints, or stop on progress."""
     figures = produced(config.trainer.ema_decay is not None, list(callbacks.values()))
     monitors = [("trainer.checkpoint.monitor", config.trainer.checkpoint.monitor)]
     # A callback's own monitor: a Monitor (early_stopping's) or a figure's name (stop_at's).
@@ -203,7 +204,11 @@ def _check_monitors(config: Config, callbacks: dict[str, Any]) -> None:
     ranked += [(f"callbacks.{n}", c.monitor.name, c.monitor.mode) for n, c in callbacks.items() if _ranks_by(c)]
     for key, name, mode in ranked:
         better = better_way(name)
-        if better not in (None, mode):
+        if mode == "auto" and better is None:
+            raise ConfigError(
+                f"{key}.mode=auto: {name}'s name does not say which way is better; add {key}.mode=max or min"
+            )
+        if better not in (None, mode) and mode != "auto":
             raise ConfigError(
                 f"{key}.monitor={name} is better {'lower' if better == 'min' else 'higher'}, "
                 f"but {key}.mode={mode}: add {key}.mode={better}"

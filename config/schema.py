@@ -66,6 +66,7 @@ class Decode(Enum):  # where an image file's JPEG bytes become pixels
 
 
 class MonitorMode(Enum):  # which way a monitored figure is better
+    auto = "auto"  # the way its name says: a loss min; an accuracy, an F1 max (training/monitor.py)
     max = "max"
     min = "min"
 
@@ -124,7 +125,7 @@ class CheckpointConfig:
     best.pt is the best of them."""
 
     monitor: str = "val/acc"
-    mode: MonitorMode = MonitorMode.max
+    mode: MonitorMode = MonitorMode.auto
     save_top_k: int = 1
 
     def __post_init__(self) -> None:

@@ -96,8 +96,8 @@ OURS = 2  # train.py's checks: exactly one line
 EXIT_PATHS = {
     "unknown model": (["model=nope"], HYDRA, ["model/nope", "mnist_net"]),
     "batch not divisible": ([*DDP[:2], "trainer.devices=3"], OURS, ["trainer.batch_size=64", "multiple of 3"]),
-    "the best kept the wrong way": (  # mode's default, max, would keep the highest losses
-        ["trainer.checkpoint.monitor=val/loss"],
+    "the best kept the wrong way": (  # max would keep the highest losses
+        ["trainer.checkpoint.monitor=val/loss", "trainer.checkpoint.mode=max"],
         OURS,
         ["trainer.checkpoint.monitor=val/loss is better lower", "add trainer.checkpoint.mode=min"],
     ),

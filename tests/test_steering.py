@@ -167,15 +167,24 @@ def test_the_confusion_matrix_scores_each_class_and_the_macro_f1_by_hand():
             "callbacks.early_stopping.monitor=val/los: this run produces no such figure at validation's end; "
             "did you mean val/loss? it produces val/loss, ",
         ),
-        (  # mode's default, max, would keep the highest losses
-            ["trainer.checkpoint.monitor=val/loss"],
+        (  # max would keep the highest losses
+            ["trainer.checkpoint.monitor=val/loss", "trainer.checkpoint.mode=max"],
             "trainer.checkpoint.monitor=val/loss is better lower, but trainer.checkpoint.mode=max: "
             "add trainer.checkpoint.mode=min",
         ),
-        (  # early_stopping's default mode, min, would count a fall in accuracy as progress
-            ["callbacks=early_stopping", "callbacks.early_stopping.monitor=val/acc"],
+        (  # min would count a fall in accuracy as progress
+            [
+                "callbacks=early_stopping",
+                "callbacks.early_stopping.monitor=val/acc",
+                "callbacks.early_stopping.mode=min",
+            ],
             "callbacks.early_stopping.monitor=val/acc is better higher, but callbacks.early_stopping.mode=min: "
             "add callbacks.early_stopping.mode=max",
+        ),
+        (  # the default mode, auto, takes the way a figure's name says: this one's says none
+            ["callbacks=grad_norm", "trainer.checkpoint.monitor=train/grad_norm"],
+            "trainer.checkpoint.mode=auto: train/grad_norm's name does not say which way is better; "
+            "add trainer.checkpoint.mode=max or min",
         ),
     ],
 )
@@ -188,7 +197,11 @@ def test_a_monitor_the_run_does_not_produce_or_ranked_against_its_figure_is_one_
 def test_a_monitor_may_name_a_callbacks_figure_the_emas_its_better_way_and_a_threshold_either_way():
     check_and_plan(typed_config("callbacks=confusion_matrix", "trainer.checkpoint.monitor=val/macro_f1"))
     check_and_plan(typed_config("trainer.ema_decay=0.9", "trainer.checkpoint.monitor=val_ema/acc"))
-    check_and_plan(typed_config("trainer.checkpoint.monitor=val/loss", "trainer.checkpoint.mode=min"))
+    check_and_plan(typed_config("trainer.checkpoint.monitor=val/loss"))  # mode=auto: min
+    check_and_plan(typed_config("callbacks=early_stopping", "callbacks.early_stopping.monitor=val/acc"))  # auto: max
+    check_and_plan(
+        typed_config("callbacks=grad_norm", "trainer.checkpoint.monitor=train/grad_norm", "trainer.checkpoint.mode=min")
+    )
     # stop_at waits for a value to be reached, either way: a loss at least that high catches a divergence.
     check_and_plan(
         typed_config("callbacks=stop_at", "callbacks.stop_at.monitor=val/loss", "callbacks.stop_at.mode=max")
@@ -199,6 +212,14 @@ def test_which_way_a_figures_name_says_is_better():
     names = ["val/loss", "val_ema/ce", "time/train_s", "wall_s", "val/acc5", "val/balanced_acc", "best_val_acc"]
     names += ["val/macro_f1", "throughput/samples_per_s", "train_samples_per_s", "train/grad_norm", "peak_memory_mb"]
     assert [better_way(n) for n in names] == [*["min"] * 4, *["max"] * 6, None, None]
+    # mode=auto is resolved as the monitor is made: what its best and a checkpoint's ranking read
+    assert (Monitor("val/loss").mode, Monitor("val_ema/acc").mode, Monitor("val/acc", "min").mode) == (
+        "min",
+        "max",
+        "min",
+    )
+    with pytest.raises(ValueError, match="mode=auto: train/grad_norm's name does not say which way is better"):
+        Monitor("train/grad_norm").improves(1.0, 2.0)  # it ranks nothing (the pre-flight refuses it first)
 
 
 def test_a_callbacks_option_without_its_name_names_the_key_to_give():

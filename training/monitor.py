@@ -24,12 +24,17 @@ def better_way(name: str) -> str | None:
 @dataclass(frozen=True)
 class Monitor:
     name: str  # a figure of validation's end: val/acc, val/loss, val/macro_f1 (the confusion matrix's)
-    mode: str = "max"  # max: higher is better; min: lower is (a MonitorMode's value)
+    # max: higher is better; min: lower is; auto: the way the name says, made min or max here. A
+    # name that says none stays auto, which ranks nothing: the pre-flight refuses it, once it has
+    # checked the name (a typo's "did you mean" first). A MonitorMode's value.
+    mode: str = "auto"
     min_delta: float = 0.0  # an improvement must beat the best by more than this
 
     def __post_init__(self) -> None:
-        if self.mode not in ("min", "max"):
-            raise ValueError(f"mode={self.mode}: choose min or max")
+        if self.mode == "auto":
+            object.__setattr__(self, "mode", better_way(self.name) or "auto")
+        if self.mode not in ("auto", "min", "max"):
+            raise ValueError(f"mode={self.mode}: choose auto, min or max")
         if self.min_delta < 0:
             raise ValueError(f"min_delta={self.min_delta}: give 0 or more")
 
@@ -38,6 +43,8 @@ class Monitor:
         return float(figures[self.name])
 
     def improves(self, value: float, best: float | None) -> bool:
+        if self.mode == "auto":
+            raise ValueError(f"mode=auto: {self.name}'s name does not say which way is better; give min or max")
         if best is None:
             return True
         return value < best - self.min_delta if self.mode == "min" else value > best + self.min_delta

@@ -12,10 +12,10 @@ from training.monitor import Monitor
 class EarlyStopping(Callback):
     """Stop training once `monitor` (a figure of validation's end, e.g. val/loss) has gone `patience`
     validations without improving on its best by more than `min_delta`; `mode`: min or max, the
-    direction that is better. Its best and the patience spent are in every checkpoint, so a resumed
+    direction that is better, or auto: the one its name says (a loss min, an accuracy max). Its best and the patience spent are in every checkpoint, so a resumed
     run goes on counting where it stopped."""
 
-    def __init__(self, monitor: str = "val/loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0):
+    def __init__(self, monitor: str = "val/loss", mode: str = "auto", patience: int = 3, min_delta: float = 0.0):
         self.monitor = Monitor(monitor, mode, min_delta)
         if patience < 1:
             raise ValueError(f"patience={patience}: give 1 or more validations to wait")
