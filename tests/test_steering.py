@@ -146,6 +146,31 @@ def test_a_min_monitor_keeps_the_lowest_and_a_resumed_ranking_goes_on(tmp_path):
     resumed = BestCheckpoints(Monitor("val/loss", "min"), top_k=2)
     resumed.load_state_dict(torch.load(tmp_path / "last.pt", weights_only=True)["best_checkpoints"])
     assert resumed.offer(0.8, 4, 4).write is None and resumed.offer(0.6, 4, 4).drop == ("best-epoch3-step3.pt",)
+    # Fewer kept on resume: the best of them, the rest dropped at the next best save.
+    fewer = BestCheckpoints(Monitor("val/loss", "min"), top_k=1)
+    fewer.load_state_dict(torch.load(tmp_path / "last.pt", weights_only=True)["best_checkpoints"])
+    assert [k.value for k in fewer.kept] == [0.5] and fewer.offer(0.4, 4, 4).drop == ("best-epoch3-step3.pt",)
+    # Ranked by another figure: afresh, and the earlier ranking's files go at its first best save.
+    checkpointer.best = BestCheckpoints(Monitor("val/acc"), top_k=2)
+    checkpointer.best.load_state_dict(torch.load(tmp_path / "last.pt", weights_only=True)["best_checkpoints"])
+    assert checkpointer.best.kept == [] and checkpointer.best.offer(0.1, 4, 4).drop == ("best-epoch3-step3.pt",)
+    assert checkpointer.best.offer(0.2, 5, 5).drop == ()  # once
+
+
+@pytest.mark.slow
+def test_a_resume_that_ranks_by_another_figure_keeps_no_file_of_the_earlier_ranking(tmp_path):
+    run_dir, tiny = (
+        tmp_path / "run",
+        ["debug=fdr", "scheduler=none", "trainer.epochs=3", "trainer.checkpoint.save_top_k=2"],
+    )
+    first = run_train(run_dir, *tiny, "trainer.max_steps=6")  # 2 epochs of 3 steps: two best files by val/acc
+    assert first.returncode == 0, first.stderr
+    assert len(list((run_dir / "checkpoints").glob("best-epoch*.pt"))) == 1
+    resumed = run_train(run_dir, *tiny, "trainer.checkpoint.monitor=val/loss", "trainer.resume=auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [BEST, "last.pt"]  # epoch 3's alone
+    kept = torch.load(run_dir / "checkpoints" / BEST, weights_only=True)["best_checkpoints"]
+    assert (kept["monitor"], kept["mode"], [k["epoch"] for k in kept["kept"]]) == ("val/loss", "min", [3])
 
 
 def test_the_confusion_matrix_scores_each_class_and_the_macro_f1_by_hand():

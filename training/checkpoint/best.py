@@ -43,6 +43,9 @@ class BestCheckpoints:
     def __init__(self, monitor: Monitor, top_k: int) -> None:
         self.monitor, self.top_k = monitor, top_k
         self.kept: list[Kept] = []  # best first
+        # An earlier ranking's files that this one does not keep (load_state_dict): the next best
+        # save drops them, so the directory holds one ranking's k best.
+        self.stale: list[str] = []
 
     def offer(self, value: float, epoch: int, step: int, weights: str = "model") -> Plan:
         """A checkpoint that scored `value`: whether it is among the k best, and what that moves. A
@@ -61,7 +64,9 @@ class BestCheckpoints:
         self.kept.insert(rank, new)
         dropped, self.kept = self.kept[self.top_k :], self.kept[: self.top_k]
         # A best.pt that was not linked away is replaced by the new one, not dropped.
-        return Plan(write=new.name, link=link, drop=tuple(k.name for k in dropped if k.name != BEST))
+        drop = (*self.stale, *(k.name for k in dropped if k.name != BEST))
+        self.stale = []
+        return Plan(write=new.name, link=link, drop=drop)
 
     @property
     def best(self) -> Kept | None:
@@ -72,6 +77,10 @@ class BestCheckpoints:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A run that ranked by another figure (trainer.checkpoint changed between runs) starts the
-        ranking afresh."""
-        if (state.get("monitor"), state.get("mode")) == (self.monitor.name, self.monitor.mode):
-            self.kept = [Kept(**k) for k in state["kept"]][: self.top_k]
+        ranking afresh, and one that keeps fewer keeps the best of them. The files it no longer
+        keeps go at its next best save (best.pt is replaced by it): none stays to pass for one of
+        this ranking's."""
+        earlier = [Kept(**k) for k in state["kept"]]
+        same = (state.get("monitor"), state.get("mode")) == (self.monitor.name, self.monitor.mode)
+        self.kept = earlier[: self.top_k] if same else []
+        self.stale = [k.name for k in earlier if k not in self.kept and k.name != BEST]
