@@ -208,7 +208,7 @@ def _check_monitors(config: Config, callbacks: dict[str, Any]) -> None:
             raise ConfigError(
                 f"{key}.mode=auto: {name}'s name does not say which way is better; add {key}.mode=max or min"
             )
-        if better not in (None, mode) and mode != "auto":
+        if better is not None and mode not in (better, "auto"):
             raise ConfigError(
                 f"{key}.monitor={name} is better {'lower' if better == 'min' else 'higher'}, "
                 f"but {key}.mode={mode}: add {key}.mode={better}"

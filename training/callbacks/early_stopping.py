@@ -12,8 +12,9 @@ from training.monitor import Monitor
 class EarlyStopping(Callback):
     """Stop training once `monitor` (a figure of validation's end, e.g. val/loss) has gone `patience`
     validations without improving on its best by more than `min_delta`; `mode`: min or max, the
-    direction that is better, or auto: the one its name says (a loss min, an accuracy max). Its best and the patience spent are in every checkpoint, so a resumed
-    run goes on counting where it stopped."""
+    direction that is better, or auto: the one its name says (a loss min, an accuracy max). Its best
+    and the patience spent are in every checkpoint, so a resumed run goes on counting where it
+    stopped."""
 
     def __init__(self, monitor: str = "val/loss", mode: str = "auto", patience: int = 3, min_delta: float = 0.0):
         self.monitor = Monitor(monitor, mode, min_delta)
