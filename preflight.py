@@ -200,18 +200,19 @@ def _check_monitors(config: Config, callbacks: dict[str, Any]) -> None:
                 f"{key}={name}: this run produces no such figure at validation's end; {hint}"
                 f"it produces {', '.join(figures)}"
             )
-    ranked = [("trainer.checkpoint", config.trainer.checkpoint.monitor, config.trainer.checkpoint.mode.value)]
-    ranked += [(f"callbacks.{n}", c.monitor.name, c.monitor.mode) for n, c in callbacks.items() if _ranks_by(c)]
-    for key, name, mode in ranked:
-        better = better_way(name)
-        if mode == "auto" and better is None:
+    checkpoint = config.trainer.checkpoint
+    ranked = [("trainer.checkpoint", Monitor(checkpoint.monitor, checkpoint.mode.value))]
+    ranked += [(f"callbacks.{n}", c.monitor) for n, c in callbacks.items() if _ranks_by(c)]
+    for key, monitor in ranked:  # auto is resolved already: to the name's way, or left auto when it says none
+        better = better_way(monitor.name)
+        if monitor.mode == "auto":
             raise ConfigError(
-                f"{key}.mode=auto: {name}'s name does not say which way is better; add {key}.mode=max or min"
+                f"{key}.mode=auto: {monitor.name}'s name does not say which way is better; add {key}.mode=max or min"
             )
-        if better is not None and mode not in (better, "auto"):
+        if better not in (None, monitor.mode):
             raise ConfigError(
-                f"{key}.monitor={name} is better {'lower' if better == 'min' else 'higher'}, "
-                f"but {key}.mode={mode}: add {key}.mode={better}"
+                f"{key}.monitor={monitor.name} is better {'lower' if better == 'min' else 'higher'}, "
+                f"but {key}.mode={monitor.mode}: add {key}.mode={better}"
             )
 
 
