@@ -217,6 +217,14 @@ class TrainerConfig:
             [
                 ("epochs", self.epochs, self.epochs >= 1, "at least 1 epoch"),
                 (
+                    "max_steps",
+                    self.max_steps,
+                    _at_least_1_or_null(self.max_steps),
+                    "1 or more optimizer steps, or null for no limit but trainer.epochs",
+                ),
+                ("log_every_n_steps", self.log_every_n_steps, self.log_every_n_steps >= 1, "1 or more"),
+                ("seed", self.seed, self.seed >= 0, "0 or more (NumPy's generators take no negative seed)"),
+                (
                     "accumulate_grad_batches",
                     self.accumulate_grad_batches,
                     self.accumulate_grad_batches >= 1,
@@ -270,6 +278,12 @@ class TrainerConfig:
                     "a decay in (0, 1), e.g. 0.99998, or null",
                 ),
                 ("ema_every_n_steps", self.ema_every_n_steps, self.ema_every_n_steps >= 1, "1 or more"),
+                (
+                    "preempt_grace_s",
+                    self.preempt_grace_s,
+                    self.preempt_grace_s > 0,
+                    "the positive seconds from the signal to SIGKILL (SLURM's KillWait)",
+                ),
             ],
         )
         if not _at_least_1_or_null(self.profile):
@@ -297,6 +311,19 @@ class StrategyConfig:
     cpu_offload: bool = False  # parameter, gradient and optimizer shards in host memory; the optimizer steps there
     shard_modules: Optional[List[str]] = None  # classes sharded a group each ([Bottleneck]); None: the repeated blocks
 
+    def __post_init__(self) -> None:
+        check_ranges(
+            "strategy",
+            [
+                (
+                    "bucket_cap_mb",
+                    self.bucket_cap_mb,
+                    self.bucket_cap_mb is None or self.bucket_cap_mb > 0,
+                    "a positive size in MB, or null for DDP's 25",
+                ),
+            ],
+        )
+
 
 @dataclass
 class LauncherConfig:
@@ -308,6 +335,20 @@ class LauncherConfig:
     timeout_s: float = 600.0
     start_method: StartMethod = StartMethod.spawn
     backend: Optional[Backend] = None  # None: nccl on GPUs, gloo on CPU
+
+    def __post_init__(self) -> None:
+        check_ranges(
+            "launcher",
+            [
+                ("timeout_s", self.timeout_s, self.timeout_s > 0, "a positive number of seconds"),
+                (
+                    "master_port",
+                    self.master_port,
+                    self.master_port is None or 1 <= self.master_port <= 65535,
+                    "a TCP port, 1 to 65535, or null for a free one",
+                ),
+            ],
+        )
 
 
 @dataclass
@@ -372,7 +413,11 @@ class DatasetConfig:
     def __post_init__(self) -> None:
         check_ranges(
             "dataset",
-            [("random_erase", self.random_erase, 0 <= self.random_erase <= 1, "a probability, 0 (off) to 1")],
+            [
+                ("random_erase", self.random_erase, 0 <= self.random_erase <= 1, "a probability, 0 (off) to 1"),
+                ("train_size", self.train_size, self.train_size >= 1, "1 or more samples"),
+                ("val_size", self.val_size, self.val_size >= 1, "1 or more samples"),
+            ],
         )
 
 

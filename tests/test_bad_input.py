@@ -101,6 +101,11 @@ EXIT_PATHS = {
         OURS,
         ["trainer.checkpoint.monitor=val/loss is better lower", "add trainer.checkpoint.mode=min"],
     ),
+    "Lightning's unlimited steps": (  # trained nothing, and exited 0
+        ["trainer.max_steps=-1"],
+        OURS,
+        ["trainer.max_steps=-1", "null for no limit"],
+    ),
     "truncated checkpoint": (
         ["trainer.resume={root}/truncated.pt"],
         OURS,

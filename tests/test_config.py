@@ -10,7 +10,15 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from config.overrides import check_overrides, last_overrides
-from config.schema import CheckpointConfig, DataConfig, TrainerConfig, parse_signals
+from config.schema import (
+    CheckpointConfig,
+    DataConfig,
+    DatasetConfig,
+    LauncherConfig,
+    StrategyConfig,
+    TrainerConfig,
+    parse_signals,
+)
 from errors import ConfigError
 from preflight import check_and_plan
 from tests.configs import compose_config, typed_config
@@ -108,6 +116,38 @@ def test_signal_names_may_drop_the_sig_prefix():
             "trainer.accumulate_grad_batches=0: use 1 (no accumulation) or more",
         ),
         (TrainerConfig, {"grad_clip": -1.0}, "trainer.grad_clip=-1.0: use a positive max norm, or null for none"),
+        # Lightning's "no limit" trained nothing here, and exited 0.
+        (
+            TrainerConfig,
+            {"max_steps": -1},
+            "trainer.max_steps=-1: use 1 or more optimizer steps, or null for no limit but trainer.epochs",
+        ),
+        (TrainerConfig, {"log_every_n_steps": 0}, "trainer.log_every_n_steps=0: use 1 or more"),
+        (TrainerConfig, {"seed": -1}, "trainer.seed=-1: use 0 or more (NumPy's generators take no negative seed)"),
+        (
+            TrainerConfig,
+            {"preempt_grace_s": 0.0},
+            "trainer.preempt_grace_s=0.0: use the positive seconds from the signal to SIGKILL (SLURM's KillWait)",
+        ),
+        (LauncherConfig, {"timeout_s": 0.0}, "launcher.timeout_s=0.0: use a positive number of seconds"),
+        (
+            LauncherConfig,
+            {"master_port": 65536},
+            "launcher.master_port=65536: use a TCP port, 1 to 65535, or null for a free one",
+        ),
+        (
+            LauncherConfig,
+            {"master_port": 0},
+            "launcher.master_port=0: use a TCP port, 1 to 65535, or null for a free one",
+        ),
+        (
+            StrategyConfig,
+            {"bucket_cap_mb": 0.0},
+            "strategy.bucket_cap_mb=0.0: use a positive size in MB, or null for DDP's 25",
+        ),
+        # Validated on nothing, the run reported a loss of 0.
+        (DatasetConfig, {"val_size": 0}, "dataset.val_size=0: use 1 or more samples"),
+        (DatasetConfig, {"train_size": 0}, "dataset.train_size=0: use 1 or more samples"),
         (TrainerConfig, {"limit_val_batches": 0}, "trainer.limit_val_batches=0: use a positive number, or null"),
         (
             TrainerConfig,
@@ -148,7 +188,20 @@ def test_a_value_no_run_could_use_is_refused_as_the_config_is_typed_in_one_line_
 
 
 def test_a_values_least_allowed_passes_as_the_config_is_typed():
-    TrainerConfig(checkpoint_every_n_seconds=0.5, num_nodes=None, max_batch_per_device=1, limit_val_batches=1)
+    TrainerConfig(
+        checkpoint_every_n_seconds=0.5,
+        num_nodes=None,
+        max_batch_per_device=1,
+        limit_val_batches=1,
+        max_steps=1,
+        log_every_n_steps=1,
+        seed=0,
+        preempt_grace_s=0.1,
+    )
+    LauncherConfig(timeout_s=0.5, master_port=65535)
+    LauncherConfig(master_port=1)
+    StrategyConfig(bucket_cap_mb=0.5)
+    DatasetConfig(train_size=1, val_size=1)
 
 
 def test_train_py_rejects_more_gpus_than_visible_in_one_line(run_dir):
