@@ -9,8 +9,8 @@ the reloaded .pt2's) match PyTorch's to 1e-4 (absolute and relative), and top-1 
 that fails is renamed <name>.rejected, said in one line, and the exit status is 1.
 
 Exit status: 0, every file written and checked; 1, a check failed, or torch could not export the
-model (in one line); 2, a run that is not one, its validation data missing, or a missing tool
-(pip install -r requirements-extras.txt), in one line.
+model (in one line); 2, a run that is not one, its validation data missing, a missing tool
+(pip install -r requirements-extras.txt) or an --out it cannot write, in one line.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from errors import ConfigError, first_line
-from trained import Trained, load, metadata, source_parser
+from trained import Trained, load, make_folder, metadata, source_parser
 
 FORMATS = ("pt2", "onnx")
 TOLERANCE = 1e-4  # absolute and relative, on the logits
@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         if "onnx" in args.format:
             _require_onnx()
         trained = load(args.source, args.weights)
+        out = args.out or trained.run_dir / "export"
+        make_folder(out, f"--out={out}")
         try:
             batches = validation_batches(trained, args.check_batches)
         except ConfigError as e:
@@ -60,8 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = args.out or trained.run_dir / "export"
-    out.mkdir(parents=True, exist_ok=True)
     try:
         program = exported_program(trained)
     except Exception as e:  # torch.export's many kinds: a branch on a value, a batch size baked in

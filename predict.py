@@ -9,7 +9,7 @@ trainer.precision, as its validation did, unless --precision says otherwise.
 
 Exit status: 0, every image classified; 1, some could not be read (each named in one line on
 stderr; the others classified and written); 2, nothing to classify (a run or an image argument
-that is not one, in one line).
+that is not one), or an --out it cannot write, in one line.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from data.image_paths import ImagePaths, collate, image_paths
 from data.transforms import ToDevice
 from errors import ConfigError
-from trained import Trained, load, source_parser
+from trained import Trained, load, make_folder, source_parser
 from training.precision import AUTOCAST_DTYPES, Precision
 
 SHOWN = 20  # images printed to the screen, at most; more go to the CSV only
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--{key.replace('_', '-')}={getattr(args, key)}: use 1 or more")
         if args.num_workers is not None and args.num_workers < 0:
             raise ConfigError(f"--num-workers={args.num_workers}: use 0 (decode here) or more")
+        _check_out(args.out)
         device = _device(args.device)
         trained = load(args.source, args.weights)
         args.precision = args.precision or trained.trainer.get("precision", "32")  # the figures validation computed
@@ -77,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     source = f"{trained.path} ({trained.weights} weights, precision {args.precision})"
     print(f"{len(rows)} of {len(paths)} image(s) classified by {source}: {args.out}")
     return 1 if unread else 0
+
+
+def _check_out(path: Path) -> None:
+    """Where the CSV goes, checked before any image is read."""
+    if path.is_dir():
+        raise ConfigError(f"--out={path}: is a folder; give the CSV's file name, e.g. --out={path / 'predictions.csv'}")
+    make_folder(path.parent, f"--out={path}")
 
 
 def _device(name: str | None) -> torch.device:
@@ -131,7 +139,6 @@ def predict(
 
 def write_csv(path: Path, rows: list[tuple[str, list[tuple[int, str, float]]]], k: int) -> None:
     """One row per image: path, then class_1, label_1, probability_1 ... up to k."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["path", *(f"{what}_{i}" for i in range(1, k + 1) for what in ("class", "label", "probability"))])

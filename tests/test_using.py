@@ -192,6 +192,28 @@ def test_a_run_dir_gives_its_best_pt_else_its_last_pt_and_a_bad_source_is_one_li
         load(_without_ema(single_run, tmp_path), "ema")
 
 
+def test_an_out_that_cannot_take_the_output_is_one_line_before_any_work(single_run, images, tmp_path, capsys):
+    # A folder given as predict.py's --out was a traceback once every image had been classified;
+    # a file given as export.py's, a traceback.
+    (tmp_path / "a_file").write_text("")
+    fix = "give a path you can write"
+    refusals = [
+        (predict, images, f"is a folder; give the CSV's file name, e.g. --out={images / 'predictions.csv'}"),
+        (predict, tmp_path / "a_file" / "deeper" / "p.csv", f"{tmp_path / 'a_file'} is a file, not a folder; {fix}"),
+        (predict, Path("/proc/p.csv"), f"cannot write in /proc (No such file or directory); {fix}"),
+        (export, tmp_path / "a_file", f"{tmp_path / 'a_file'} is a file, not a folder; {fix}"),
+    ]
+    for cli, out, words in refusals:
+        args = [str(single_run), *([str(images)] if cli is predict else []), "--out", str(out)]
+        assert cli.main(args) == 2
+        captured = capsys.readouterr()
+        assert captured.err == f"error: --out={out}: {words}\n"
+        assert captured.out == ""  # nothing classified, nothing exported
+    made = tmp_path / "new" / "folder" / "p.csv"  # a folder it can make is made
+    assert predict.main([str(single_run), str(images), "--out", str(made), "--num-workers", "0"]) == 1
+    assert len(_rows(made)) == 5
+
+
 def _without_ema(single_run: Path, tmp_path: Path) -> Path:
     checkpoint = torch.load(single_run / "checkpoints" / "last.pt", weights_only=True)
     path = tmp_path / "no_ema.pt"
