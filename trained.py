@@ -21,7 +21,7 @@ from config import setup
 from config.schema import DataConfig, DatasetConfig
 from errors import ConfigError, first_line
 
-WEIGHTS = ("best", "model", "ema")  # best: the weights that scored the checkpoint's best accuracy
+WEIGHTS = ("best", "model", "ema")  # best: best_weights(checkpoint)
 _FIX = "give a run dir, or a checkpoint train.py wrote (<run dir>/checkpoints/best.pt or last.pt)"
 
 
@@ -59,7 +59,7 @@ def load(source: str | Path, weights: str = "best") -> Trained:
     path = checkpoint_path(source)
     checkpoint, state = _read(path)
     saved = _saved_config(checkpoint, path)
-    chosen = checkpoint.get("best_weights", "model") if weights == "best" else weights
+    chosen = best_weights(checkpoint) if weights == "best" else weights
     if chosen == "ema":
         if checkpoint.get("ema") is None:
             if weights == "ema":
@@ -91,6 +91,16 @@ def load(source: str | Path, weights: str = "best") -> Trained:
         class_names=_class_names(manifest, dataset),
         manifest=manifest,
     )
+
+
+def best_weights(checkpoint: dict[str, Any]) -> str:
+    """Whose weights, the model's or the EMA's, scored the figure the run ranks its checkpoints by
+    (trainer.checkpoint.monitor) at this checkpoint's validation; else (a save between validations,
+    or a checkpoint from before the ranking) those that scored the run's best accuracy."""
+    kept = (checkpoint.get("best_checkpoints") or {}).get("kept", [])
+    at = (checkpoint.get("epoch"), checkpoint.get("step"))
+    own = next((entry["weights"] for entry in kept if (entry["epoch"], entry["step"]) == at), None)
+    return own or checkpoint.get("best_weights", "model")
 
 
 def _sharded(path: Path) -> bool:
@@ -212,8 +222,8 @@ def source_parser(prog: str, description: str | None) -> argparse.ArgumentParser
         "--weights",
         choices=WEIGHTS,
         default="best",
-        help="the model's or the EMA's (trainer.ema_decay) weights; best (default): those that "
-        "scored the checkpoint's best accuracy",
+        help="the model's or the EMA's (trainer.ema_decay) weights; best (default): those that scored "
+        "the run's trainer.checkpoint.monitor at this checkpoint (else the run's best accuracy)",
     )
     return parse
 

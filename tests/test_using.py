@@ -21,7 +21,7 @@ from data.image_paths import image_paths, validation_image
 from errors import ConfigError
 from tests import train_server
 from tests.runs import PASSWORD, SECRET_ROOT, last_weights, run_train
-from trained import Trained, checkpoint_path, load
+from trained import Trained, best_weights, checkpoint_path, load
 from training.checkpoint import sharded
 from training.precision import Precision
 
@@ -212,6 +212,21 @@ def test_an_out_that_cannot_take_the_output_is_one_line_before_any_work(single_r
     made = tmp_path / "new" / "folder" / "p.csv"  # a folder it can make is made
     assert predict.main([str(single_run), str(images), "--out", str(made), "--num-workers", "0"]) == 1
     assert len(_rows(made)) == 5
+
+
+def test_best_weights_are_those_that_scored_the_ranked_figure_at_this_checkpoint(single_run, tmp_path):
+    # Ranked by val/loss, the EMA's scored best.pt while the model's accuracy stayed the run's best:
+    # the best weights were the model's, which did not earn best.pt its place.
+    checkpoint = torch.load(single_run / "checkpoints" / "last.pt", weights_only=True)
+    at, other = {"epoch": 3, "step": 30}, {"epoch": 2, "step": 20}
+    ranked = {"monitor": "val/loss", "mode": "min", "kept": [{**at, "value": 0.5, "weights": "ema", "name": "best.pt"}]}
+    assert best_weights({**checkpoint, **at, "best_weights": "model", "best_checkpoints": ranked}) == "ema"
+    # A save between validations (or of an epoch outside the best): the run's best accuracy's.
+    assert best_weights({**checkpoint, **other, "best_weights": "model", "best_checkpoints": ranked}) == "model"
+    assert best_weights({**checkpoint, **other, "best_weights": "ema", "best_checkpoints": None}) == "ema"
+    path = tmp_path / "best.pt"
+    torch.save({**checkpoint, **at, "best_weights": "model", "best_checkpoints": ranked}, path)
+    assert load(path).weights == "ema"
 
 
 def _without_ema(single_run: Path, tmp_path: Path) -> Path:
