@@ -56,6 +56,7 @@ def files(tmp_path_factory):
     save_checkpoint(_checkpoint(MnistNet(1, 5, 8)), root / "other_model.pt")
     torch.save({**_checkpoint(MnistNet(1, 10, 8)), "extra": socket.socket}, root / "pickled.pt")
     (root / "a_file").write_text("")
+    (root / "empty_run" / "checkpoints").mkdir(parents=True)
     _sharded(MnistNet(1, 5, 8), root / "sharded_other_model")
     _sharded(MnistNet(1, 10, 8), root / "sharded_half_written")
     (root / "sharded_half_written" / sharded.METADATA).unlink()  # DCP writes it last
@@ -151,6 +152,8 @@ CHECKS = {  # preflight.check_and_plan's ConfigErrors: the one line train.py pri
     ),
     "starting over an existing run": ([], ["already holds checkpoints/last.pt", "trainer.resume=auto"]),
     "port taken": ([*DDP, "launcher.master_port={port}"], ["launcher.master_port={port}", "already in use"]),
+    "a folder that holds no checkpoint": (["trainer.resume={root}"], ["a folder with no checkpoint in it", "run dir"]),
+    "a run dir with no last.pt": (["trainer.resume={root}/empty_run"], ["empty_run/checkpoints/last.pt: no such file"]),
     "sharded checkpoint half written": (
         ["trainer.resume={root}/sharded_half_written"],
         ["sharded_half_written", "no .metadata"],

@@ -14,7 +14,7 @@ import yaml
 
 from errors import ConfigError, first_line
 
-FIX = "point trainer.resume at a last.pt or best.pt written by train.py"
+FIX = "point trainer.resume at a last.pt or best.pt written by train.py, or at its run dir"
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:

@@ -32,7 +32,8 @@ _opened: dict[Path, tuple[ResumePoint, dict[str, Any]]] = {}
 
 
 def find_resume(resume: str | None, run_dir: Path, env: Mapping[str, str] = os.environ) -> Path | None:
-    """`auto`: this run dir's last.pt if a previous attempt left one, else start fresh. In a job that
+    """`auto`: this run dir's last.pt if a previous attempt left one, else start fresh; a run dir: its
+    last.pt; else the checkpoint named. In a job that
     SLURM or torchrun restarted (`is_restart`), null means auto: the requeued job, of
     slurm/train.sbatch or of hydra/launcher=submitit_slurm alike, or torchrun's new worker group,
     goes on from where it stopped."""
@@ -43,7 +44,9 @@ def find_resume(resume: str | None, run_dir: Path, env: Mapping[str, str] = os.e
     if resume == "auto":
         last = run_dir / "checkpoints" / "last.pt"
         return last if last.exists() else None
-    return Path(resume)
+    path = Path(resume)
+    # A run dir: its last.pt, as `auto` takes in its own (predict.py and export.py take run dirs too).
+    return path / "checkpoints" / "last.pt" if (path / "checkpoints").is_dir() else path
 
 
 # In a run dir: the rendezvous id (TORCHELASTIC_RUN_ID) of the torchrun job that trains there.
@@ -101,7 +104,7 @@ def decide_resume(
     point = None
     if path is not None:
         if not path.exists():
-            raise no_such_checkpoint(resume)
+            raise no_such_checkpoint(path)
         if path.is_dir():  # strategy=fsdp's sharded last.pt, checked from its metadata and train state
             from training.checkpoint import sharded  # late: DCP is slow to import (BENCHMARKS.md: Start-up)
 

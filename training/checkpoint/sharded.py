@@ -165,10 +165,12 @@ def read_metadata(path: Path | str) -> Metadata:
         with open(Path(path) / METADATA, "rb") as f:
             metadata = _MetadataUnpickler(f).load()
     except FileNotFoundError:
-        raise ConfigError(
-            f"trainer.resume={path}: not a loadable checkpoint (no {METADATA}: a directory torch.distributed.checkpoint "
-            f"did not finish writing); {FIX}"
-        ) from None
+        what = (
+            f"no {METADATA}: a directory torch.distributed.checkpoint did not finish writing"
+            if any(Path(path).glob("*.distcp"))
+            else "a folder with no checkpoint in it"
+        )
+        raise ConfigError(f"trainer.resume={path}: not a loadable checkpoint ({what}); {FIX}") from None
     except pickle.UnpicklingError as e:
         raise ConfigError(f"trainer.resume={path}: refused, {e}; {FIX}") from None
     except Exception as e:
