@@ -12,6 +12,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -577,6 +578,25 @@ def test_a_new_study_refuses_a_dir_holding_another_searchs_jobs(tmp_path):
     _study.check_new_study_has_its_own_dir(study, None, tmp_path)
 
 
+@pytest.mark.parametrize(
+    "key, value, line",
+    [
+        ("n_jobs", 0, "hydra.sweeper.n_jobs=0: use 1 or more trials at once"),
+        ("n_trials", -1, "hydra.sweeper.n_trials=-1: use 0 or more trials"),
+        ("max_failure_rate", 1.5, "hydra.sweeper.max_failure_rate=1.5: use a share of the trials, 0 to 1"),
+    ],
+)
+def test_a_count_the_search_cannot_use_names_its_key(key, value, line):
+    # One line for all three keys left the user to find which of them was wrong.
+    options = dict(direction="maximize", metric="best_val_acc", n_jobs=1, n_trials=0, max_failure_rate=0.0)
+    sweeper = SimpleNamespace(**options, heartbeat_interval=60, pruner="none", storage=None, config={})
+    _study.check_options(sweeper)
+    setattr(sweeper, key, value)
+    with pytest.raises(_study.SearchError) as refused:
+        _study.check_options(sweeper)
+    assert str(refused.value) == line
+
+
 def test_a_refused_search_leaves_the_record_of_the_one_in_its_dir(tmp_path):
     sweep = tmp_path / "search"
     args = [
@@ -593,7 +613,7 @@ def test_a_refused_search_leaves_the_record_of_the_one_in_its_dir(tmp_path):
     for refused, error in [
         (["trainer.epochs=2"], "error: study digits in sqlite:///"),  # another search under the same name
         (["hydra.sweeper.storage=null"], f"error: {sweep} holds another search's job dirs (0_"),
-        (["hydra.sweeper.n_jobs=0"], "error: hydra.sweeper: n_jobs must be 1 or more"),
+        (["hydra.sweeper.n_jobs=0"], "error: hydra.sweeper.n_jobs=0: use 1 or more trials at once"),
         (["hydra.sweeper.pruner=bogus"], "error: hydra.sweeper.pruner=bogus: choose none, median, "),
     ]:
         again = train_server.run([*args, *refused])

@@ -463,8 +463,13 @@ def check_options(sweeper: Any) -> None:
     if sweeper.direction not in ("maximize", "minimize"):
         raise SearchError(f"hydra.sweeper.direction={sweeper.direction}: choose maximize or minimize")
     check_direction(sweeper.metric, sweeper.direction)
-    if sweeper.n_jobs < 1 or sweeper.n_trials < 0 or not 0.0 <= sweeper.max_failure_rate <= 1.0:
-        raise SearchError("hydra.sweeper: n_jobs must be 1 or more, n_trials 0 or more, max_failure_rate in [0, 1]")
+    for key, allowed, use in (
+        ("n_jobs", sweeper.n_jobs >= 1, "1 or more trials at once"),
+        ("n_trials", sweeper.n_trials >= 0, "0 or more trials"),
+        ("max_failure_rate", 0.0 <= sweeper.max_failure_rate <= 1.0, "a share of the trials, 0 to 1"),
+    ):
+        if not allowed:
+            raise SearchError(f"hydra.sweeper.{key}={getattr(sweeper, key)}: use {use}")
     if sweeper.heartbeat_interval < 1:
         raise SearchError(f"hydra.sweeper.heartbeat_interval={sweeper.heartbeat_interval}: give 1 s or more")
     check_pruner(sweeper.pruner, sweeper.storage, sweeper.config.get("optimized_metric"))
