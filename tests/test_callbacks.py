@@ -12,10 +12,11 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from data import Loaders
-from distributed.context import DistContext
+from distributed.context import DistContext, make_context
 from tests.test_reporting import _tensorboard
 from tests.test_train_step import CPU, TinyNet, _batch, _trainer
-from training.callbacks import Callback, RunInfo
+from training.callbacks import Callback, RunInfo, end_validation
+from training.callbacks.early_stopping import EarlyStopping
 from training.callbacks.grad_norm import GradNorm
 from training.samples import SampleImages
 from training.trainer import Reporting
@@ -109,6 +110,25 @@ def test_the_events_come_in_order_with_the_unclipped_norm_and_what_a_callback_ad
         (1.0, [GradNorm()], 3),  # clipping and the callback share one norm a step
     ],
 )
+class _Adds(Callback):
+    figures = ("val/macro_f1",)
+
+    def on_validation_end(self, epoch: int, step: int, figures: dict[str, float]) -> str | None:
+        figures["val/macro_f1"] = 0.5
+        return "added, then stopped"
+
+
+def test_a_callback_may_read_a_figure_that_one_listed_after_it_adds():
+    # Early stopping listed before the callback whose figure it watches read it before it was added.
+    watcher = EarlyStopping(monitor="val/macro_f1", patience=1, min_delta=100)
+    figures, ctx = {"val/acc": 0.1}, make_context(0, 0, 1, 1, "cpu", use_process_group=False)
+    assert end_validation([watcher, _Adds()], 0, 3, figures, ctx) == "added, then stopped"
+    assert (figures["val/macro_f1"], watcher.best) == (0.5, 0.5)
+    reason = end_validation([watcher, _Adds()], 1, 6, figures, ctx)
+    assert reason == "added, then stopped"  # the adders' reasons come first as they run first
+    assert watcher.waited == 1
+
+
 def test_the_gradient_norm_is_measured_once_a_step_and_only_when_asked_for(
     tmp_path, monkeypatch, grad_clip, callbacks, norms
 ):

@@ -268,13 +268,16 @@ def test_a_callbacks_option_without_its_name_names_the_key_to_give():
 
 
 # The built-in options end to end: early stopping that can never see an improvement (min_delta), so
-# it stops after `patience` more validations, 2 best checkpoints, the confusion matrix; 6 epochs of 3
+# it stops after `patience` more validations, 2 best checkpoints, the confusion matrix, whose macro-F1
+# both rank, though early stopping comes first in the list (it read the figure before it was added,
+# a KeyError after epoch 1); 6 epochs of 3
 # steps at most. A kill at epoch 3's validation end (rank 1's) leaves last.pt at epoch 2's end, with
 # one validation of patience spent: a resume that forgot it would stop at epoch 5, not 3.
 BUILT_INS = [
     "debug=fdr",
     "trainer.epochs=6",
     "callbacks=[early_stopping,confusion_matrix]",
+    "callbacks.early_stopping.monitor=val/macro_f1",
     "callbacks.early_stopping.min_delta=100",
     "callbacks.early_stopping.patience=2",
     "callbacks.confusion_matrix.image=false",
@@ -318,7 +321,9 @@ def test_the_built_ins_survive_kill_9_and_resume_and_the_matrix_is_exact(tmp_pat
     result = run_train(run_dir, *chosen, *resumed, "trainer.resume=auto")
     assert result.returncode == 0, result.stderr
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["epochs"] == 3 and metrics["stopped_early"].startswith("early_stopping: val/loss has not improved")
+    assert metrics["epochs"] == 3 and metrics["stopped_early"].startswith(
+        "early_stopping: val/macro_f1 has not improved"
+    )
     assert metrics["world_size"] == (2 if resumed else 1)
     assert "stopping early at step 9: early_stopping" in (run_dir / "train.log").read_text()
     best = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("best"))
