@@ -70,8 +70,8 @@ class Callback:
         """Epoch `epoch` (from 0) is validated, at optimizer step `step`: `figures` holds its figures
         (val/*, val_ema/*, train/*, throughput/*, time/*), every one the same on every rank; add
         yours (name them in `figures`, the class attribute). They go to the loggers, the epoch's log
-        line and metrics.json after every callback has seen them. The callbacks that add figures see this
-        event before those that add none, so any callback may read what they add.
+        line and metrics.json after every callback has seen them. The callbacks that add figures see
+        this event before those that add none, so any callback may read what they add.
 
         Return a reason to stop training, or None: if any rank returns one, every rank stops here,
         last.pt is saved, and the run ends as a finished one, its log and metrics.json saying why."""
@@ -94,8 +94,8 @@ class Callback:
 def end_validation(
     callbacks: Sequence[Callback], epoch: int, step: int, figures: dict[str, float], ctx: DistContext
 ) -> str | None:
-    """Every callback's on_validation_end: first those that add figures, then the others, each group in
-    the run's order, so that a monitor may name a figure a callback adds wherever the list puts it.
+    """Every callback's on_validation_end: first those that add figures, then the others, each group
+    in the run's order, so that a monitor may name a figure a callback adds wherever the list puts it.
     Then the ranks agree: the reason to stop that a rank's callbacks gave (the lowest rank's first),
     or None, the same on every rank, so that every rank stops at this step or none does. One small
     all-reduce per validation."""

@@ -33,10 +33,9 @@ _opened: dict[Path, tuple[ResumePoint, dict[str, Any]]] = {}
 
 def find_resume(resume: str | None, run_dir: Path, env: Mapping[str, str] = os.environ) -> Path | None:
     """`auto`: this run dir's last.pt if a previous attempt left one, else start fresh; a run dir: its
-    last.pt; else the checkpoint named. In a job that
-    SLURM or torchrun restarted (`is_restart`), null means auto: the requeued job, of
-    slurm/train.sbatch or of hydra/launcher=submitit_slurm alike, or torchrun's new worker group,
-    goes on from where it stopped."""
+    last.pt; else the checkpoint named. In a job that SLURM or torchrun restarted (`is_restart`),
+    null means auto: the requeued job, of slurm/train.sbatch or of hydra/launcher=submitit_slurm
+    alike, or torchrun's new worker group, goes on from where it stopped."""
     if resume is None and is_restart(run_dir, env):
         resume = "auto"
     if resume is None:
