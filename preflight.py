@@ -17,11 +17,12 @@ from typing import Any
 
 import torch
 from hydra.utils import get_object
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 import data
 from config.schema import Accelerator, Config, ResumePoint, TrainerConfig, parse_signals
+from config.setup import CONF_DIR
 from config.typed import factory, model_factory, scheduler_options
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
@@ -31,7 +32,7 @@ from training.checkpoint.resume import decide_resume
 from training.loggers.packages import check_installed
 from training.monitor import Monitor, better_way
 from training.profiling import WAIT, WARMUP
-from training.validation import produced
+from training.validation import FIGURES, produced
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,20 @@ def _check_built(config: Config) -> dict[str, Any]:
     return {key.removeprefix("callbacks."): c for key, c in built.items() if key != "loss"}
 
 
+def _source_of(name: str, chosen: list[str]) -> str | None:
+    """What would produce `name` that the run does not have, and the override that adds it: the EMA
+    (val_ema/*), or a callback of conf/callbacks/ that names it in its `figures`, beside the
+    callbacks `chosen`."""
+    if name.startswith("val_ema/") and name.removeprefix("val_ema/") in FIGURES:
+        return "the EMA's figure: add trainer.ema_decay=<decay>, e.g. 0.999"
+    for path in sorted((CONF_DIR / "callbacks").glob("*.yaml")):
+        target = (OmegaConf.load(path).get(path.stem) or {}).get("_target_")
+        if target is not None and name in getattr(get_object(target), "figures", ()):
+            listed = ",".join([*chosen, path.stem])
+            return f"{path.stem}'s figure: add callbacks={f'[{listed}]' if chosen else listed}"
+    return None
+
+
 def _check_monitors(config: Config, callbacks: dict[str, Any]) -> None:
     """Every monitored figure (trainer.checkpoint.monitor, a callback's monitor) is one the run
     produces at validation's end: a typo is one line before launch, not a KeyError after epoch 1.
@@ -193,13 +208,15 @@ def _check_monitors(config: Config, callbacks: dict[str, Any]) -> None:
         if hasattr(c, "monitor")
     ]
     for key, name in monitors:
-        if name not in figures:
-            close = difflib.get_close_matches(name, figures, n=1)
-            hint = f"did you mean {close[0]}? " if close else ""
-            raise ConfigError(
-                f"{key}={name}: this run produces no such figure at validation's end; {hint}"
-                f"it produces {', '.join(figures)}"
-            )
+        if name in figures:
+            continue
+        missing = f"{key}={name}: this run produces no such figure at validation's end"
+        source = _source_of(name, list(callbacks))
+        if source is not None:
+            raise ConfigError(f"{missing}; it is {source}")
+        close = difflib.get_close_matches(name, figures, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ConfigError(f"{missing}; {hint}it produces {', '.join(figures)}")
     checkpoint = config.trainer.checkpoint
     ranked = [("trainer.checkpoint", Monitor(checkpoint.monitor, checkpoint.mode.value))]
     ranked += [(f"callbacks.{n}", c.monitor) for n, c in callbacks.items() if _ranks_by(c)]

@@ -186,7 +186,27 @@ def test_the_confusion_matrix_scores_each_class_and_the_macro_f1_by_hand():
     "overrides, refusal",
     [
         (["trainer.checkpoint.monitor=val/acuracy"], "trainer.checkpoint.monitor=val/acuracy: this run produces no "),
-        (["trainer.checkpoint.monitor=val_ema/acc"], "trainer.checkpoint.monitor=val_ema/acc: this run produces no "),
+        # A figure the run would produce with the EMA, or with a callback: the override that adds it
+        # (the nearest name it has, val/acc, is not what was meant).
+        (
+            ["trainer.checkpoint.monitor=val_ema/acc"],
+            "trainer.checkpoint.monitor=val_ema/acc: this run produces no such figure at validation's end; "
+            "it is the EMA's figure: add trainer.ema_decay=<decay>, e.g. 0.999",
+        ),
+        (  # not one of the EMA's figures either
+            ["trainer.checkpoint.monitor=val_ema/acx"],
+            "trainer.checkpoint.monitor=val_ema/acx: this run produces no such figure at validation's end; did you mean",
+        ),
+        (
+            ["callbacks=stop_at", "callbacks.stop_at.monitor=val/macro_f1"],
+            "callbacks.stop_at.monitor=val/macro_f1: this run produces no such figure at validation's end; "
+            "it is confusion_matrix's figure: add callbacks=[stop_at,confusion_matrix]",
+        ),
+        (
+            ["trainer.checkpoint.monitor=val/balanced_acc"],
+            "trainer.checkpoint.monitor=val/balanced_acc: this run produces no such figure at validation's end; "
+            "it is balanced_accuracy's figure: add callbacks=balanced_accuracy",
+        ),
         (
             ["callbacks=early_stopping", "callbacks.early_stopping.monitor=val/los"],
             "callbacks.early_stopping.monitor=val/los: this run produces no such figure at validation's end; "
