@@ -101,15 +101,6 @@ def test_the_events_come_in_order_with_the_unclipped_norm_and_what_a_callback_ad
     assert logger.scalars["mine/epoch"] == [(3, 0.0), (6, 1.0)]
 
 
-@pytest.mark.parametrize(
-    "grad_clip, callbacks, norms",
-    [
-        (None, [], 0),  # nothing asks: the step measures nothing
-        (None, [Callback()], 0),  # a callback without after_backward does not ask either
-        (None, [GradNorm()], 3),
-        (1.0, [GradNorm()], 3),  # clipping and the callback share one norm a step
-    ],
-)
 class _Adds(Callback):
     figures = ("val/macro_f1",)
 
@@ -129,6 +120,15 @@ def test_a_callback_may_read_a_figure_that_one_listed_after_it_adds():
     assert watcher.waited == 1
 
 
+@pytest.mark.parametrize(
+    "grad_clip, callbacks, norms",
+    [
+        (None, [], 0),  # nothing asks: the step measures nothing
+        (None, [Callback()], 0),  # a callback without after_backward does not ask either
+        (None, [GradNorm()], 3),
+        (1.0, [GradNorm()], 3),  # clipping and the callback share one norm a step
+    ],
+)
 def test_the_gradient_norm_is_measured_once_a_step_and_only_when_asked_for(
     tmp_path, monkeypatch, grad_clip, callbacks, norms
 ):
