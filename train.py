@@ -29,7 +29,7 @@ from config import setup
 from config.callbacks import restore_run_record
 from config.hparams import hparams, varied_hparams
 from config.overrides import check_overrides, swept_overrides
-from config.typed import Composition, run_config, typed
+from config.typed import Composition, check_sweep, run_config, typed
 from distributed.launch import end_process, launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
 from preflight import check_and_plan, model_figures
@@ -53,6 +53,8 @@ def main(cfg: DictConfig) -> float | None:
     choices = dict(hydra_cfg.runtime.choices)
     try:
         config = typed(cfg)
+        if multirun:
+            check_sweep(sweep_dir / "multirun.yaml")
         if config.trainer.compile:  # inductor reads it as it compiles, here or in the ranks started here
             use_compile_cache(sweep_dir or run_dir)
         plan = check_and_plan(config, run_dir, multirun=multirun)

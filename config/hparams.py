@@ -115,11 +115,23 @@ def varied_hparams(
 def _varied_hparams(
     record: str, figures: Callable[[DictConfig], Mapping[str, Any]] | None
 ) -> dict[str, tuple[Any, ...]]:
+    jobs = [
+        {**hparams(cfg, cfg.hydra.runtime.choices), **(figures(cfg) if figures else {})}
+        for _, cfg in sweep_jobs(record)
+    ]
+    _, swept = sweep_grid(record)
+    return {**differing(jobs), **{key: () for key, lines in swept.items() if not lines}}  # an interval: values unknown
+
+
+@functools.lru_cache(maxsize=1)  # one per sweep, as above
+def sweep_jobs(record: str) -> tuple[tuple[tuple[str, ...], DictConfig], ...]:
+    """Each job of the sweep its record lists (multirun.yaml's text, config.overrides.sweep_grid):
+    the overrides it sweeps, and its config, composed with its hydra node. A key an interval or a
+    glob sweeps keeps its fixed value."""
     from config.setup import compose  # Hydra's composition: not for those who only compare records (bench.report)
 
     fixed, swept = sweep_grid(record)
-    jobs = []
-    for combination in itertools.product(*(lines for lines in swept.values() if lines)):
-        cfg = compose(*fixed, *combination, hydra=True)
-        jobs.append({**hparams(cfg, cfg.hydra.runtime.choices), **(figures(cfg) if figures else {})})
-    return {**differing(jobs), **{key: () for key, lines in swept.items() if not lines}}  # an interval: values unknown
+    return tuple(
+        (combination, compose(*fixed, *combination, hydra=True))
+        for combination in itertools.product(*(lines for lines in swept.values() if lines))
+    )

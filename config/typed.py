@@ -5,13 +5,14 @@ pre-flight's (preflight.py)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from hydra.utils import get_object, instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError, ValidationError
 
 from config.redact import redact
@@ -52,6 +53,25 @@ def typed(cfg: DictConfig) -> Config:
     for key, (node, required) in nodes.items():
         check_target(key, node, required)
     return config
+
+
+def check_sweep(record: Path) -> None:
+    """Every job of a -m sweep typed as its first job starts (`record`: the sweep's multirun.yaml):
+    a value no run could use, in any job, is one line naming that job before any job trains, not a
+    refusal once the jobs listed before it have run. The jobs are composed once per sweep, for the
+    HParams tab's varied keys too (config.hparams.sweep_jobs)."""
+    from config.hparams import sweep_jobs  # the record's reader: only a sweep needs it
+
+    if not record.is_file():
+        return
+    for swept, composed in sweep_jobs(record.read_text()):
+        cfg = copy.deepcopy(composed)  # shared with the HParams tab's keys, which read its hydra node
+        with open_dict(cfg):
+            del cfg["hydra"]  # what the job's main() is given
+        try:
+            typed(cfg)
+        except ConfigError as e:  # never this job's own: typed already, it differs from the others by `swept`
+            raise ConfigError(f"{e} (the sweep's job {' '.join(swept)}: fix it, and run the sweep again)") from None
 
 
 def check_target(key: str, node: Any, required: bool = True) -> None:

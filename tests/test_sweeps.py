@@ -221,3 +221,15 @@ def test_every_strategy_runs_under_multirun(tmp_path):
     metrics = [json.loads((job / "metrics.json").read_text()) for job in jobs]
     assert [(m["strategy"], m["devices"]) for m in metrics] == [("single", 1), ("ddp", 1), ("fsdp", 1)]
     assert all((job / "checkpoints" / "last.pt").exists() and (job / "train.log").is_file() for job in jobs)
+
+
+def test_a_value_no_job_could_use_refuses_the_sweep_before_its_first_job_trains(tmp_path):
+    # The jobs listed before the bad one trained first (a GPU's hours), then the sweep stopped there.
+    sweep = tmp_path / "sweep"
+    result = train_server.run(["-m", f"hydra.sweep.dir={sweep}", *TINY, "trainer.max_steps=2,-1"])
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "error: trainer.max_steps=-1: use 1 or more optimizer steps, or null for no limit but trainer.epochs "
+        "(the sweep's job trainer.max_steps=-1: fix it, and run the sweep again)"
+    )
+    assert not list(sweep.glob("*/checkpoints")) and not list(sweep.glob("*/train.log"))
