@@ -8,6 +8,7 @@ import difflib
 import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import is_dataclass
+from enum import Enum
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -97,13 +98,34 @@ def _check_schema_keys(parsed: list[Override]) -> list[list[str]]:
             continue
         cls = sections[path[0]]
         for depth, part in enumerate(path[1:], start=1):
+            cls = _optional_of(cls)
+            if _is_value(cls):  # trainer.epochs.x=1: Hydra's five lines say it cannot merge a dict
+                above = ".".join(path[:depth])
+                raise ConfigError(f"{'.'.join(path)}: no such key; {above} is a value, not a section: give {above}=...")
+            if typing.get_origin(cls) is list:  # dataset.mean.0=0.5 sets an item; a name, Hydra's traceback
+                if not part.isdigit():
+                    above = ".".join(path[:depth])
+                    raise ConfigError(
+                        f"{'.'.join(path)}: no such key; {above} is a list: give {above}=[...], or an item, {above}.0=..."
+                    )
+                break
             if not is_dataclass(cls):
-                break  # a leaf, or a free-form value
+                break  # a free-form mapping
             names = typing.get_type_hints(cls)
             if part not in names:
                 raise _no_such_key(path, depth, names)
             cls = names[part]
     return free_form
+
+
+def _optional_of(hint: Any) -> Any:
+    """Optional[X] as X (logger.wandb's WandbConfig); any other type as it is."""
+    inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    return inner[0] if typing.get_origin(hint) is typing.Union and len(inner) == 1 else hint
+
+
+def _is_value(hint: Any) -> bool:
+    return isinstance(hint, type) and issubclass(hint, (bool, int, float, str, Enum))
 
 
 def _check_top_level(path: list[str], sections: Sequence[str]) -> None:
@@ -132,8 +154,8 @@ def _typed_keys(cls: type, prefix: str = "") -> Iterator[str]:
     """Every key of the typed sections, nested ones dotted (trainer.checkpoint.monitor)."""
     for name, hint in typing.get_type_hints(cls).items():
         yield prefix + name
-        if is_dataclass(hint):
-            yield from _typed_keys(hint, f"{prefix}{name}.")
+        if is_dataclass(_optional_of(hint)):
+            yield from _typed_keys(_optional_of(hint), f"{prefix}{name}.")
 
 
 def _unchosen_logger_options(parsed: list[Override]) -> dict[str, str]:

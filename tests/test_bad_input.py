@@ -102,6 +102,7 @@ EXIT_PATHS = {
         OURS,
         ["trainer.checkpoint.monitor=val/loss is better lower", "add trainer.checkpoint.mode=min"],
     ),
+    "a key below a value": (["trainer.epochs.x=1"], OURS, ["trainer.epochs is a value, not a section"]),
     "Lightning's unlimited steps": (  # trained nothing, and exited 0
         ["trainer.max_steps=-1"],
         OURS,

@@ -254,6 +254,7 @@ def test_train_py_rejects_an_unknown_key_in_one_line_naming_the_nearest(run_dir,
             "+optimizer.fused=true",
             "++trainer.epochs=2",
             "~trainer.resume",
+            "trainer.preempt_signals.0=SIGINT",  # an item of a list
             "-m",
             "--cfg",
             "job",
@@ -273,6 +274,18 @@ def test_keys_the_typed_config_has_or_does_not_type_pass_the_key_check(overrides
         # Added with + or ++, a key the typed config lacks was kept in config.yaml and never read.
         ("+trainer.epoch=3", r"^trainer.epoch: no such key; did you mean trainer.epochs\?"),
         ("++data.num_worker=2", r"^data.num_worker: no such key; did you mean data.num_workers\?"),
+        # Under an optional section (logger.wandb), below a value, below a list: Hydra's five lines,
+        # or a traceback for the list's.
+        ("logger.wandb.projct=x", r"^logger.wandb.projct: no such key; did you mean logger.wandb.project\?"),
+        (
+            "trainer.epochs.x=1",
+            r"^trainer.epochs.x: no such key; trainer.epochs is a value, not a section: give trainer.epochs=\.\.\.$",
+        ),
+        (
+            "dataset.mean.x=1",
+            r"^dataset.mean.x: no such key; dataset.mean is a list: give dataset.mean=\[\.\.\.\], or an item, "
+            r"dataset.mean.0=\.\.\.$",
+        ),
     ],
 )
 def test_an_unknown_key_names_the_nearest_in_its_section(override, error):
