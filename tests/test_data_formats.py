@@ -337,6 +337,17 @@ def test_a_failed_download_is_one_line_with_the_offline_command(tmp_path, monkey
     assert "no route to host" in message and "python download.py dataset=cifar10" in message
 
 
+def test_a_root_this_machine_cannot_write_is_one_line_naming_it_not_the_internet(tmp_path, monkeypatch, capsys):
+    # It said to download on a machine with internet, which would not have helped.
+    _serve(monkeypatch, {})
+    (tmp_path / "a_file").write_text("")
+    assert download_command.main(["dataset=mnist", f"dataset.root={tmp_path / 'a_file'}"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: dataset.root={tmp_path / 'a_file'}: cannot write mnist's files there ([Errno 20] Not a directory: "
+        f"'{tmp_path / 'a_file' / 'MNIST'}'); give dataset.root (or paths.data_dir) a folder you can write\n"
+    )
+
+
 @pytest.mark.parametrize(
     "argv, words",
     [
