@@ -171,6 +171,9 @@ def test_a_resume_that_ranks_by_another_figure_keeps_no_file_of_the_earlier_rank
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [BEST, "last.pt"]  # epoch 3's alone
     kept = torch.load(run_dir / "checkpoints" / BEST, weights_only=True)["best_checkpoints"]
     assert (kept["monitor"], kept["mode"], [k["epoch"] for k in kept["kept"]]) == ("val/loss", "min", [3])
+    # The epoch's line says the ranked figure's best beside the best accuracy; the first run's did not.
+    lines = [line for line in (run_dir / "train.log").read_text().splitlines() if " - epoch " in line]
+    assert [f"best val/loss {kept['kept'][0]['value']:.4f}  " in line for line in lines] == [False, False, True]
 
 
 def test_the_confusion_matrix_scores_each_class_and_the_macro_f1_by_hand():

@@ -65,9 +65,17 @@ class Progress:
         for logger in self.loggers:
             logger.log_scalars(step, values)
 
-    def epoch_line(self, where: str, train: Averages, figures: Mapping[str, float], added: Sequence[str]) -> None:
-        """The epoch's line: the training and validation figures, the EMA's, the best so far, the
-        speed; then each figure a callback added that it names (`added`)."""
+    def epoch_line(
+        self,
+        where: str,
+        train: Averages,
+        figures: Mapping[str, float],
+        added: Sequence[str],
+        ranked: tuple[str, float] | None = None,
+    ) -> None:
+        """The epoch's line: the training and validation figures, the EMA's, the best so far (also of
+        `ranked`, the figure the best checkpoints are ranked by, where it is not val/acc), the speed;
+        then each figure a callback added that it names (`added`)."""
         ema = (
             f"  ema loss {figures['val_ema/loss']:.4f} acc {figures['val_ema/acc']:.4f} "
             f"acc5 {figures['val_ema/acc5']:.4f}"
@@ -75,8 +83,9 @@ class Progress:
             else ""
         )
         theirs = "".join(f"  {name} {figures[name]:.4f}" for name in added if name in figures)
+        best = f"  best {ranked[0]} {ranked[1]:.4f}" if ranked is not None else ""
         log.info(
-            "%s  train loss %.4f acc %.4f  val loss %.4f acc %.4f acc5 %.4f%s  best acc %.4f acc5 %.4f"
+            "%s  train loss %.4f acc %.4f  val loss %.4f acc %.4f acc5 %.4f%s  best acc %.4f acc5 %.4f%s"
             "  %.0f samples/s  data wait %.2f s%s",
             where,
             train.loss,
@@ -87,6 +96,7 @@ class Progress:
             ema,
             figures["val/best_acc"],
             figures["val/best_acc5"],
+            best,
             figures["throughput/samples_per_s"],
             figures["time/data_s"],
             theirs,

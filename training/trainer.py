@@ -175,10 +175,10 @@ class Trainer:
                 else f"stopped at step {state.step} (trainer.max_steps) in epoch {epoch + 1} of {settings.epochs}, "
                 f"after batch {state.batch} of {batches}"
             )
-            self.progress.epoch_line(where, train, figures, self.added)
             # mid-epoch: every rank's random stream as training left it
             self.checkpointer.save(state, *self._monitored(figures))
             self.saves.saved()
+            self.progress.epoch_line(where, train, figures, self.added, self._ranked_best())
             if state.stopped:
                 log.info("stopping early at step %d: %s; last.pt is saved", state.step, state.stopped)
                 break
@@ -363,6 +363,14 @@ class Trainer:
         if ema in figures and self.monitor.improves(figures[ema], value):
             value, weights = figures[ema], "ema"
         return value, weights
+
+    def _ranked_best(self) -> tuple[str, float] | None:
+        """The figure the best checkpoints are ranked by, and its best so far, where the epoch's line
+        would not show it already (its best acc is val/acc's)."""
+        ranking = self.checkpointer.best
+        if ranking is None or ranking.best is None or self.monitor.name == "val/acc":
+            return None
+        return self.monitor.name, ranking.best.value
 
     def _raise_if_nonfinite(self) -> None:
         """Before anything is saved, and at each report: every rank learns the earliest bad step."""
