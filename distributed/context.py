@@ -122,8 +122,8 @@ def init(ctx: DistContext, timeout_s: float) -> None:
         # memory, cpu_offload's optimizer step). torchrun sets OMP_NUM_THREADS=1 for the same reason.
         torch.set_num_threads(cpus_per_rank(ctx.local_world_size))
     if ctx.distributed:
-        if ctx.world_size > ctx.local_world_size:  # more than one node
-            environment.check_interfaces("gloo" in ctx.backend, "nccl" in ctx.backend, os.environ)
+        one_node = ctx.world_size == ctx.local_world_size
+        environment.check_interfaces("gloo" in ctx.backend, "nccl" in ctx.backend, os.environ, one_node)
         try:
             dist.init_process_group(
                 ctx.backend,

@@ -130,22 +130,26 @@ def scontrol_hostnames(nodelist: str) -> list[str]:
     return out.stdout.split()
 
 
-def check_interfaces(gloo: bool, nccl: bool, env: Mapping[str, str]) -> None:
-    """Ranks on several nodes must not talk over loopback, where gloo's default often lands: it
-    binds the address the hostname resolves to, and Debian's /etc/hosts maps that to 127.0.1.1.
-    A peer told that address connects to its own node and fails (connection refused), while the
-    rank that waits for it hangs well past launcher.timeout_s. NCCL skips loopback unless told.
+def check_interfaces(gloo: bool, nccl: bool, env: Mapping[str, str], one_node: bool = False) -> None:
+    """An interface named for gloo must exist on this host: gloo's own refusal, an "enforce fail",
+    names no variable to fix.
+
+    Ranks on several nodes must not talk over loopback, where gloo's default often lands: it binds
+    the address the hostname resolves to, and Debian's /etc/hosts maps that to 127.0.1.1. A peer
+    told that address connects to its own node and fails (connection refused), while the rank that
+    waits for it hangs well past launcher.timeout_s. NCCL skips loopback unless told.
 
     Unless rank 0's address (MASTER_ADDR) is loopback itself: every rank reaches rank 0 there, so
     every "node" runs on this one host (two torchrun agents rehearsing multi-node with
     --rdzv-endpoint=127.0.0.1:PORT), and loopback is right; an interface named then is taken as it
     is. A hostname that resolves to loopback here does not count: on Debian, rank 0's own node
-    resolves its name to 127.0.1.1 while the other nodes resolve it to the address they reach."""
-    peers_here = _loopback(env.get("MASTER_ADDR", ""))
+    resolves its name to 127.0.1.1 while the other nodes resolve it to the address they reach.
+    `one_node`: every rank runs on this host, as spawn's do: loopback is right too."""
+    peers_here = one_node or _loopback(env.get("MASTER_ADDR", ""))
     if gloo:
         names = [name for name in env.get("GLOO_SOCKET_IFNAME", "").split(",") if name]
         for name in names:
-            _check_interface("GLOO_SOCKET_IFNAME", name, exact=True, loopback_ok=peers_here)
+            _check_interface("GLOO_SOCKET_IFNAME", name, exact=True, loopback_ok=peers_here, one_node=one_node)
         if not names and not peers_here:
             host = socket.gethostname()
             address = _resolved(host)
@@ -172,7 +176,7 @@ def _loopback(address: str) -> bool:
         return False
 
 
-def _check_interface(var: str, name: str, exact: bool, loopback_ok: bool) -> None:
+def _check_interface(var: str, name: str, exact: bool, loopback_ok: bool, one_node: bool = False) -> None:
     host = socket.gethostname()
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -180,7 +184,12 @@ def _check_interface(var: str, name: str, exact: bool, loopback_ok: bool) -> Non
             flags = struct.unpack("16sH", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, request)[:18])[1]
     except OSError:
         if exact:
-            raise ConfigError(f"{var}={name}: {host} has no such interface; set it to {_FIND_IT}") from None
+            fix = (
+                f"unset it (every rank runs on {host}), or name one `ip -br addr` lists"
+                if one_node
+                else (f"set it to {_FIND_IT}")
+            )
+            raise ConfigError(f"{var}={name}: {host} has no such interface; {fix}") from None
         return  # NCCL may mean it as a prefix
     if flags & _IFF_LOOPBACK and not loopback_ok:
         raise ConfigError(f"{var}={name} is loopback, which the other nodes cannot reach; set it to {_FIND_IT}")

@@ -278,3 +278,15 @@ def test_a_config_that_cannot_run_is_one_line_naming_the_key_and_touches_nothing
 def test_a_sharded_checkpoint_reads_from_a_path_given_as_text(files):
     """The README's way to get the whole model out of one: read_model_state(path), path a str or a Path."""
     assert set(sharded.read_model_state(str(files / "sharded_other_model"))) == set(MnistNet(1, 5, 8).state_dict())
+
+
+@pytest.mark.slow
+def test_a_gloo_interface_this_host_lacks_is_one_line_naming_the_variable(tmp_path, monkeypatch):
+    # Each spawned rank died of gloo's "enforce fail ... Unable to find address for: nope0".
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nope0")
+    result = run_train(tmp_path / "run", *DDP, "debug=fdr")
+    assert result.returncode == OURS
+    assert result.stderr.strip().splitlines() == [
+        f"error: GLOO_SOCKET_IFNAME=nope0: {socket.gethostname()} has no such interface; unset it (every rank runs "
+        f"on {socket.gethostname()}), or name one `ip -br addr` lists"
+    ]

@@ -33,9 +33,9 @@ def _from_slurm(env: dict[str, str]) -> environment.EnvRank:
     return environment.from_slurm(env, lambda nodelist: [f"first of {nodelist}"])
 
 
-def _error(call, *args) -> str:
+def _error(call, *args, **kwargs) -> str:
     with pytest.raises(ConfigError) as e:
-        call(*args)
+        call(*args, **kwargs)
     return str(e.value)
 
 
@@ -250,3 +250,16 @@ def test_torchrun_restarts_into_the_store_of_the_ranks_before_are_refused_in_one
 
 def test_an_address_resolves_to_itself_without_a_lookup():
     assert environment._resolved("127.0.0.1") == "127.0.0.1"  # numeric: no resolver asked
+
+
+def test_on_one_node_a_named_interface_must_exist_and_nothing_else_is_asked(monkeypatch):
+    # Spawned ranks met gloo's "enforce fail ... Unable to find address for: nope0", which names no variable.
+    monkeypatch.setattr(socket, "gethostname", lambda: "node07")
+    monkeypatch.setattr(socket, "getaddrinfo", _resolving_to("127.0.1.1"))  # would be refused on several nodes
+    one = dict(one_node=True)
+    environment.check_interfaces(True, True, {"MASTER_ADDR": "node07"}, **one)
+    environment.check_interfaces(True, True, {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}, **one)
+    assert _error(environment.check_interfaces, True, False, {"GLOO_SOCKET_IFNAME": "nope0"}, **one) == (
+        "GLOO_SOCKET_IFNAME=nope0: node07 has no such interface; unset it (every rank runs on node07), "
+        "or name one `ip -br addr` lists"
+    )
