@@ -187,7 +187,11 @@ def _source_of(name: str, chosen: list[str]) -> str | None:
         return "the EMA's figure: add trainer.ema_decay=<decay>, e.g. 0.999"
     for path in sorted((CONF_DIR / "callbacks").glob("*.yaml")):
         target = (OmegaConf.load(path).get(path.stem) or {}).get("_target_")
-        if target is not None and name in getattr(get_object(target), "figures", ()):
+        try:
+            figures = getattr(get_object(target), "figures", ()) if target is not None else ()
+        except Exception:  # an option of conf/callbacks/ that does not import: its own refusal when chosen
+            continue
+        if name in figures:
             listed = ",".join([*chosen, path.stem])
             return f"{path.stem}'s figure: add callbacks={f'[{listed}]' if chosen else listed}"
     return None

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+import preflight
 from config.overrides import check_overrides
+from config.setup import CONF_DIR
 from errors import ConfigError
 from preflight import check_and_plan
 from tests.configs import typed_config
@@ -240,6 +242,19 @@ def test_a_monitor_the_run_does_not_produce_or_ranked_against_its_figure_is_one_
     with pytest.raises(ConfigError) as refused:
         check_and_plan(typed_config(*overrides))
     assert str(refused.value).startswith(refusal) and "\n" not in str(refused.value)
+
+
+def test_an_option_of_conf_callbacks_that_does_not_import_is_passed_over_when_naming_a_figures_source(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "callbacks").mkdir()
+    (tmp_path / "callbacks" / "a_broken.yaml").write_text("a_broken:\n  _target_: nowhere.Nothing\n")
+    (tmp_path / "callbacks" / "no_target.yaml").write_text("no_target:\n  size: 2\n")
+    shipped = CONF_DIR / "callbacks" / "confusion_matrix.yaml"
+    (tmp_path / "callbacks" / shipped.name).write_text(shipped.read_text())
+    monkeypatch.setattr(preflight, "CONF_DIR", tmp_path)
+    assert preflight._source_of("val/macro_f1", []) == "confusion_matrix's figure: add callbacks=confusion_matrix"
+    assert preflight._source_of("val/nothing", ["stop_at"]) is None
 
 
 def test_a_monitor_may_name_a_callbacks_figure_the_emas_its_better_way_and_a_threshold_either_way():
