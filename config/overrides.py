@@ -102,15 +102,13 @@ def _check_schema_keys(parsed: list[Override]) -> list[list[str]]:
             if _is_value(cls):  # trainer.epochs.x=1: Hydra's five lines say it cannot merge a dict
                 above = ".".join(path[:depth])
                 raise ConfigError(f"{'.'.join(path)}: no such key; {above} is a value, not a section: give {above}=...")
-            if typing.get_origin(cls) is list:  # dataset.mean.0=0.5 sets an item; a name, Hydra's traceback
-                if not part.isdigit():
-                    above = ".".join(path[:depth])
-                    raise ConfigError(
-                        f"{'.'.join(path)}: no such key; {above} is a list: give {above}=[...], or an item, {above}.0=..."
-                    )
-                break
+            if typing.get_origin(cls) is list and not part.isdigit():  # a name under a list: Hydra's traceback
+                above = ".".join(path[:depth])
+                raise ConfigError(
+                    f"{'.'.join(path)}: no such key; {above} is a list: give {above}=[...], or an item, {above}.0=..."
+                )
             if not is_dataclass(cls):
-                break  # a free-form mapping
+                break  # an item of a list (dataset.mean.0=0.5)
             names = typing.get_type_hints(cls)
             if part not in names:
                 raise _no_such_key(path, depth, names)

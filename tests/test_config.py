@@ -293,6 +293,11 @@ def test_an_unknown_key_names_the_nearest_in_its_section(override, error):
         check_overrides([override])
 
 
+def test_the_keys_after_an_item_of_a_list_are_checked_too():
+    with pytest.raises(ConfigError, match=r"^trainer.epoch: no such key; did you mean trainer.epochs\?"):
+        check_overrides(["dataset.mean.0=0.5", "trainer.epoch=3"])
+
+
 @pytest.mark.parametrize(
     "overrides, error",
     [
