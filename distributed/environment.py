@@ -148,8 +148,13 @@ def check_interfaces(gloo: bool, nccl: bool, env: Mapping[str, str], one_node: b
     peers_here = one_node or _loopback(env.get("MASTER_ADDR", ""))
     if gloo:
         names = [name for name in env.get("GLOO_SOCKET_IFNAME", "").split(",") if name]
+        missing = (
+            f"unset it (every rank runs on {socket.gethostname()}), or name one `ip -br addr` lists"
+            if one_node
+            else f"set it to {_FIND_IT}"
+        )
         for name in names:
-            _check_interface("GLOO_SOCKET_IFNAME", name, exact=True, loopback_ok=peers_here, one_node=one_node)
+            _check_interface("GLOO_SOCKET_IFNAME", name, peers_here, if_missing=missing)
         if not names and not peers_here:
             host = socket.gethostname()
             address = _resolved(host)
@@ -163,7 +168,7 @@ def check_interfaces(gloo: bool, nccl: bool, env: Mapping[str, str], one_node: b
     if nccl and ifname and not ifname.startswith("^"):  # ^: the interfaces it must not use
         for name in ifname.removeprefix("=").split(","):
             # NCCL takes a prefix: eth, ib
-            _check_interface("NCCL_SOCKET_IFNAME", name, exact=False, loopback_ok=peers_here)
+            _check_interface("NCCL_SOCKET_IFNAME", name, peers_here, if_missing=None)
 
 
 def _loopback(address: str) -> bool:
@@ -176,21 +181,18 @@ def _loopback(address: str) -> bool:
         return False
 
 
-def _check_interface(var: str, name: str, exact: bool, loopback_ok: bool, one_node: bool = False) -> None:
+def _check_interface(var: str, name: str, loopback_ok: bool, if_missing: str | None) -> None:
+    """`if_missing`: the fix to name when this host has no interface `name`; None: a name that may
+    be missing (NCCL takes prefixes: eth, ib)."""
     host = socket.gethostname()
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             request = struct.pack("16sH", name.encode()[:15], 0)
             flags = struct.unpack("16sH", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, request)[:18])[1]
     except OSError:
-        if exact:
-            fix = (
-                f"unset it (every rank runs on {host}), or name one `ip -br addr` lists"
-                if one_node
-                else (f"set it to {_FIND_IT}")
-            )
-            raise ConfigError(f"{var}={name}: {host} has no such interface; {fix}") from None
-        return  # NCCL may mean it as a prefix
+        if if_missing is not None:
+            raise ConfigError(f"{var}={name}: {host} has no such interface; {if_missing}") from None
+        return
     if flags & _IFF_LOOPBACK and not loopback_ok:
         raise ConfigError(f"{var}={name} is loopback, which the other nodes cannot reach; set it to {_FIND_IT}")
 

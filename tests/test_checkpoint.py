@@ -302,7 +302,13 @@ def test_a_torchrun_start_records_its_job_once_the_pre_flight_lets_it_train(tmp_
 
     def check() -> None:
         decide_resume(
-            TrainerConfig(), tmp_path, model=lambda: MnistNet(1, 10, 8), scheduler={}, warmup_epochs=0, weights=None
+            TrainerConfig(),
+            tmp_path,
+            model=lambda: MnistNet(1, 10, 8),
+            scheduler={},
+            warmup_epochs=0,
+            weights=None,
+            restores_here=False,
         )
 
     check()

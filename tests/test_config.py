@@ -281,6 +281,11 @@ def test_keys_the_typed_config_has_or_does_not_type_pass_the_key_check(overrides
             "trainer.epochs.x=1",
             r"^trainer.epochs.x: no such key; trainer.epochs is a value, not a section: give trainer.epochs=\.\.\.$",
         ),
+        (  # a list that is not optional
+            "trainer.preempt_signals.x=1",
+            r"^trainer.preempt_signals.x: no such key; trainer.preempt_signals is a list: give "
+            r"trainer.preempt_signals=\[\.\.\.\], or an item, trainer.preempt_signals.0=\.\.\.$",
+        ),
         (
             "dataset.mean.x=1",
             r"^dataset.mean.x: no such key; dataset.mean is a list: give dataset.mean=\[\.\.\.\], or an item, "

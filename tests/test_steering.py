@@ -250,6 +250,7 @@ def test_an_option_of_conf_callbacks_that_does_not_import_is_passed_over_when_na
     (tmp_path / "callbacks").mkdir()
     (tmp_path / "callbacks" / "a_broken.yaml").write_text("a_broken:\n  _target_: nowhere.Nothing\n")
     (tmp_path / "callbacks" / "no_target.yaml").write_text("no_target:\n  size: 2\n")
+    (tmp_path / "callbacks" / "not_a_callback.yaml").write_text("not_a_callback:\n  _target_: builtins.dict\n")
     shipped = CONF_DIR / "callbacks" / "confusion_matrix.yaml"
     (tmp_path / "callbacks" / shipped.name).write_text(shipped.read_text())
     monkeypatch.setattr(preflight, "CONF_DIR", tmp_path)

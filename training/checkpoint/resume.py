@@ -90,7 +90,7 @@ def decide_resume(
     scheduler: Mapping[str, Any],
     warmup_epochs: int,
     weights: str | None,
-    restores_here: bool = False,
+    restores_here: bool,
 ) -> ResumePoint | None:
     """The checkpoint this run continues (None: afresh), opened and checked once: refuse one that
     cannot continue this run, and never overwrite a run's last.pt; a start let train in `run_dir`
