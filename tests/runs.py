@@ -10,10 +10,11 @@ from pathlib import Path
 
 import torch
 
-from config.schema import ResumePoint
+from config.schema import ResumePoint, TrainerConfig
 from config.setup import ROOT
+from models.mnist_net import MnistNet
 from tests import train_server
-from training.checkpoint import sharded
+from training.checkpoint import resume, sharded
 
 # What run_train adds to a run's overrides, unless cold: the CPU ranks it starts are forked from it,
 # with nothing left to import (a spawned rank imports torch afresh, most of a tiny 2-rank DDP
@@ -97,3 +98,17 @@ def resume_point(path: Path) -> ResumePoint:
 # A password in an override, which no record of the run may show: digits never reads dataset.root.
 PASSWORD = "s3cret-h41"
 SECRET_ROOT = f"https://user:{PASSWORD}@example.org/data"
+
+
+def decide_tiny(run_dir: Path | None, restores_here: bool = False, **settings) -> ResumePoint | None:
+    """The pre-flight's resume decision for the digits' MnistNet with these trainer settings (no
+    scheduler, no warmup, no model.weights)."""
+    return resume.decide_resume(
+        TrainerConfig(**settings),
+        run_dir,
+        model=lambda: MnistNet(1, 10, 8),
+        scheduler={},
+        warmup_epochs=0,
+        weights=None,
+        restores_here=restores_here,
+    )

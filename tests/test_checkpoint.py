@@ -10,15 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from config.schema import TrainerConfig
 from distributed.context import DistContext, make_context
 from errors import ConfigError
 from models.mnist_net import MnistNet
-from tests.runs import resume_point
+from tests.runs import decide_tiny, resume_point
 from training.checkpoint.best import BestCheckpoints
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.files import load_checkpoint, save_checkpoint
-from training.checkpoint.resume import check_resumable, confirm_shared, decide_resume, find_resume, record_torchrun_job
+from training.checkpoint.resume import check_resumable, confirm_shared, find_resume, record_torchrun_job
 from training.checkpoint.state import TrainState, host_copy, restore_rng
 from training.monitor import Monitor
 
@@ -301,15 +300,7 @@ def test_a_torchrun_start_records_its_job_once_the_pre_flight_lets_it_train(tmp_
         monkeypatch.setenv(var, value)
 
     def check() -> None:
-        decide_resume(
-            TrainerConfig(),
-            tmp_path,
-            model=lambda: MnistNet(1, 10, 8),
-            scheduler={},
-            warmup_epochs=0,
-            weights=None,
-            restores_here=False,
-        )
+        decide_tiny(tmp_path)
 
     check()
     assert (tmp_path / "torchrun_run_id").read_text() == "abc"

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from config.schema import ResumePoint, TrainerConfig
+from config.schema import ResumePoint
 from distributed.context import DistContext
 from errors import ConfigError
 from models.mnist_net import MnistNet
 from tests import train_server
-from tests.runs import FORK_RANKS
+from tests.runs import FORK_RANKS, decide_tiny
 from training.checkpoint import resume
 from training.checkpoint.files import save_checkpoint
 
@@ -171,25 +171,13 @@ def test_a_rank_that_sees_the_same_last_pt_resumes_from_it(tmp_path, monkeypatch
 TRAINED = {"model": MnistNet(1, 10, 8).state_dict(), "optimizer": {}, "scheduler": None, "epoch": 1, "best": 0.5}
 
 
-def _decide(run_dir: Path | None, restores_here: bool = False, **settings) -> ResumePoint | None:
-    return resume.decide_resume(
-        TrainerConfig(**settings),
-        run_dir,
-        model=lambda: MnistNet(1, 10, 8),
-        scheduler={},
-        warmup_epochs=0,
-        weights=None,
-        restores_here=restores_here,
-    )
-
-
 def test_the_pre_flight_decides_the_point_and_keeps_what_it_read_only_in_a_process_that_restores(tmp_path, monkeypatch):
-    assert _decide(tmp_path, resume="auto") is None  # nothing to resume: afresh
+    assert decide_tiny(tmp_path, resume="auto") is None  # nothing to resume: afresh
     path, point = _last_pt(tmp_path, **TRAINED)
     monkeypatch.setattr(resume, "_opened", {})
-    assert _decide(tmp_path, resume="auto") == point == ResumePoint(path, 6, path.stat().st_size)
+    assert decide_tiny(tmp_path, resume="auto") == point == ResumePoint(path, 6, path.stat().st_size)
     assert resume._opened == {}  # a launcher that starts ranks holds no checkpoint in memory meanwhile
-    decided = _decide(tmp_path, restores_here=True, resume="auto")
+    decided = decide_tiny(tmp_path, restores_here=True, resume="auto")
     held_point, held = resume._opened[path]
     assert held_point == decided == point and held["step"] == 6 and _mapped_from(held["model"]["fc2.bias"], path)
 
@@ -198,4 +186,4 @@ def test_a_run_without_a_run_dir_decides_without_recording_a_torchrun_job(tmp_pa
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")  # the record goes in the run dir: none here
     monkeypatch.setenv("RANK", "0")
     path, point = _last_pt(tmp_path, **TRAINED)
-    assert _decide(None, resume=str(path)) == point
+    assert decide_tiny(None, resume=str(path)) == point
