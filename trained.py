@@ -229,8 +229,9 @@ def source_parser(prog: str, description: str | None) -> argparse.ArgumentParser
 
 
 def make_folder(folder: Path, flag: str) -> None:
-    """`folder` made if it is not there, and written to once, before predict.py or export.py does
-    its work: a path that cannot take the output is one line naming `flag`, and no work is lost."""
+    """`folder` made if it is not there, and written to once, before a command (predict.py,
+    export.py, bench.report) does its work: a path that cannot take the output is one line naming
+    `flag`, and no work is lost."""
     fix = "give a path you can write"
     try:
         folder.mkdir(parents=True, exist_ok=True)

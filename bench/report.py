@@ -30,6 +30,8 @@ from typing import Any
 import yaml
 
 from config.hparams import differing
+from errors import ConfigError
+from trained import make_folder
 from training.loggers.tensorboard import HPARAM_METRICS
 from training.manifest import read_manifest
 
@@ -553,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", type=Path, help="a sweep dir (multirun/<date>/<time>) or outputs/")
     parser.add_argument("--png", type=Path, help="where to write the plot (default: report.png in the directory)")
     args = parser.parse_args(argv)
+    png = args.png or args.directory / "report.png"
     runs = load_runs(args.directory) if args.directory.is_dir() else []
     if not runs:
         print(
@@ -561,12 +564,16 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        make_folder(png.parent, f"--png={png}")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     table = rows(runs)
     search = load_search(args.directory)
     print(markdown(table))
     if search is not None:
         print(f"\n{search_summary(search)}")
-    png = args.png or args.directory / "report.png"
     plot(table, png, search)
     where = "" if args.png else " (in the directory reported on; --png PATH writes it elsewhere)"
     print(f"\nplot: {png}{where}")

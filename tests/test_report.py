@@ -412,6 +412,13 @@ def test_main_prints_the_table_and_writes_the_plot_where_asked_by_default_in_the
     assert report.main([str(tmp_path), "--png", str(elsewhere)]) == 0
     assert capsys.readouterr().out.endswith(f"plot: {elsewhere}\n")
     assert elsewhere.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not png.exists()
+    # A --png it cannot write: one line before the table, not a traceback after it.
+    blocked = tmp_path / "0" / "metrics.json" / "report.png"
+    assert report.main([str(tmp_path), "--png", str(blocked)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        f"error: --png={blocked}: {tmp_path / '0' / 'metrics.json'} is a file, not a folder; give a path you can write\n"
+    )
 
 
 def test_runs_are_named_by_the_overrides_that_differ(tmp_path):
