@@ -6,6 +6,7 @@ pre-flight's (preflight.py)."""
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -60,11 +61,15 @@ def check_sweep(record: Path) -> None:
     a value no run could use, in any job, is one line naming that job before any job trains, not a
     refusal once the jobs listed before it have run. The jobs are composed once per sweep, for the
     HParams tab's varied keys too (config.hparams.sweep_jobs)."""
+    if record.is_file():
+        _check_jobs(record.read_text())
+
+
+@functools.lru_cache(maxsize=1)  # once per sweep: its jobs run one after another in the sweep's process
+def _check_jobs(record: str) -> None:
     from config.hparams import sweep_jobs  # the record's reader: only a sweep needs it
 
-    if not record.is_file():
-        return
-    for swept, composed in sweep_jobs(record.read_text()):
+    for swept, composed in sweep_jobs(record):
         cfg = copy.deepcopy(composed)  # shared with the HParams tab's keys, which read its hydra node
         with open_dict(cfg):
             del cfg["hydra"]  # what the job's main() is given

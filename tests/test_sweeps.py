@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from bench import report
+from config import typed as typed_module
 from config.schema import StrategyName
 from config.setup import compose, job_dir
 from config.typed import typed
@@ -233,3 +234,14 @@ def test_a_value_no_job_could_use_refuses_the_sweep_before_its_first_job_trains(
         "(the sweep's job trainer.max_steps=-1: fix it, and run the sweep again)"
     )
     assert not list(sweep.glob("*/checkpoints")) and not list(sweep.glob("*/train.log"))
+
+
+def test_the_jobs_are_typed_once_per_sweep_process_not_once_per_job(tmp_path, monkeypatch):
+    # Each job typed them all again: a sweep of N jobs paid N x N typings (~0.1 s each).
+    record = tmp_path / "multirun.yaml"
+    record.write_text(yaml.safe_dump({"hydra": {"sweeper": {}, "overrides": {"task": ["trainer.max_steps=2,4"]}}}))
+    calls = []
+    monkeypatch.setattr(typed_module, "typed", lambda cfg: calls.append(cfg.trainer.max_steps))
+    for _ in range(3):  # the sweep's three jobs, one after another in this process
+        typed_module.check_sweep(record)
+    assert calls == [2, 4]
