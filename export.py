@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
+from config.paths import make_folder
 from errors import ConfigError, first_line
-from trained import Trained, load, make_folder, metadata, source_parser
+from trained import Trained, load, metadata, source_parser
 
 FORMATS = ("pt2", "onnx")
 TOLERANCE = 1e-4  # absolute and relative, on the logits

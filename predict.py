@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from config.paths import make_folder
 from data.image_paths import ImagePaths, collate, image_paths
 from data.transforms import ToDevice
 from errors import ConfigError
-from trained import Trained, load, make_folder, source_parser
+from trained import Trained, load, source_parser
 from training.precision import AUTOCAST_DTYPES, Precision
 
 SHOWN = 20  # images printed to the screen, at most; more go to the CSV only

@@ -6,7 +6,6 @@ model built from them. Above the layers, as preflight.py is: it types the saved 
 from __future__ import annotations
 
 import argparse
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,22 +225,3 @@ def source_parser(prog: str, description: str | None) -> argparse.ArgumentParser
         "the run's trainer.checkpoint.monitor at this checkpoint (else the run's best accuracy)",
     )
     return parse
-
-
-def make_folder(folder: Path, flag: str) -> None:
-    """`folder` made if it is not there, and written to once, before a command (predict.py,
-    export.py, bench.report) does its work: a path that cannot take the output is one line naming
-    `flag`, and no work is lost."""
-    fix = "give a path you can write"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        file = next(path for path in (folder, *folder.parents) if path.exists())  # the nearest that exists
-        raise ConfigError(f"{flag}: {file} is a file, not a folder; {fix}") from None
-    except OSError as e:
-        raise ConfigError(f"{flag}: cannot make {folder} ({e.strerror}); {fix}") from None
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise ConfigError(f"{flag}: cannot write in {folder} ({e.strerror}); {fix}") from None

@@ -30,8 +30,8 @@ from typing import Any
 import yaml
 
 from config.hparams import differing
+from config.paths import make_folder
 from errors import ConfigError
-from trained import make_folder
 from training.loggers.tensorboard import HPARAM_METRICS
 from training.manifest import read_manifest
 

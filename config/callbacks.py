@@ -7,7 +7,6 @@ its jobs."""
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -17,8 +16,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from config.paths import make_folder
 from config.redact import IN_THE_ENVIRONMENT, shown_secret
-from errors import config_error_within
+from errors import ConfigError, config_error_within
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +81,9 @@ def restore_run_record() -> None:
 
 def _exit_unless_writable(key: str, directory: str) -> None:
     try:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        if not os.access(directory, os.W_OK | os.X_OK):
-            raise PermissionError("permission denied")
-    except OSError as e:
-        reason = e.strerror or str(e)
-        print(f"error: {key}={directory}: cannot write there ({reason}); choose a writable {key}", file=sys.stderr)
+        make_folder(directory, f"{key}={directory}", fix=f"choose a writable {key}")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -16,6 +16,7 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationResolutionError, ValidationError
 
+from config.hparams import sweep_jobs
 from config.redact import redact
 from config.schema import (
     Config,
@@ -67,8 +68,6 @@ def check_sweep(record: Path) -> None:
 
 @functools.lru_cache(maxsize=1)  # once per sweep: its jobs run one after another in the sweep's process
 def _check_jobs(record: str) -> None:
-    from config.hparams import sweep_jobs  # the record's reader: only a sweep needs it
-
     for swept, composed in sweep_jobs(record):
         cfg = copy.deepcopy(composed)  # shared with the HParams tab's keys, which read its hydra node
         with open_dict(cfg):

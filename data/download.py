@@ -4,11 +4,11 @@ the top of the repo, for compute nodes without internet)."""
 
 from __future__ import annotations
 
-import errno
 import sys
 from datetime import timedelta
 from pathlib import Path
 
+from config.paths import make_folder
 from config.schema import DatasetConfig
 from data import DatasetModule, OnDisk
 from distributed.collectives import on_main_first
@@ -28,9 +28,6 @@ def dataset_root(cfg: DatasetConfig) -> Path:
 def missing(module: OnDisk, cfg: DatasetConfig) -> list[Path]:
     return [path for path in module.files(dataset_root(cfg)) if not path.is_file()]
 
-
-# A download that failed on this machine's disk: no other machine's internet would help.
-_NOT_WRITABLE = (errno.ENOTDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC)
 
 COMMAND = "python download.py"  # download.py's, which error messages name as the fix
 
@@ -59,15 +56,12 @@ def fetch(module: OnDisk, cfg: DatasetConfig) -> None:
     if not missing(module, cfg):
         return
     root = dataset_root(cfg)
+    # A root this machine cannot write: no other machine's internet would help.
+    make_folder(root, f"dataset.root={root}", fix="give dataset.root (or paths.data_dir) a folder you can write")
     try:
         module.download(root)
     except (OSError, RuntimeError) as e:  # URLError is an OSError; torchvision raises RuntimeError
         reason = " ".join(str(e).split()) or type(e).__name__  # torchvision lists each mirror on its own line
-        if isinstance(e, OSError) and e.errno in _NOT_WRITABLE:  # this machine's disk, not the network
-            raise ConfigError(
-                f"dataset.root={root}: cannot write {cfg.name}'s files there ({reason}); give dataset.root "
-                "(or paths.data_dir) a folder you can write"
-            ) from None
         raise ConfigError(
             f"could not download {cfg.name} into {root} ({reason}); run `{prep_command(cfg)}` on a machine "
             "with internet, or copy the files there"

@@ -121,7 +121,7 @@ EXIT_PATHS = {
     "output dir not writable": (
         ["hydra.run.dir={root}/a_file/run"],
         OURS,
-        ["hydra.run.dir=", "a_file/run", "cannot write"],
+        ["hydra.run.dir=", "a_file/run: cannot write there (", "a_file is a file, not a folder); choose a writable"],
     ),
 }
 COMPOSITION = {  # Hydra's errors: the same words train.py prints (exit 1)

@@ -10,6 +10,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from config.overrides import check_overrides, last_overrides
+from config.paths import make_folder
 from config.schema import (
     CheckpointConfig,
     DataConfig,
@@ -456,3 +457,19 @@ def test_a_password_on_the_command_line_is_refused_in_one_line_that_hides_it(ove
         check_overrides(["trainer.epochs=2", override])
     message = str(refused.value)
     assert shown in message and "pw-123" not in message and "give it through the environment" in message
+
+
+def test_a_folder_to_write_to_is_made_or_refused_in_one_line_naming_the_key(tmp_path):
+    deep = tmp_path / "a" / "b"
+    make_folder(deep, "--out=x")
+    assert deep.is_dir() and list(deep.iterdir()) == []  # the probe leaves nothing behind
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ConfigError) as refused:
+        make_folder(tmp_path / "a_file" / "run", "hydra.run.dir=y", fix="choose a writable hydra.run.dir")
+    assert str(refused.value) == (
+        f"hydra.run.dir=y: cannot write there ({tmp_path / 'a_file'} is a file, not a folder); "
+        "choose a writable hydra.run.dir"
+    )
+    # A folder that is there but takes no file (root may write anywhere else: os.access says yes to it).
+    with pytest.raises(ConfigError, match=r"^--png=z: cannot write there \(.+\); give a path you can write$"):
+        make_folder("/proc", "--png=z")

@@ -343,8 +343,8 @@ def test_a_root_this_machine_cannot_write_is_one_line_naming_it_not_the_internet
     (tmp_path / "a_file").write_text("")
     assert download_command.main(["dataset=mnist", f"dataset.root={tmp_path / 'a_file'}"]) == 2
     assert capsys.readouterr().err == (
-        f"error: dataset.root={tmp_path / 'a_file'}: cannot write mnist's files there ([Errno 20] Not a directory: "
-        f"'{tmp_path / 'a_file' / 'MNIST'}'); give dataset.root (or paths.data_dir) a folder you can write\n"
+        f"error: dataset.root={tmp_path / 'a_file'}: cannot write there ({tmp_path / 'a_file'} is a file, not a "
+        "folder); give dataset.root (or paths.data_dir) a folder you can write\n"
     )
 
 

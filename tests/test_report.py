@@ -417,7 +417,8 @@ def test_main_prints_the_table_and_writes_the_plot_where_asked_by_default_in_the
     assert report.main([str(tmp_path), "--png", str(blocked)]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == (
-        f"error: --png={blocked}: {tmp_path / '0' / 'metrics.json'} is a file, not a folder; give a path you can write\n"
+        f"error: --png={blocked}: cannot write there ({tmp_path / '0' / 'metrics.json'} is a file, not a folder); "
+        "give a path you can write\n"
     )
 
 

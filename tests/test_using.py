@@ -199,9 +199,13 @@ def test_an_out_that_cannot_take_the_output_is_one_line_before_any_work(single_r
     fix = "give a path you can write"
     refusals = [
         (predict, images, f"is a folder; give the CSV's file name, e.g. --out={images / 'predictions.csv'}"),
-        (predict, tmp_path / "a_file" / "deeper" / "p.csv", f"{tmp_path / 'a_file'} is a file, not a folder; {fix}"),
-        (predict, Path("/proc/p.csv"), f"cannot write in /proc (No such file or directory); {fix}"),
-        (export, tmp_path / "a_file", f"{tmp_path / 'a_file'} is a file, not a folder; {fix}"),
+        (
+            predict,
+            tmp_path / "a_file" / "deeper" / "p.csv",
+            f"cannot write there ({tmp_path / 'a_file'} is a file, not a folder); {fix}",
+        ),
+        (predict, Path("/proc/p.csv"), f"cannot write there (No such file or directory); {fix}"),
+        (export, tmp_path / "a_file", f"cannot write there ({tmp_path / 'a_file'} is a file, not a folder); {fix}"),
     ]
     for cli, out, words in refusals:
         args = [str(single_run), *([str(images)] if cli is predict else []), "--out", str(out)]
