@@ -30,6 +30,7 @@ from tests.configs import typed_config
 from tests.runs import resume_point
 from training import validation
 from training.batches import Batches
+from training.checkpoint.best import BestCheckpoints
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.state import TrainState
 from training.loss import CrossEntropy
@@ -78,7 +79,8 @@ def _trainer(
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5) if step_lr else None
     options = TrainerConfig(**{"progress_bar": False, **settings})
     scaler = scaler or Precision.of(options.precision, CPU).grad_scaler()
-    checkpointer = Checkpointer(ctx, tmp_path, wrapped, optimizer, scheduler, "", scaler)
+    best = BestCheckpoints.chosen(options.checkpoint)
+    checkpointer = Checkpointer(ctx, tmp_path, wrapped, optimizer, scheduler, "", scaler, best=best)
     state = checkpointer.restore(resume_point(tmp_path / "last.pt")) if resume else None
     return Trainer(
         model=wrapped,

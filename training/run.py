@@ -29,7 +29,6 @@ from training.manifest import start as start_manifest
 from training.memory import MemoryProbe
 from training.metrics import reset_peak_memory
 from training.mixing import Mixing
-from training.monitor import Monitor
 from training.optimizer import check_arguments, parameter_groups
 from training.precision import Precision
 from training.preemption import PreemptionWatch
@@ -167,9 +166,7 @@ def _build_and_fit(ctx: DistContext, job: RunConfig, preemption: PreemptionWatch
     info = RunInfo(ctx, loggers, class_names(job.dataset), job.run_dir)
     for callback in callbacks:
         callback.setup(info)
-    best = BestCheckpoints(
-        Monitor(settings.checkpoint.monitor, settings.checkpoint.mode.value), settings.checkpoint.save_top_k
-    )
+    best = BestCheckpoints.chosen(settings.checkpoint)
     # Once every part is built (a rank's own check has passed): rank 0's manifest.json, and every checkpoint's.
     manifest = start_manifest(ctx, job)
     checkpointer = _checkpointer(strategy)(

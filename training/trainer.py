@@ -34,7 +34,6 @@ from training.loggers.base import Logger
 from training.loss import Criterion
 from training.metrics import Accumulator, Averages, Window, peak_memory_mb, samples_per_s
 from training.mixing import Mixing
-from training.monitor import Monitor
 from training.precision import Precision
 from training.preemption import PreemptionWatch
 from training.progress import Progress
@@ -117,8 +116,6 @@ class Trainer:
         )
         if preemption is not None:
             preemption.carry(self.saves)  # rank 0's clock, agreed at the watch's checks
-        monitored = settings.checkpoint
-        self.monitor = Monitor(monitored.monitor, monitored.mode.value)
         limit = settings.overfit_batches or settings.limit_train_batches
         self.train_batches = Batches(ctx.device, limit)
         self.val_batches = Batches(ctx.device, settings.overfit_batches or settings.limit_val_batches)
@@ -354,13 +351,17 @@ class Trainer:
         if acc > state.best_val_acc:
             state.best_val_acc, state.best_weights = acc, weights
 
-    def _monitored(self, figures: dict[str, float]) -> tuple[float, str]:
-        """trainer.checkpoint.monitor's figure and whose weights scored it: of a val/ figure, the
-        better of the model's and the EMA's (val_ema/), as a checkpoint holds both."""
-        name = self.monitor.name
-        value, weights = figures[name], "model"
-        ema = "val_ema/" + name.removeprefix("val/") if name.startswith("val/") else None
-        if ema in figures and self.monitor.improves(figures[ema], value):
+    def _monitored(self, figures: dict[str, float]) -> tuple[float | None, str]:
+        """The best checkpoints' monitored figure (trainer.checkpoint.monitor) and whose weights scored
+        it: of a val/ figure, the better of the model's and the EMA's (val_ema/), as a checkpoint
+        holds both. None where no checkpoints are ranked."""
+        ranking = self.checkpointer.best
+        if ranking is None:
+            return None, "model"
+        monitor = ranking.monitor
+        value, weights = figures[monitor.name], "model"
+        ema = "val_ema/" + monitor.name.removeprefix("val/") if monitor.name.startswith("val/") else None
+        if ema in figures and monitor.improves(figures[ema], value):
             value, weights = figures[ema], "ema"
         return value, weights
 
@@ -368,9 +369,9 @@ class Trainer:
         """The figure the best checkpoints are ranked by, and its best so far, where the epoch's line
         would not show it already (its best acc is val/acc's)."""
         ranking = self.checkpointer.best
-        if ranking is None or ranking.best is None or self.monitor.name == "val/acc":
+        if ranking is None or ranking.best is None or ranking.monitor.name == "val/acc":
             return None
-        return self.monitor.name, ranking.best.value
+        return ranking.monitor.name, ranking.best.value
 
     def _raise_if_nonfinite(self) -> None:
         """Before anything is saved, and at each report: every rank learns the earliest bad step."""

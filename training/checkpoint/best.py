@@ -8,6 +8,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from config.schema import CheckpointConfig
 from training.monitor import Monitor
 
 BEST = "best.pt"
@@ -46,6 +47,11 @@ class BestCheckpoints:
         # An earlier ranking's files that this one does not keep (load_state_dict): the next best
         # save drops them, so the directory holds one ranking's k best.
         self.stale: list[str] = []
+
+    @classmethod
+    def chosen(cls, options: CheckpointConfig) -> BestCheckpoints:
+        """The ranking trainer.checkpoint asks for."""
+        return cls(Monitor(options.monitor, options.mode.value), options.save_top_k)
 
     def offer(self, value: float, epoch: int, step: int, weights: str = "model") -> Plan:
         """A checkpoint that scored `value`: whether it is among the k best, and what that moves. A
