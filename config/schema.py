@@ -203,6 +203,19 @@ class TrainerConfig:
     def devices_per_node(self) -> int:
         return devices_per_node(self.gpus, self.devices)
 
+    @property
+    def ema_decay_per_update(self) -> Optional[float]:
+        """ema_decay adjusted as torchvision does (from pycls), so that the average spans the same
+        share of training whatever the batch, the update interval and the epochs:
+        1 - decay' = (1 - decay) * global batch * accumulation * every_n_steps / epochs, at most 1."""
+        if self.ema_decay is None:
+            return None
+        return 1.0 - min(1.0, (1.0 - self.ema_decay) * self._ema_updates_share)
+
+    @property
+    def _ema_updates_share(self) -> float:
+        return self.batch_size * self.accumulate_grad_batches * self.ema_every_n_steps / self.epochs
+
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"trainer.precision={self.precision}: choose 32, bf16-mixed or 16-mixed")
@@ -287,6 +300,14 @@ class TrainerConfig:
                 ),
             ],
         )
+        if self.ema_decay_per_update == 0:
+            # A decay of 0 copies the model at every update: an average of nothing, evaluated twice.
+            raise ConfigError(
+                f"trainer.ema_decay={self.ema_decay}: adjusted for global batch {self.batch_size} x "
+                f"{self.accumulate_grad_batches} micro-batches x every {self.ema_every_n_steps} step(s) over "
+                f"{self.epochs} epoch(s) as torchvision does, it is 0 per update, a copy of the model; give a decay "
+                f"above {1 - 1 / self._ema_updates_share:.6g} (torchvision's recipes: 0.99998), or null"
+            )
         if not _at_least_1_or_null(self.profile):
             raise ConfigError(f"trainer.profile={self.profile}: profile 1 or more optimizer steps, or null for none")
         parse_signals(self.preempt_signals, "trainer.preempt_signals")

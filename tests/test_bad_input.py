@@ -108,6 +108,11 @@ EXIT_PATHS = {
         OURS,
         ["trainer.max_steps=-1", "null for no limit"],
     ),
+    "Lightning's per-step EMA decay": (  # averaged nothing: the EMA was the model, evaluated twice
+        ["trainer.ema_decay=0.9", "trainer.epochs=2"],
+        OURS,
+        ["trainer.ema_decay=0.9", "a copy of the model", "give a decay above"],
+    ),
     "truncated checkpoint": (
         ["trainer.resume={root}/truncated.pt"],
         OURS,

@@ -26,7 +26,7 @@ from preflight import check_and_plan
 from tests.configs import compose_config, job_config, typed_config
 from tests.dataset_files import write_image_folder
 from tests.test_train_step import _trainer
-from training.ema import EMA, adjusted_decay
+from training.ema import EMA
 from training.loss import CrossEntropy
 from training.metrics import Accumulator
 from training.mixing import Mixing
@@ -274,15 +274,28 @@ def test_ema_copies_the_weights_during_warmup_epochs():
 
 def test_ema_decay_is_adjusted_for_batch_interval_and_epochs_as_torchvision_does():
     settings = TrainerConfig(batch_size=1024, epochs=600, ema_decay=0.99998, ema_every_n_steps=32)
-    assert adjusted_decay(settings) == pytest.approx(1 - 2e-5 * 1024 * 32 / 600)
-    assert adjusted_decay(TrainerConfig(batch_size=1024, epochs=1, ema_decay=0.9)) == 0.0  # capped: copies
+    assert settings.ema_decay_per_update == pytest.approx(1 - 2e-5 * 1024 * 32 / 600)
+    assert TrainerConfig().ema_decay_per_update is None
+
+
+def test_an_ema_decay_adjusted_to_a_copy_of_the_model_is_refused_naming_the_least_that_averages():
+    """Lightning's and timm's per-step decays (0.9, 0.95) adjust to 0 for a small job: the average
+    would copy the model at each update, and validation would evaluate it twice."""
+    with pytest.raises(ConfigError) as refused:
+        TrainerConfig(batch_size=64, epochs=2, ema_decay=0.9)
+    assert str(refused.value) == (
+        "trainer.ema_decay=0.9: adjusted for global batch 64 x 1 micro-batches x every 1 step(s) over 2 epoch(s) "
+        "as torchvision does, it is 0 per update, a copy of the model; give a decay above 0.96875 (torchvision's "
+        "recipes: 0.99998), or null"
+    )
+    assert TrainerConfig(batch_size=64, epochs=2, ema_decay=0.96876).ema_decay_per_update > 0
 
 
 def test_ema_decay_is_adjusted_for_the_micro_batches_each_step_accumulates():
     settings = TrainerConfig(
         batch_size=64, epochs=100, ema_decay=0.9999, ema_every_n_steps=2, accumulate_grad_batches=4
     )
-    assert adjusted_decay(settings) == pytest.approx(1 - 1e-4 * 64 * 4 * 2 / 100)
+    assert settings.ema_decay_per_update == pytest.approx(1 - 1e-4 * 64 * 4 * 2 / 100)
 
 
 def test_top5_counts_the_label_among_the_five_highest_logits():
@@ -484,7 +497,7 @@ def test_recipe_keys_are_checked_before_launch(overrides, words):
 
 
 def test_a_run_averages_with_the_adjusted_decay_not_the_raw_one(tmp_path, monkeypatch):
-    """The run's EMA is built with adjusted_decay (the unit tests above hold the adjustment to
+    """The run's EMA is built with the adjusted decay (the unit tests above hold the adjustment to
     torchvision's; this holds the run to using it)."""
     from training import run as run_job
 

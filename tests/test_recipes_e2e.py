@@ -114,7 +114,7 @@ MIXED_EMA = (
     "logger.sample_images=0",
     "trainer.mixup_alpha=0.2",
     "trainer.cutmix_alpha=1.0",
-    "trainer.ema_decay=0.9",
+    "trainer.ema_decay=0.99",  # adjusted: 0.68 per update (0.9 would be 0, a copy of the model, refused)
     "data.repeated_augmentations=3",
 )
 

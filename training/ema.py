@@ -1,5 +1,6 @@
 """trainer.ema_decay: an exponential moving average of the weights and buffers (torchvision's
-ExponentialMovingAverage: torch.optim.swa_utils.AveragedModel with use_buffers=True)."""
+ExponentialMovingAverage: torch.optim.swa_utils.AveragedModel with use_buffers=True), built with
+the decay per update that TrainerConfig.ema_decay_per_update adjusts."""
 
 from __future__ import annotations
 
@@ -9,16 +10,6 @@ from itertools import chain
 import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-
-from config.schema import TrainerConfig
-
-
-def adjusted_decay(settings: TrainerConfig) -> float:
-    """torchvision's adjustment (from pycls): the decay per update is set so the average spans the
-    same share of training whatever the batch, the update interval and the epochs:
-    1 - decay' = (1 - decay) * global batch * accumulation * every_n_steps / epochs, at most 1."""
-    adjust = settings.batch_size * settings.accumulate_grad_batches * settings.ema_every_n_steps / settings.epochs
-    return 1.0 - min(1.0, (1.0 - settings.ema_decay) * adjust)
 
 
 class EMA(AveragedModel):

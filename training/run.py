@@ -22,7 +22,7 @@ from training.batch_layout import BatchLayout, carry_over
 from training.callbacks import RunInfo
 from training.checkpoint.best import BestCheckpoints
 from training.checkpoint.checkpointer import Checkpointer
-from training.ema import EMA, adjusted_decay
+from training.ema import EMA
 from training.evaluation import test
 from training.loggers import build_loggers, takes_images
 from training.manifest import start as start_manifest
@@ -151,8 +151,9 @@ def _build_and_fit(ctx: DistContext, job: RunConfig, preemption: PreemptionWatch
     scheduler = with_warmup(optimizer, scheduler, job.scheduler_options, in_micro_batches, len(loaders.train))
     ema = None
     if settings.ema_decay is not None:  # of the trained module: sync_batchnorm may have replaced `net`'s layers
-        ema = EMA(strategies.unwrap(model), adjusted_decay(settings), job.scheduler_options.warmup_epochs)
-        log.info("EMA every %d step(s), decay %.6g per update", settings.ema_every_n_steps, adjusted_decay(settings))
+        decay = settings.ema_decay_per_update
+        ema = EMA(strategies.unwrap(model), decay, job.scheduler_options.warmup_epochs)
+        log.info("EMA every %d step(s), decay %.6g per update", settings.ema_every_n_steps, decay)
     scaler = precision.grad_scaler()
     loggers = build_loggers(job.logger, job) if ctx.is_main else []
     chosen = {name: build() for name, build in job.callbacks.items()}  # conf/callbacks/: their state is saved
