@@ -19,6 +19,7 @@ import data
 from config import setup
 from config.schema import DataConfig, DatasetConfig
 from errors import ConfigError, first_line
+from training.checkpoint.files import run_dir_of
 
 WEIGHTS = ("best", "model", "ema")  # best: best_weights(checkpoint)
 _FIX = "give a run dir, or a checkpoint train.py wrote (<run dir>/checkpoints/best.pt or last.pt)"
@@ -38,14 +39,14 @@ class Trained:
 
 
 def checkpoint_path(source: str | Path) -> Path:
-    """`source` itself (a checkpoint file, or strategy=fsdp's sharded directory), or, for a run dir,
-    its checkpoints/best.pt (the best epoch's weights), else its last.pt."""
+    """`source` itself (a checkpoint file, or strategy=fsdp's sharded directory), or, for a run dir
+    (or its checkpoints/ folder), its checkpoints/best.pt (the best epoch's weights), else its last.pt."""
     source = Path(source)
-    if (source / "checkpoints").is_dir():
+    if (run_dir := run_dir_of(source)) is not None:
         for name in ("best.pt", "last.pt"):
-            if (source / "checkpoints" / name).exists():
-                return source / "checkpoints" / name
-        raise ConfigError(f"{source}: no checkpoints/best.pt or last.pt in it; {_FIX}")
+            if (run_dir / "checkpoints" / name).exists():
+                return run_dir / "checkpoints" / name
+        raise ConfigError(f"{run_dir}: no checkpoints/best.pt or last.pt in it; {_FIX}")
     if source.is_dir() and not _sharded(source):
         raise ConfigError(f"{source}: neither a run dir (no checkpoints/ in it) nor a sharded checkpoint; {_FIX}")
     if not source.exists():

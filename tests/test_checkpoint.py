@@ -263,6 +263,7 @@ def test_resume_auto_finds_last_pt_or_starts_fresh(tmp_path):
     assert find_resume("/elsewhere/best.pt", tmp_path) == Path("/elsewhere/best.pt")
     # Another run's dir: its last.pt, as auto takes this run dir's.
     assert find_resume(str(tmp_path), tmp_path / "new") == tmp_path / "checkpoints" / "last.pt"
+    assert find_resume(f"{tmp_path}/checkpoints", tmp_path / "new") == tmp_path / "checkpoints" / "last.pt"
     assert find_resume(None, tmp_path) is None
 
 

@@ -175,6 +175,7 @@ def test_images_are_files_folders_and_globs_each_cut_as_validation_cuts(images, 
 @pytest.mark.slow
 def test_a_run_dir_gives_its_best_pt_else_its_last_pt_and_a_bad_source_is_one_line(single_run, tmp_path):
     assert checkpoint_path(single_run) == single_run / "checkpoints" / "best.pt"
+    assert checkpoint_path(single_run / "checkpoints") == single_run / "checkpoints" / "best.pt"
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "last.pt").write_bytes((single_run / "checkpoints" / "last.pt").read_bytes())

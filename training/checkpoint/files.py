@@ -17,6 +17,14 @@ from errors import ConfigError, first_line
 FIX = "point trainer.resume at a last.pt or best.pt written by train.py, or at its run dir"
 
 
+def run_dir_of(path: Path) -> Path | None:
+    """The run dir `path` names: itself, where it holds checkpoints/, or the one above its own
+    checkpoints/ folder, as a user copies it from a listing; None for any other path."""
+    if (path / "checkpoints").is_dir():
+        return path
+    return path.parent if path.name == "checkpoints" and path.is_dir() else None
+
+
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     """Write to a temp file, fsync, then rename over `path`: a crash leaves the old file whole."""
     path.parent.mkdir(parents=True, exist_ok=True)

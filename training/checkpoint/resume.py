@@ -20,7 +20,7 @@ from config.schema import ResumePoint, SchedulerOptions, TrainerConfig
 from distributed.collectives import all_gather_object, barrier
 from distributed.context import DistContext
 from errors import ConfigError
-from training.checkpoint.files import FIX, load_checkpoint, no_such_checkpoint, trained_config
+from training.checkpoint.files import FIX, load_checkpoint, no_such_checkpoint, run_dir_of, trained_config
 
 _REQUIRED = ("model", "optimizer", "scheduler", "epoch", "step", "best")
 NOT_SHARED = "the run dir is not shared between nodes"
@@ -45,7 +45,8 @@ def find_resume(resume: str | None, run_dir: Path, env: Mapping[str, str] = os.e
         return last if last.exists() else None
     path = Path(resume)
     # A run dir: its last.pt, as `auto` takes in its own (predict.py and export.py take run dirs too).
-    return path / "checkpoints" / "last.pt" if (path / "checkpoints").is_dir() else path
+    run_dir = run_dir_of(path)
+    return run_dir / "checkpoints" / "last.pt" if run_dir is not None else path
 
 
 # In a run dir: the rendezvous id (TORCHELASTIC_RUN_ID) of the torchrun job that trains there.
