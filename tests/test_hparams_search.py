@@ -279,7 +279,10 @@ def test_trials_launched_together_run_at_once_and_a_lost_job_fails_its_trial_alo
     )
     assert _states(study) == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]  # the lost one's place taken by a 4th
     assert sorted(first for _, first in launch.calls) == [0, 1, 2, 3]
-    with pytest.raises(_study.SearchError, match=r"the first \(trial 4\) with RuntimeError: Job 4 .* OUT_OF_MEMORY"):
+    more = r"1 of 1 trial\(s\) launched together failed, more than hydra.sweeper.max_failure_rate=0.0 allows; "
+    with pytest.raises(
+        _study.SearchError, match=more + r"the first \(trial 4\) with RuntimeError: Job 4 .* OUT_OF_MEMORY"
+    ):
         _study.run(study, SPACE, [], FakeLauncher(tmp_path, lost=4), tmp_path, n_trials=4, n_jobs=1, heartbeat=storage)
 
 
@@ -323,7 +326,7 @@ def test_ctrl_c_while_trials_run_elsewhere_ends_the_search_at_once(tmp_path):
 
 def test_a_search_whose_trials_all_fail_ends_even_when_failures_are_tolerated(tmp_path):
     study, storage = _open(tmp_path)
-    with pytest.raises(_study.SearchError, match="RuntimeError: diverged"):
+    with pytest.raises(_study.SearchError) as error:
         _study.run(
             study,
             SPACE,
@@ -336,6 +339,12 @@ def test_a_search_whose_trials_all_fail_ends_even_when_failures_are_tolerated(tm
             max_failure_rate=1.0,
         )
     assert _states(study) == ["FAIL"] * 4  # two batches of two: 4 failures >= n_trials
+    # Why it stopped, and the search's first failure (not the last batch's)
+    assert re.match(
+        r"4 trials of this search failed, as many as hydra.sweeper.n_trials=3 \(a failed trial counts for none\); "
+        r"the first \(trial 0\) with RuntimeError: diverged",
+        str(error.value),
+    ), error.value
 
 
 def test_a_trial_that_returns_nan_is_a_failure_the_search_counts(tmp_path):

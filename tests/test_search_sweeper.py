@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import optuna
+import pytest
 import yaml
 from hydra.test_utils.test_utils import SweepTaskFunction
 from optuna.distributions import FloatDistribution
@@ -20,15 +21,15 @@ from optuna.trial import TrialState
 from config.setup import ROOT
 
 
-def _search(sweep_dir: Path, n_trials: int) -> list[dict]:
+def _search(sweep_dir: Path, n_trials: int, fail_every: int = 2) -> list[dict]:
     """One `-m` run in `sweep_dir` of a search over x in [0, 1] and z in 0.5, 1, 1.5, whose every
-    second job raises; the config of each job it launched."""
+    `fail_every`th job raises; the config of each job it launched."""
     launched = []
 
     def task(cfg):
         launched.append({**cfg, "beats": _heartbeats(sweep_dir)})
-        if len(launched) % 2 == 0:
-            raise RuntimeError("diverged")
+        if len(launched) % fail_every == 0:
+            raise RuntimeError(f"diverged at x={cfg.x}")
         return cfg.x
 
     sweep = SweepTaskFunction()
@@ -73,6 +74,17 @@ def test_a_search_counts_complete_trials_only_and_its_rerun_counts_the_studys(tm
     results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
     assert (results["n_trials"], results["complete"], len(results["trials"])) == (2, 2, 3)
     assert _search(sweep_dir, n_trials=2) == []  # the same command again: the study is complete
+
+
+def test_a_search_whose_every_trial_fails_stops_saying_why_and_naming_its_first(tmp_path, capsys):
+    with pytest.raises(SystemExit):  # Hydra's, with the sweeper's error as one line
+        _search(tmp_path / "search", n_trials=2, fail_every=1)
+    first = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'search' / 'optuna.db'}").trials[0]
+    said = (
+        "2 trials of this search failed, as many as hydra.sweeper.n_trials=2 (a failed trial counts for none); the "
+        f"first (trial 0) with RuntimeError: diverged at x={first.params['+x']}; its log: "
+    )
+    assert said in capsys.readouterr().err
 
 
 def test_hydras_plugin_scan_at_every_start_imports_no_optuna():

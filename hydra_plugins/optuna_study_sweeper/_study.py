@@ -230,7 +230,7 @@ def run(
     pruned: an answer too); with
     `parallel` (a launcher whose jobs run outside this process) a batch's trials run at once."""
     waiting_for = 0
-    failed = 0
+    failed: list[str] = []  # this search's failed trials: what went wrong, first first
     while True:
         _fail_stale(study)  # their retries come back WAITING, and ask() takes those first
         states = [t.state for t in study.get_trials(deepcopy=False)]
@@ -256,12 +256,17 @@ def run(
             trials = [study.ask(space) for _ in range(size)]
         failures = _run_batch(study, trials, fixed, launch, sweep_dir, heartbeat, parallel)
         after_batch()
-        failed += len(failures)
-        # Failed trials do not count towards n_trials: a space that always fails must still end.
-        if failures and (len(failures) / len(trials) > max_failure_rate or failed >= n_trials):
+        failed += failures
+        if failures and len(failures) / len(trials) > max_failure_rate:
             raise SearchError(
-                f"{len(failures)} of {len(trials)} trial(s) failed ({failed} in this search, "
-                f"hydra.sweeper.max_failure_rate={max_failure_rate}), the first {failures[0]}"
+                f"{len(failures)} of {len(trials)} trial(s) launched together failed, more than "
+                f"hydra.sweeper.max_failure_rate={max_failure_rate} allows; the first {failures[0]}"
+            )
+        # Failed trials do not count towards n_trials: a space that always fails must still end.
+        if len(failed) >= n_trials:
+            raise SearchError(
+                f"{len(failed)} trials of this search failed, as many as hydra.sweeper.n_trials={n_trials} (a failed "
+                f"trial counts for none); the first {failed[0]}"
             )
 
 
