@@ -22,6 +22,7 @@ import json
 import re
 import sys
 import textwrap
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -390,9 +391,14 @@ def load_search(root: Path) -> dict[str, Any] | None:
 
 def search_summary(search: dict[str, Any]) -> str:
     metric = search.get("metric", "value")
+    # What ended each trial (pruned ones count towards n_trials, failed ones do not), as the results list them.
+    states = Counter(trial.get("state") for trial in search.get("trials") or [])
+    ended = "".join(
+        f", {states[state]} {said}" for state, said in (("PRUNED", "pruned"), ("FAIL", "failed")) if states[state]
+    )
     lines = [
         f"Search {search.get('study_name', '?')}: {search.get('complete', '?')} of {search.get('n_trials', '?')} "
-        f"trials complete, {search.get('direction', '?')} {metric}."
+        f"trials complete{ended}, {search.get('direction', '?')} {metric}."
     ]
     if search.get("best_params") is not None:
         params = " ".join(f"{k}={short(str(v))}" for k, v in search["best_params"].items())

@@ -466,14 +466,19 @@ def test_a_search_report_takes_the_best_trial_from_the_sweepers_results(tmp_path
         "best_value": 0.75,
         "best_params": {"optimizer.lr": 0.01},
         "best_job": "0",
-        "trials": [{"number": 0, "state": "COMPLETE", "value": 0.75}, {"number": 1, "state": "COMPLETE", "value": 0.6}],
+        "trials": [
+            {"number": 0, "state": "COMPLETE", "value": 0.75},
+            {"number": 1, "state": "FAIL", "value": None},
+            {"number": 2, "state": "COMPLETE", "value": 0.6},
+            {"number": 3, "state": "FAIL", "value": None},
+        ],
     }
     (tmp_path / "optimization_results.yaml").write_text(yaml.safe_dump(results))
     assert report.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     # The sweeper's word, not a maximum over metrics.json (which would say run 1).
     assert "Best: trial 0, best_val_acc = 0.75 (optimizer.lr=0.01), run 0" in out
-    assert "2 of 2 trials complete, maximize best_val_acc" in out
+    assert "2 of 2 trials complete, 2 failed, maximize best_val_acc" in out  # what the table leaves out
     assert (tmp_path / "report.png").stat().st_size > 0
 
 
