@@ -47,7 +47,12 @@ def typed(cfg: DictConfig) -> Config:
             raise
         raise cause from None
     options = optimizer_options(config.optimizer)
-    scheduler_options(config.scheduler)
+    warmup_epochs = scheduler_options(config.scheduler).warmup_epochs
+    if warmup_epochs >= config.trainer.epochs:  # the lr would reach optimizer.lr at the run's last step, or never
+        raise ConfigError(
+            f"scheduler.warmup_epochs={warmup_epochs} leaves no epoch at the lr it warms up to "
+            f"(trainer.epochs={config.trainer.epochs}); give fewer warmup epochs, or more trainer.epochs"
+        )
     if options.lr_scaling == LrScaling.linear and "lr" not in config.optimizer:
         raise ConfigError("optimizer.lr_scaling=linear scales optimizer.lr, which is not set; give optimizer.lr")
     nodes = {key: (getattr(config, key), required) for key, required in _NODES.items()}

@@ -113,6 +113,11 @@ EXIT_PATHS = {
         OURS,
         ["trainer.ema_decay=0.9", "a copy of the model", "give a decay above"],
     ),
+    "a warmup longer than the run": (  # trained at a fraction of optimizer.lr throughout, and exited 0
+        ["scheduler.warmup_epochs=100"],
+        OURS,
+        ["scheduler.warmup_epochs=100", "trainer.epochs=15"],
+    ),
     "truncated checkpoint": (
         ["trainer.resume={root}/truncated.pt"],
         OURS,

@@ -151,6 +151,14 @@ def test_linear_lr_scaling_needs_optimizer_lr_and_only_it_does():
     check(typed_config("~optimizer.lr"))  # the optimizer's own default lr
 
 
+def test_a_warmup_as_long_as_the_run_is_refused_and_one_epoch_shorter_passes():
+    assert _refusal("trainer.epochs=3", "scheduler.warmup_epochs=3") == (
+        "scheduler.warmup_epochs=3 leaves no epoch at the lr it warms up to (trainer.epochs=3); give fewer warmup "
+        "epochs, or more trainer.epochs"
+    )
+    typed_config("trainer.epochs=3", "scheduler.warmup_epochs=2")
+
+
 def test_the_model_modules_own_check_runs_before_launch():
     assert _refusal("model=resnet18", "model.stem=nope").startswith("model.stem=nope: no such stem")
 
