@@ -308,6 +308,8 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
         if e.exit_code > 128 and e.exit_code - 128 in plan.forward_signals:
             raise Preempted(e.exit_code - 128) from None
         reason = f"killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
+        if e.signal_name == "SIGKILL":  # the rank had no chance to say why: who sends it
+            reason += " (by hand, or by the kernel when memory ran out: `dmesg` says; then use fewer ranks or a smaller batch)"
         if e.signal_name == "SIGABRT" and plan.process_group and plan.accelerator == "gpu":
             # NCCL's watchdog tears down a rank whose collective outlived the group's timeout
             # (TORCH_NCCL_ASYNC_ERROR_HANDLING's default, SkipCleanUp: ProcessGroupNCCL.hpp): the
