@@ -484,6 +484,11 @@ class LoggerConfig:
     mlflow: Optional[MlflowConfig] = None
     sample_images: int = 8  # validation images drawn with their predictions each epoch (two rows)
 
+    def __post_init__(self) -> None:
+        check_ranges(
+            "logger", [("sample_images", self.sample_images, self.sample_images >= 0, "0 (no grid) or more images")]
+        )
+
 
 @dataclass
 class OptimizerOptions:

@@ -16,6 +16,7 @@ from config.schema import (
     DataConfig,
     DatasetConfig,
     LauncherConfig,
+    LoggerConfig,
     StrategyConfig,
     TrainerConfig,
     parse_signals,
@@ -171,6 +172,7 @@ def test_signal_names_may_drop_the_sig_prefix():
             {"requeue_signals": ["stop"]},
             "trainer.requeue_signals: stop is not a signal a process can catch; use e.g. [SIGTERM, SIGUSR1]",
         ),
+        (LoggerConfig, {"sample_images": -1}, "logger.sample_images=-1: use 0 (no grid) or more images"),
         (
             DataConfig,
             {"num_workers": -1},
@@ -203,6 +205,7 @@ def test_a_values_least_allowed_passes_as_the_config_is_typed():
     LauncherConfig(master_port=1)
     StrategyConfig(bucket_cap_mb=0.5)
     DatasetConfig(train_size=1, val_size=1)
+    LoggerConfig(sample_images=0)
 
 
 def test_train_py_rejects_more_gpus_than_visible_in_one_line(run_dir):
