@@ -20,9 +20,12 @@ IN_THE_ENVIRONMENT = (
 _SECRET_KEY = r"[\w.-]*?(?:password|passwd|secret|token|apikey|credentials?|(?:api|access|private|secret)[_-]?key)"
 # scheme://user:password@host: the password, up to the last @ before the path.
 _URL_PASSWORD = re.compile(r"(\b[a-zA-Z][\w+.-]*://[^/\s:@]*:)[^\s/]*(@)")
-# key=value (an override, a URL's query), key: value (YAML), "key": "value" (JSON): the value.
+# key=value (an override, a URL's query), key: value (YAML), "key": "value" (JSON): the value. Whole
+# as Hydra reads it, a sweep (pw1,pw2) or a list ([pw1,pw2]) included; a comma with a space after
+# it ends a flow mapping's value ({password: pw, user: me}).
 _KEY_VALUE = re.compile(
-    rf"""((?:^|(?<=[\s,{{?&;'"+~]))["']?{_SECRET_KEY}["']?\s*(?:=|:\s)\s*)("[^"]*"|'[^']*'|[^\s&,;}}]+)""",
+    rf"""((?:^|(?<=[\s,{{?&;'"+~\[(]))["']?{_SECRET_KEY}["']?\s*(?:=|:\s)\s*)"""
+    r"""("[^"]*"|'[^']*'|\[[^\]]*\]|(?:[^\s&,;}\]]|,(?=[^\s,]))+)""",
     re.IGNORECASE | re.MULTILINE,
 )
 

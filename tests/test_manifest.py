@@ -27,6 +27,11 @@ from training.manifest import DIFF, MANIFEST, git_state, read_manifest, record, 
         ("  client_secret: pw\n  lr: 0.1", "  client_secret: ***\n  lr: 0.1"),
         ('{"access_key": "pw", "x": 1}', '{"access_key": "***", "x": 1}'),
         ("uri: https://host/q?token=pw&page=2", "uri: https://host/q?token=***&page=2"),
+        # Hydra's sweep and list values, whole: each item is a secret (pw2 was shown)
+        ("-m logger.mlflow.password=pw1,pw2 lr=1", "-m logger.mlflow.password=*** lr=1"),
+        ("+model.api_key=[pw1,pw2]", "+model.api_key=***"),
+        ("x=[token=pw1,pw2]", "x=[token=***]"),  # pw1 and pw2 were shown
+        ("{password: pw, user: me}", "{password: ***, user: me}"),  # a flow mapping's next key stays
     ],
 )
 def test_a_urls_password_and_a_secrets_value_are_hidden(text, shown):
