@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -91,6 +92,8 @@ def check_target(key: str, node: Any, required: bool = True) -> None:
         if not required and (node is None or (isinstance(node, Mapping) and not node.get("_target_"))):
             return
         raise ConfigError(f"{key}: no _target_; name the class to build, as the files in conf/{group}/ do")
+    quiet = logging.getLogger("hydra.utils")  # logs its own three-line ERROR before it raises
+    disabled, quiet.disabled = quiet.disabled, True
     try:
         get_object(node["_target_"])
     except Exception as e:
@@ -99,6 +102,8 @@ def check_target(key: str, node: Any, required: bool = True) -> None:
             f"{key}._target_={node['_target_']} does not import ({type(cause).__name__}: {first_line(cause)}); "
             f"name a class importable from this repo, as the files in conf/{group}/ do"
         ) from None
+    finally:
+        quiet.disabled = disabled
 
 
 def factory(node: Any, **arguments: Any) -> Callable[..., Any]:

@@ -118,6 +118,11 @@ EXIT_PATHS = {
         OURS,
         ["scheduler.warmup_epochs=100", "trainer.epochs=15"],
     ),
+    "a callback that does not import": (  # Hydra's own three-line ERROR log came first
+        ["+callbacks.mine._target_=nowhere.Thing"],
+        OURS,
+        ["callbacks.mine._target_=nowhere.Thing does not import"],
+    ),
     "truncated checkpoint": (
         ["trainer.resume={root}/truncated.pt"],
         OURS,
@@ -255,6 +260,7 @@ def test_train_py_stops_with_one_short_error_and_touches_nothing(files, case):
         assert word in stderr, stderr
     if code == OURS:
         assert len(stderr.splitlines()) == 1 and stderr.startswith("error: "), stderr
+        assert "[ERROR]" not in result.stdout, result.stdout  # the one line is all the console says of it
     assert (_snapshot(run_dir / "checkpoints"), _snapshot(run_dir / ".hydra")) == before
     assert not (files / "touched").exists()
 
