@@ -286,3 +286,16 @@ def test_trainer_profile_is_refused_in_one_line_where_the_run_is_too_short_to_re
     with pytest.raises(ConfigError) as error:
         check_and_plan(typed_config(*overrides))
     assert str(error.value) == message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("choice, to_file", [("stdout", False), ("disabled", False), ("train", True)])
+def test_hydras_own_job_logging_choices_replace_ours_whole(run_dir, choice, to_file):
+    """hydra/job_logging=stdout, disabled, ...: our train.log's setting (its file opened at the first
+    record) merged into them named a `file` handler with no class, a traceback before the run."""
+    result = run_train(run_dir, "debug=fdr", f"hydra/job_logging={choice}")
+    assert result.returncode == 0, result.stderr
+    assert (run_dir / "metrics.json").is_file()
+    log = run_dir / "train.log"
+    written = log.read_text() if log.exists() else ""
+    assert ("run dir:" in written) == to_file, written
