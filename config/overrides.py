@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
+from hydra.core.override_parser.types import ChoiceSweep, Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
@@ -36,6 +36,7 @@ def check_overrides(overrides: Sequence[str]) -> None:
     except Exception:  # bad syntax: Hydra's own message names it
         return
     _check_no_secret(parsed)
+    _check_group_options(parsed)
     free_form = _check_schema_keys(parsed)
     loggers = _unchosen_logger_options(parsed)
     if not free_form and not loggers:
@@ -70,12 +71,38 @@ def _check_no_secret(parsed: list[Override]) -> None:
     for override in parsed:
         line, secret_key = override.input_line, is_secret_key(override.key_or_group)
         if secret_key or redact(line) != line:
-            # A secret's key: its whole value hidden (redact's pattern stops at a list's comma); else a URL's password.
+            # A secret's key: its whole value hidden, whatever it holds; else a URL's password.
             shown = f"{override.key_or_group}={HIDDEN}" if secret_key else redact(line)
             raise ConfigError(
                 f"{shown}: a password or key on the command line is written to the run's records (.hydra/); "
                 f"{IN_THE_ENVIRONMENT}"
             )
+
+
+def _check_group_options(parsed: list[Override]) -> None:
+    """A config group's choice (model=resnet18, logger=[tensorboard,csv], a sweep of them) that
+    conf/<group>/ has no file for: one line with the options (Hydra's says it in ten)."""
+    for override in parsed:
+        group = override.key_or_group
+        folder = CONF_DIR / group
+        if override.is_delete() or group.startswith("hydra") or "." in group or not folder.is_dir():
+            continue
+        value = override.value()
+        chosen = value.list if isinstance(value, ChoiceSweep) else [value]
+        options = sorted(f.stem for f in folder.glob("*.yaml"))
+        if None in chosen:  # Hydra's ValueError traceback
+            raise ConfigError(
+                f"{group}=null: a config group takes an option's name; choose {', '.join(options)}, or leave the "
+                f"group out with ~{group}"
+            )
+        for name in chosen:
+            for option in name if isinstance(name, list) else [name]:
+                if isinstance(option, str) and option not in options:
+                    close = difflib.get_close_matches(option, options, n=1)
+                    hint = f"did you mean {group}={close[0]}? " if close else ""
+                    raise ConfigError(
+                        f"{group}={option}: no such option in conf/{group}/; {hint}choose {', '.join(options)}"
+                    )
 
 
 def _check_schema_keys(parsed: list[Override]) -> list[list[str]]:

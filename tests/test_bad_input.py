@@ -92,10 +92,9 @@ def _snapshot(directory):
 # One case per way train.py can stop: (overrides, exit code, words the message must contain); {root} is
 # the fixture's directory. These go through `python train.py` end to end; the rest below go through
 # the same code in this process: Hydra's composition, and preflight.check_and_plan, which train.py calls.
-HYDRA = 1  # Hydra's own composition errors: a few lines, no traceback
 OURS = 2  # train.py's checks: exactly one line
 EXIT_PATHS = {
-    "unknown model": (["model=nope"], HYDRA, ["model/nope", "mnist_net"]),
+    "unknown model": (["model=nope"], OURS, ["model=nope: no such option in conf/model/", "mnist_net"]),
     "batch not divisible": ([*DDP[:2], "trainer.devices=3"], OURS, ["trainer.batch_size=64", "multiple of 3"]),
     "the best kept the wrong way": (  # max would keep the highest losses
         ["trainer.checkpoint.monitor=val/loss", "trainer.checkpoint.mode=max"],

@@ -359,6 +359,32 @@ def test_a_model_optimizer_or_scheduler_key_its_file_lacks_names_the_nearest(ove
         check_overrides(overrides)
 
 
+@pytest.mark.parametrize(
+    "overrides, error",
+    [  # Hydra's ten lines, or its traceback for null
+        (
+            ["model=resnet"],
+            "model=resnet: no such option in conf/model/; did you mean model=resnet50? choose mnist_net, resnet18, "
+            "resnet50, simple_cnn, torchvision, vit_tiny",
+        ),
+        (["logger=[tensorboard,cvs]"], "logger=cvs: no such option in conf/logger/; did you mean logger=csv? "),
+        (["-m", "model=resnet18,zzzz"], "model=zzzz: no such option in conf/model/; choose mnist_net, "),
+        (
+            ["callbacks=null"],
+            "callbacks=null: a config group takes an option's name; choose balanced_accuracy, confusion_matrix, "
+            "early_stopping, grad_norm, stop_at, or leave the group out with ~callbacks",
+        ),
+    ],
+)
+def test_a_group_choice_conf_has_no_file_for_is_one_line_with_the_options(overrides, error):
+    assert _key_refusal(*overrides).startswith(error)
+
+
+def test_group_choices_conf_has_pass_the_option_check():
+    check_overrides(["model=resnet18", "logger=[tensorboard,csv]", "callbacks=[]", "~debug", "-m", "debug=fdr,limit"])
+    check_overrides(["-m", "model=glob(*net*)"])  # a glob: Hydra's to expand
+
+
 def test_keys_an_experiment_or_group_choice_brings_pass_the_key_check():
     # An experiment picks its own model (conf/experiment/cifar10_resnet18_finetune_dp.yaml): its keys are the node's.
     check_overrides(
