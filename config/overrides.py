@@ -28,6 +28,8 @@ def check_overrides(overrides: Sequence[str]) -> None:
     the typed config drops unread); an option of a logger backend the run does not choose. A
     free-form node (model, optimizer, scheduler, a callback) takes new keys with `+`: its class
     judges them. The config is composed at most once, and only for commands that need it."""
+    # A config dir of the user's own (--config-dir, hydra.searchpath) may add options to conf/'s groups.
+    only_conf = not any(arg.startswith(("--config-dir", "-cd", "hydra.searchpath")) for arg in overrides)
     overrides = [o for o in overrides if "=" in o]  # not the flags (-m, --cfg job)
     if not overrides:
         return
@@ -36,7 +38,8 @@ def check_overrides(overrides: Sequence[str]) -> None:
     except Exception:  # bad syntax: Hydra's own message names it
         return
     _check_no_secret(parsed)
-    _check_group_options(parsed)
+    if only_conf:
+        _check_group_options(parsed)
     free_form = _check_schema_keys(parsed)
     loggers = _unchosen_logger_options(parsed)
     if not free_form and not loggers:

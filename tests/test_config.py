@@ -383,6 +383,10 @@ def test_a_group_choice_conf_has_no_file_for_is_one_line_with_the_options(overri
 def test_group_choices_conf_has_pass_the_option_check():
     check_overrides(["model=resnet18", "logger=[tensorboard,csv]", "callbacks=[]", "~debug", "-m", "debug=fdr,limit"])
     check_overrides(["-m", "model=glob(*net*)"])  # a glob: Hydra's to expand
+    # A config dir of the user's own may hold more options: Hydra's to find them
+    check_overrides(["--config-dir", "/my/conf", "model=mine"])
+    check_overrides(["-cd", "/my/conf", "model=mine"])
+    check_overrides(["hydra.searchpath=[file:///my/conf]", "model=mine"])
 
 
 def test_keys_an_experiment_or_group_choice_brings_pass_the_key_check():
