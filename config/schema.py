@@ -172,8 +172,8 @@ class TrainerConfig:
     # without one raises), cuDNN benchmark off; slower. CPU runs here are deterministic already.
     deterministic: bool = False
     nonfinite: NonFinite = NonFinite.stop  # a NaN/inf loss: stop the run, or skip the step
-    # a last.pt/best.pt path, a run dir or its checkpoints/ folder (its last.pt), or auto: this run dir's last.pt if there is one
-    # (null: auto in a requeued SLURM or restarted torchrun job)
+    # a last.pt/best.pt path, a run dir or its checkpoints/ folder (its last.pt), or auto: this run dir's
+    # last.pt if there is one (null: auto in a requeued SLURM or restarted torchrun job)
     resume: Optional[str] = None
     checkpoint_every_n_steps: Optional[int] = None  # also save last.pt every N steps (mid-epoch)
     # also save last.pt once N seconds have passed since the last save, by rank 0's clock, at the
