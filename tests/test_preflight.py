@@ -157,6 +157,9 @@ def test_a_warmup_as_long_as_the_run_is_refused_and_one_epoch_shorter_passes():
         "epochs, or more trainer.epochs"
     )
     typed_config("trainer.epochs=3", "scheduler.warmup_epochs=2")
+    # A debug preset's short run of a recipe with a warmup (tv_resnet50: 5 epochs) leaves the warmup out
+    assert typed_config("experiment=tv_resnet50", "debug=fdr").scheduler["warmup_epochs"] == 0
+    assert typed_config("debug=limit", "scheduler.warmup_epochs=1").scheduler["warmup_epochs"] == 1
 
 
 def test_the_model_modules_own_check_runs_before_launch():
