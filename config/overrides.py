@@ -88,7 +88,8 @@ def _check_group_options(parsed: list[Override]) -> None:
     for override in parsed:
         group = override.key_or_group
         folder = CONF_DIR / group
-        if override.is_delete() or group.startswith("hydra") or "." in group or not folder.is_dir():
+        # Hydra's groups (hydra/job_logging=stdout) hold options of its own; a key (trainer.epochs) names no folder.
+        if group.startswith("hydra") or not folder.is_dir():
             continue
         value = override.value()
         chosen = value.list if isinstance(value, ChoiceSweep) else [value]
@@ -101,7 +102,7 @@ def _check_group_options(parsed: list[Override]) -> None:
         for name in chosen:
             for option in name if isinstance(name, list) else [name]:
                 if isinstance(option, str) and option not in options:
-                    close = difflib.get_close_matches(option, options, n=1)
+                    close = difflib.get_close_matches(option, options)
                     hint = f"did you mean {group}={close[0]}? " if close else ""
                     raise ConfigError(
                         f"{group}={option}: no such option in conf/{group}/; {hint}choose {', '.join(options)}"

@@ -45,6 +45,7 @@ PARTS = {
     "config/overrides.py": [
         "check_overrides",
         "_check_no_secret",
+        "_check_group_options",
         "_check_schema_keys",
         "_optional_of",
         "_is_value",

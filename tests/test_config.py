@@ -363,7 +363,7 @@ def test_a_model_optimizer_or_scheduler_key_its_file_lacks_names_the_nearest(ove
     "overrides, error",
     [  # Hydra's ten lines, or its traceback for null
         (
-            ["model=resnet"],
+            ["trainer.epochs=2", "model=resnet"],
             "model=resnet: no such option in conf/model/; did you mean model=resnet50? choose mnist_net, resnet18, "
             "resnet50, simple_cnn, torchvision, vit_tiny",
         ),
@@ -383,6 +383,7 @@ def test_a_group_choice_conf_has_no_file_for_is_one_line_with_the_options(overri
 def test_group_choices_conf_has_pass_the_option_check():
     check_overrides(["model=resnet18", "logger=[tensorboard,csv]", "callbacks=[]", "~debug", "-m", "debug=fdr,limit"])
     check_overrides(["-m", "model=glob(*net*)"])  # a glob: Hydra's to expand
+    check_overrides(["hydra/job_logging=stdout"])  # Hydra's own options, beside conf/hydra/job_logging/train.yaml
     # A config dir of the user's own may hold more options: Hydra's to find them
     check_overrides(["--config-dir", "/my/conf", "model=mine"])
     check_overrides(["-cd", "/my/conf", "model=mine"])
