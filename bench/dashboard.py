@@ -12,6 +12,7 @@ study. Needs optuna-dashboard (requirements-extras.txt).
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -49,7 +50,14 @@ def main() -> None:
     if not scripts:
         raise SystemExit("bench.dashboard needs optuna-dashboard: pip install -r requirements-extras.txt")
     sys.argv = ["optuna-dashboard", url, *options]
-    scripts["optuna-dashboard"].load()()  # optuna-dashboard's own command, in this process
+    try:
+        scripts["optuna-dashboard"].load()()  # optuna-dashboard's own command, in this process
+    except OSError as e:  # its server's bind: a traceback from wsgiref
+        if e.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        raise SystemExit(
+            f"bench.dashboard: cannot serve there ({e.strerror}: another dashboard?); give another --port, or --host"
+        ) from None
 
 
 if __name__ == "__main__":

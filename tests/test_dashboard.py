@@ -15,6 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.distributions import FloatDistribution
 
+from bench import dashboard
 from bench.dashboard import storage_url
 from config.setup import ROOT
 from hydra_plugins.optuna_study_sweeper import _study
@@ -71,6 +72,23 @@ def test_the_dashboard_serves_a_searchs_trials_and_stops_by_its_pid(tmp_path):
         if server.poll() is None:
             os.kill(server.pid, signal.SIGTERM)
             assert server.wait(timeout=30) == -signal.SIGTERM, server.stderr.read()
+
+
+@pytest.mark.timeout(60)  # served instead: the port's check is broken
+def test_a_port_in_use_is_one_line_naming_the_fix(tmp_path, monkeypatch):
+    database = tmp_path / "optuna.db"
+    _study.open_study("s", f"sqlite:///{database}", "maximize", SAMPLER, {"overrides": []}, 10, None)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(sys, "argv", ["bench.dashboard", str(tmp_path), "--port", str(port)])
+        with pytest.raises(SystemExit) as error:
+            dashboard.main()
+    assert str(error.value) == (
+        "bench.dashboard: cannot serve there (Address already in use: another dashboard?); give another --port, "
+        "or --host"
+    )
 
 
 def test_a_mistyped_search_is_one_line_and_no_empty_database(tmp_path):
