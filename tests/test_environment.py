@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import subprocess
 
 import pytest
 
 from config import launcher_env
+from config.setup import ROOT
 from distributed import environment
 from errors import ConfigError
 
@@ -262,4 +264,17 @@ def test_on_one_node_a_named_interface_must_exist_and_nothing_else_is_asked(monk
     assert _error(environment.check_interfaces, True, False, {"GLOO_SOCKET_IFNAME": "nope0"}, **one) == (
         "GLOO_SOCKET_IFNAME=nope0: node07 has no such interface; unset it (every rank runs on node07), "
         "or name one `ip -br addr` lists"
+    )
+
+
+def test_the_sbatch_template_run_with_bash_is_one_line_naming_sbatch():
+    """Outside a job it read SLURM_NTASKS and stopped at bash's `unbound variable`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    result = subprocess.run(
+        ["bash", str(ROOT / "slurm" / "train.sbatch"), "debug=fdr"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        "error: slurm/train.sbatch runs as a SLURM job: submit it with sbatch slurm/train.sbatch [overrides], or "
+        "train on this machine with python train.py [overrides]\n"
     )
