@@ -72,6 +72,7 @@ def check_and_plan(config: Config, run_dir: Path | None = None, multirun: bool =
         warmup_epochs=scheduler_options(config.scheduler).warmup_epochs,
         weights=config.model.get("weights"),
         restores_here=launch.in_process,
+        sweep_job=multirun,
     )
     preempt = parse_signals(config.trainer.preempt_signals, "trainer.preempt_signals")
     requeue = parse_signals(config.trainer.requeue_signals, "trainer.requeue_signals")

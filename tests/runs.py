@@ -111,4 +111,5 @@ def decide_tiny(run_dir: Path | None, restores_here: bool = False, **settings) -
         warmup_epochs=0,
         weights=None,
         restores_here=restores_here,
+        sweep_job=False,
     )

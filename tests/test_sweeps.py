@@ -236,6 +236,18 @@ def test_a_value_no_job_could_use_refuses_the_sweep_before_its_first_job_trains(
     assert not list(sweep.glob("*/checkpoints")) and not list(sweep.glob("*/train.log"))
 
 
+def test_a_sweep_run_again_in_its_dir_names_the_sweeps_dir_and_how_to_continue(tmp_path):
+    # It named the job's dir as hydra.run.dir, a key no -m run reads.
+    sweep, command = tmp_path / "sweep", ["-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", *TINY, "trainer.max_steps=1"]
+    assert train_server.run(command).returncode == 0
+    again = train_server.run(command)
+    assert again.returncode == 2
+    assert again.stderr.splitlines()[-1] == (
+        f"error: 0_trainer.max_steps-1, a job of hydra.sweep.dir={sweep}, already holds checkpoints/last.pt; continue "
+        "the sweep with trainer.resume=auto or give it another hydra.sweep.dir"
+    )
+
+
 def test_the_jobs_are_typed_once_per_sweep_process_not_once_per_job(tmp_path, monkeypatch):
     # Each job typed them all again: a sweep of N jobs paid N x N typings (~0.1 s each).
     record = tmp_path / "multirun.yaml"

@@ -92,13 +92,14 @@ def decide_resume(
     warmup_epochs: int,
     weights: str | None,
     restores_here: bool,
+    sweep_job: bool,
 ) -> ResumePoint | None:
     """The checkpoint this run continues (None: afresh), opened and checked once: refuse one that
     cannot continue this run, and never overwrite a run's last.pt; a start let train in `run_dir`
     records its torchrun job there (`is_restart`). `model` builds the run's model
     (called only to compare a checkpoint with it); `scheduler`: the scheduler node as configured;
     `weights`: model.weights; `restores_here`: this process trains (it is a rank), so it keeps what
-    it read for the restore."""
+    it read for the restore; `sweep_job`: one job of a `-m` sweep, whose dir hydra.sweep.dir names."""
     resume, test_only = settings.resume, settings.test_only
     path = find_resume(resume, run_dir) if run_dir is not None or resume != "auto" else None
     point = None
@@ -130,6 +131,11 @@ def decide_resume(
         )
     last = run_dir / "checkpoints" / "last.pt" if run_dir is not None else None
     if not test_only and last is not None and last.exists() and (path is None or path.resolve() != last.resolve()):
+        if sweep_job:  # the job's dir is the sweep's, named by the job: the sweep's dir is the user's to change
+            raise ConfigError(
+                f"{run_dir.name}, a job of hydra.sweep.dir={run_dir.parent}, already holds checkpoints/last.pt; "
+                "continue the sweep with trainer.resume=auto or give it another hydra.sweep.dir"
+            )
         raise ConfigError(
             f"hydra.run.dir={run_dir} already holds checkpoints/last.pt; continue it with trainer.resume=auto "
             "or train in another hydra.run.dir"
