@@ -31,7 +31,13 @@ def check(cfg: DatasetConfig) -> None:
 
     classes = {split: _classes(_root(cfg) / split) for split in SPLITS}
     if classes["train"] != classes["val"]:
-        raise ConfigError(f"dataset.root={cfg.root}: train/ and val/ must hold the same class folders")
+        train, val = set(classes["train"]), set(classes["val"])
+        only = "; ".join(
+            f"only {split}/ has {', '.join(sorted(names)[:5])}{', ...' if len(names) > 5 else ''}"
+            for split, names in (("train", train - val), ("val", val - train))
+            if names
+        )
+        raise ConfigError(f"dataset.root={cfg.root}: train/ and val/ must hold the same class folders ({only})")
     images = f"no image ({' '.join(IMG_EXTENSIONS)})"
     for name in classes["train"]:
         if not _holds_an_image(_root(cfg) / "train" / name, IMG_EXTENSIONS):

@@ -218,6 +218,18 @@ def test_image_folder_checks(tmp_path, overrides, words):
         assert word in str(error.value)
 
 
+def test_image_folders_whose_classes_differ_are_named(tmp_path):
+    root = write_image_folder(tmp_path / "images", classes=3, per_class=1, size=8)
+    (root / "val" / "class2").rename(root / "val" / "class7")  # a typo'd, or a foreign, class folder
+    cfg = typed_config("dataset=imagefolder", f"dataset.root={root}")
+    with pytest.raises(ConfigError) as error:
+        check(cfg.dataset, cfg.data)
+    assert str(error.value) == (
+        f"dataset.root={root}: train/ and val/ must hold the same class folders (only train/ has class2; only val/ "
+        "has class7)"
+    )
+
+
 def test_image_folder_uses_imagenet_sizes_and_names_an_unreadable_image(tmp_path):
     root = write_image_folder(tmp_path, classes=2, per_class=2, size=40)
     cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=2", "data.num_workers=0")
