@@ -4,9 +4,10 @@ Writes <out>/model.pt2 (torch.export: load it with torch.export.load(path).modul
 <out>/model.onnx (torch's dynamo ONNX exporter), both with a dynamic batch dimension, both
 carrying the class names and the input's normalisation (ONNX: metadata_props; .pt2: the extra
 file metadata.json). Each file is checked once written: on the first validation batches of the
-run's own dataset config (its files must be here), the exported model's logits (ONNX Runtime's;
-the reloaded .pt2's) match PyTorch's to 1e-4 (absolute and relative), and top-1 agrees. A file
-that fails is renamed <name>.rejected, said in one line, and the exit status is 1.
+run's own dataset config (its files must be here: at its dataset.root, or where --data-root says),
+the exported model's logits (ONNX Runtime's; the reloaded .pt2's) match PyTorch's to 1e-4
+(absolute and relative), and top-1 agrees. A file that fails is renamed <name>.rejected, said in
+one line, and the exit status is 1.
 
 Exit status: 0, every file written and checked; 1, a check failed, or torch could not export the
 model (in one line); 2, a run that is not one, its validation data missing, a missing tool
@@ -43,6 +44,12 @@ def parser() -> argparse.ArgumentParser:
     parse.add_argument("--out", type=Path, default=None, help="the folder to write to (default <run dir>/export)")
     parse.add_argument("--format", nargs="+", choices=FORMATS, default=list(FORMATS), help="default: both")
     parse.add_argument("--check-batches", type=int, default=2, help="validation batches to check on (default 2)")
+    parse.add_argument(
+        "--data-root",
+        type=Path,
+        default=None,
+        help="where the run's dataset is on this machine (default: its dataset.root)",
+    )
     return parse
 
 
@@ -54,12 +61,17 @@ def main(argv: list[str] | None = None) -> int:
         if "onnx" in args.format:
             _require_onnx()
         trained = load(args.source, args.weights)
+        if args.data_root is not None:
+            trained = replace(trained, dataset=replace(trained.dataset, root=str(args.data_root)))
         out = args.out or trained.run_dir / "export"
         make_folder(out, f"--out={out}")
         try:
             batches = validation_batches(trained, args.check_batches)
         except ConfigError as e:
-            raise ConfigError(f"the check runs on the run's validation data, which is not here: {e}") from None
+            raise ConfigError(
+                f"the check runs on the run's validation data, which is not here: {e}; give its folder on this machine "
+                "with --data-root"
+            ) from None
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ from data.digits import arrays
 from data.image_paths import image_paths, validation_image
 from errors import ConfigError
 from tests import train_server
+from tests.dataset_files import write_image_folder
 from tests.runs import PASSWORD, SECRET_ROOT, last_weights, run_train
 from trained import Trained, best_weights, checkpoint_path, load
 from training.checkpoint import sharded
@@ -293,6 +294,27 @@ def test_export_from_single_and_ddp_runs_checked(single_run, ddp_reference, tmp_
     extra = {export.METADATA: ""}
     torch.export.load(tmp_path / "s" / "model.pt2", extra_files=extra)
     assert json.loads(extra[export.METADATA])["weights"] == "ema"
+
+
+@pytest.mark.slow
+def test_export_of_a_run_whose_dataset_moved_names_data_root_which_finds_it(tmp_path, capsys):
+    """The run dir copied to another machine: its dataset.root is not there."""
+    images = write_image_folder(tmp_path / "images", classes=2, per_class=2, size=8)
+    run_dir = tmp_path / "run"
+    small = ["dataset.image_size=8", "dataset.resize=8", "model=simple_cnn"]
+    trained = run_train(run_dir, "debug=fdr", "dataset=imagefolder", f"dataset.root={images}", *small)
+    assert trained.returncode == 0, trained.stderr
+    moved = images.rename(tmp_path / "moved")
+    assert export.main([str(run_dir), "--format", "pt2", "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(
+        f"error: the check runs on the run's validation data, which is not here: dataset.root={images}"
+    )
+    assert error.endswith("; give its folder on this machine with --data-root\n")
+    assert (
+        export.main([str(run_dir), "--format", "pt2", "--out", str(tmp_path / "out"), "--data-root", str(moved)]) == 0
+    )
+    assert "matches PyTorch" in capsys.readouterr().out
 
 
 @pytest.mark.slow
