@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 import data
 from config.schema import Accelerator, Config, ResumePoint, TrainerConfig, parse_signals
 from config.setup import CONF_DIR
-from config.typed import factory, model_factory, scheduler_options
+from config.typed import factory, imported, model_factory, scheduler_options
 from distributed import strategies
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError, first_line
@@ -155,7 +154,7 @@ def _check_model(node: Mapping[str, Any]) -> None:
     if weights is not None and not Path(weights).is_file():
         raise ConfigError(f"model.weights={weights}: no such file; give a state_dict file saved with torch.save")
     arguments = {k: v for k, v in node.items() if not k.startswith("_")}
-    signature = inspect.signature(get_object(node["_target_"]))
+    signature = inspect.signature(imported(node["_target_"]))
     try:
         signature.bind_partial(**arguments)
     except TypeError as e:  # a typo'd model.* key, or one added with + that the builder does not take
@@ -189,7 +188,7 @@ def _source_of(name: str, chosen: list[str]) -> str | None:
     for path in sorted((CONF_DIR / "callbacks").glob("*.yaml")):
         target = (OmegaConf.load(path).get(path.stem) or {}).get("_target_")
         try:
-            figures = getattr(get_object(target), "figures", ()) if target is not None else ()
+            figures = getattr(imported(target), "figures", ()) if target is not None else ()
         except Exception:  # an option of conf/callbacks/ that does not import: its own refusal when chosen
             continue
         if name in figures:

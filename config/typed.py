@@ -92,16 +92,23 @@ def check_target(key: str, node: Any, required: bool = True) -> None:
         if not required and (node is None or (isinstance(node, Mapping) and not node.get("_target_"))):
             return
         raise ConfigError(f"{key}: no _target_; name the class to build, as the files in conf/{group}/ do")
-    quiet = logging.getLogger("hydra.utils")  # logs its own three-line ERROR before it raises
-    disabled, quiet.disabled = quiet.disabled, True
     try:
-        get_object(node["_target_"])
+        imported(node["_target_"])
     except Exception as e:
         cause = e.__cause__ or e  # Hydra wraps the import's own error
         raise ConfigError(
             f"{key}._target_={node['_target_']} does not import ({type(cause).__name__}: {first_line(cause)}); "
             f"name a class importable from this repo, as the files in conf/{group}/ do"
         ) from None
+
+
+def imported(target: str) -> Any:
+    """What a `_target_` names (Hydra's get_object), without the three-line ERROR that Hydra logs
+    before it raises: the caller says it in one line, or passes over it."""
+    quiet = logging.getLogger("hydra.utils")
+    disabled, quiet.disabled = quiet.disabled, True
+    try:
+        return get_object(target)
     finally:
         quiet.disabled = disabled
 

@@ -245,7 +245,7 @@ def test_a_monitor_the_run_does_not_produce_or_ranked_against_its_figure_is_one_
 
 
 def test_an_option_of_conf_callbacks_that_does_not_import_is_passed_over_when_naming_a_figures_source(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, caplog
 ):
     (tmp_path / "callbacks").mkdir()
     (tmp_path / "callbacks" / "a_broken.yaml").write_text("a_broken:\n  _target_: nowhere.Nothing\n")
@@ -256,6 +256,7 @@ def test_an_option_of_conf_callbacks_that_does_not_import_is_passed_over_when_na
     monkeypatch.setattr(preflight, "CONF_DIR", tmp_path)
     assert preflight._source_of("val/macro_f1", []) == "confusion_matrix's figure: add callbacks=confusion_matrix"
     assert preflight._source_of("val/nothing", ["stop_at"]) is None
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # passed over in silence: no Hydra ERROR
 
 
 def test_a_monitor_may_name_a_callbacks_figure_the_emas_its_better_way_and_a_threshold_either_way():
