@@ -82,6 +82,31 @@ def test_ranks_check_a_quarter_grace_period_apart_by_the_slowest_and_stop_at_one
     assert 12 <= stopped[0] <= 12 + 5, (checks, stopped)
 
 
+def test_a_run_resumed_late_checks_a_quarter_grace_period_apart_from_its_first_steps(monkeypatch):
+    """Resumed at step 200, 50 ms a step, a 1 s grace period: the signal at step 205 stops both ranks
+    within a quarter of it (5 steps). The first check timed the start over the 200 steps the run
+    never took, and put the next one ~1000 steps away: past the grace period, and SLURM's SIGKILL."""
+    monkeypatch.setattr(preemption, "all_reduce_max", _AllReduceMax())
+    stopped: list[int | None] = [None, None]
+
+    def rank(r: int) -> None:
+        watch = PreemptionWatch(DistContext(r, r, 2, 2, torch.device("cpu"), "gloo"), [], grace_s=1.0)
+        for step in range(201, 240):
+            time.sleep(0.05)
+            if r == 1 and step == 205:
+                watch.received = signal.SIGTERM
+            if watch.should_stop(step):
+                stopped[r] = step
+                return
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert stopped[0] == stopped[1] and stopped[0] is not None and stopped[0] <= 205 + 6, stopped
+
+
 @pytest.fixture
 def scontrol(tmp_path, monkeypatch):
     """A stand-in `scontrol` on PATH that records its arguments."""

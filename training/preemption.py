@@ -16,6 +16,7 @@ training/checkpoint/cadence.py), and the checks then come at least a quarter of 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shlex
 import signal
@@ -52,7 +53,7 @@ class PreemptionWatch:
         self.ctx, self.grace_s, self.requeue_on = ctx, grace_s, tuple(requeue_on)
         self.received = 0  # the signal number, once one arrives
         self._next_check = 0  # the first step after the start: what it took sets the next check
-        self._last_check = (time.perf_counter(), 0)  # (clock, step) of the last check
+        self._last_check: tuple[float, int | None] = (time.perf_counter(), None)  # (clock, step) of the last check
         self._previous = {sig: signal.signal(sig, self._note) for sig in signals}
         self.saves: SaveCadence | None = None
 
@@ -70,7 +71,10 @@ class PreemptionWatch:
         if not (force or step >= self._next_check):
             return False
         clock, last_step = self._last_check
-        seconds_per_step = (time.perf_counter() - clock) / max(1, step - last_step)
+        # The first check has timed no step: the start's work came before it, and a resumed run never took the
+        # steps before its first (over them, a resume at step 200 put its next check ~1000 steps away, past the
+        # grace period). The next step is checked, and timed.
+        seconds_per_step = math.inf if last_step is None else (time.perf_counter() - clock) / max(1, step - last_step)
         save_due = self.saves is not None and self.ctx.is_main and self.saves.time_is_up()
         agreed = torch.tensor([self.received, seconds_per_step, save_due], dtype=torch.float64, device=self.ctx.device)
         received, slowest, save_due = all_reduce_max(agreed, self.ctx).tolist()
