@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 from config.setup import ROOT
 from tests import test_slurm
 from tests.runs import run_train, same_weights
-from tests.test_slurm import ASK_SLURM_S, ENDED, SLOW, TINY, _wait
+from tests.test_slurm import ASK_SLURM_S, ENDED, LOOK_S, SLOW, TINY, _wait
 
 rig = test_slurm.rig  # a rig of this module's own (the fixture is module-scoped)
 
@@ -26,6 +27,21 @@ pytestmark = pytest.mark.slow
 # (an epoch at most) before the next signal lands: the run is long enough for them all.
 REQUEUES = int(os.environ.get("RIG_REQUEUES", "2"))
 LONG = [*SLOW, f"trainer.epochs={max(3, REQUEUES + 1)}"]
+
+
+def _signal_until_the_ranks_stop(rig, job: str, name: str, log: Path, stops: int) -> None:
+    """`scancel --signal=<name>` to the job's steps until rank 0 has logged its `stops`-th stop in
+    `log`. In a loaded suite SLURM twice took the signal (slurmctld logged the RPC, a second into
+    the run) and no rank ever saw it; the ranks act on one within a step or two (0.2 s each), so
+    10 s of silence means it never came, and it is sent again."""
+    for _ in range(3):
+        assert rig.on("a", ["scancel", f"--signal={name}", job]).returncode == 0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if log.read_text().count(f"SIG{name}: every rank stops") >= stops:
+                return
+            time.sleep(LOOK_S)
+    raise AssertionError(f"no rank saw SIG{name} in 3 tries:\n{log.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +90,7 @@ def test_sigusr1_requeues_a_two_node_job_each_time_and_it_resumes_exactly(rig, s
 
         _wait("checkpoint", progressed, out, every=ASK_SLURM_S)
         # To the job's steps (every rank), not its batch shell: what `#SBATCH --signal=USR1@90` does.
-        assert rig.on("a", ["scancel", "--signal=USR1", job]).returncode == 0
+        _signal_until_the_ranks_stop(rig, job, "USR1", out, stops=restarts)
         _wait(f"requeue {restarts}", lambda restarts=restarts: rig.requeued(job, restarts), out, every=ASK_SLURM_S)
         steps.append(torch.load(last, weights_only=True)["step"])
         # The attempt's steps may still be ending: start the next only once the nodes are idle.
@@ -119,7 +135,8 @@ def test_a_preempted_submitit_job_requeues_and_resumes_exactly(rig, slow_whole):
     try:
         _wait("checkpoint", lambda: any((rig.shared / "submitit").glob("0_*/checkpoints/last.pt")), out)
         job = rig.on("a", ["squeue", "-h", "-o", "%i"]).stdout.split()[0]
-        assert rig.on("a", ["scancel", "--signal=USR2", job]).returncode == 0
+        (log,) = (rig.shared / "submitit").glob("0_*/train.log")
+        _signal_until_the_ranks_stop(rig, job, "USR2", log, stops=1)
         _wait("requeue", lambda: rig.requeued(job, 1), out, every=ASK_SLURM_S)
         _wait("nodes idle", rig.idle, out, every=ASK_SLURM_S)
         assert rig.on("a", ["scontrol", "update", f"JobId={job}", "StartTime=now+2"]).returncode == 0
