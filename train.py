@@ -28,13 +28,13 @@ from omegaconf import DictConfig
 from config import setup
 from config.callbacks import restore_run_record
 from config.hparams import hparams, varied_hparams
-from config.overrides import check_overrides, swept_overrides
+from config.overrides import check_overrides, sweep_command, swept_overrides
 from config.typed import Composition, check_sweep, run_config, typed
 from distributed.launch import end_process, launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
 from preflight import check_and_plan, model_figures
 from training.compile_cache import use_compile_cache
-from training.preemption import requeue_or_explain, resume_command
+from training.preemption import requeue_or_explain, resume_command, sweep_resume_command
 from training.run import run
 
 gc.freeze()
@@ -77,11 +77,19 @@ def main(cfg: DictConfig) -> float | None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     except Preempted as e:
-        requeue_or_explain(e, list(plan.launch.requeue_signals), resume_command(overrides, str(run_dir)))
+        command = _resume_command(overrides, run_dir, sweep_dir, search=choices.get("hydra/sweeper") == "optuna_study")
+        requeue_or_explain(e, list(plan.launch.requeue_signals), command)
         sys.exit(e.exit_code)
     # A sweeper (hydra/sweeper, hparams_search) optimises what the task function returns.
     metrics = run_dir / "metrics.json"  # rank 0's; other torchrun/SLURM ranks return None
     return json.loads(metrics.read_text()).get(config.optimized_metric) if metrics.exists() else None
+
+
+def _resume_command(overrides: list[str], run_dir: Path, sweep_dir: Path | None, search: bool) -> str:
+    """What continues a stopped run: the run itself, or the whole sweep (or search) of a sweep's job."""
+    if sweep_dir is None:
+        return resume_command(overrides, str(run_dir))
+    return sweep_resume_command(sweep_command((sweep_dir / "multirun.yaml").read_text()), str(sweep_dir), search)
 
 
 if __name__ == "__main__":

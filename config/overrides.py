@@ -283,3 +283,11 @@ def sweep_grid(record: str) -> tuple[list[str], dict[str, list[str]]]:
         except HydraException:  # an interval, or a glob (which needs the config's option lists)
             swept[override.key_or_group] = []
     return fixed, swept
+
+
+def sweep_command(record: str) -> list[str]:
+    """The overrides a -m sweep was started with, from its record (multirun.yaml, given as its text):
+    Hydra's, then the task's; less hydra.mode and hydra.sweep.dir, which a command that continues the
+    sweep gives itself."""
+    given = OmegaConf.create(record).hydra.overrides
+    return [o for o in (*given.hydra, *given.task) if not o.startswith(("hydra.mode=", "hydra.sweep.dir="))]

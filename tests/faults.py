@@ -113,17 +113,23 @@ class NanNet(MnistNet):
 
 
 class SignalingNet(MnistNet):
-    """MnistNet that sends its own process `signum` in training forward `at_step`, as a scheduler would."""
+    """MnistNet that sends its own process `signum` in training forward `at_step`, as a scheduler would;
+    with `once` (a file), only if that file does not exist yet, and it then does: the run continued is
+    not stopped again."""
 
-    def __init__(self, *args, at_step: int = 3, signum: int = signal.SIGTERM, **kwargs) -> None:
+    def __init__(
+        self, *args, at_step: int = 3, signum: int = signal.SIGTERM, once: str | None = None, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self.at_step, self.signum = at_step, signum
+        self.at_step, self.signum, self.once = at_step, signum, once
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
             self.calls += 1
-            if self.calls == self.at_step:
+            if self.calls == self.at_step and not (self.once and os.path.exists(self.once)):
+                if self.once:
+                    Path(self.once).touch()
                 os.kill(os.getpid(), self.signum)
         return super().forward(x)
 

@@ -11,12 +11,13 @@ import time
 import pytest
 import torch
 
+from config.overrides import sweep_command
 from distributed.context import DistContext, make_context
 from errors import Preempted
 from tests.configs import job_config
 from training import preemption
 from training.checkpoint.cadence import SaveCadence
-from training.preemption import PreemptionWatch, requeue_or_explain, resume_command
+from training.preemption import PreemptionWatch, requeue_or_explain, resume_command, sweep_resume_command
 from training.run import train
 
 CPU = DistContext(0, 0, 1, 1, torch.device("cpu"), None)
@@ -211,6 +212,36 @@ def test_under_torchrun_it_says_a_re_form_resumes_by_itself(scontrol, monkeypatc
 def test_the_resume_command_keeps_the_overrides_and_pins_the_run_dir():
     command = resume_command(["strategy=ddp", "trainer.resume=/old.pt", "hydra.run.dir=x", "model.name=a b"], "/runs/r")
     assert command == "python train.py strategy=ddp 'model.name=a b' hydra.run.dir=/runs/r trainer.resume=auto"
+
+
+RECORD = """
+hydra:
+  overrides:
+    hydra: [hydra.sweeper.n_trials=4, hydra.sweep.dir=/sweeps/s, hydra.mode=MULTIRUN]
+    task: [hparams_search=digits, trainer.resume=auto, logger.mlflow.password=hunter2, 'model.name=a b']
+"""
+
+
+def test_a_sweeps_command_is_its_own_overrides_less_its_mode_and_dir():
+    assert sweep_command(RECORD) == [
+        "hydra.sweeper.n_trials=4",
+        "hparams_search=digits",
+        "trainer.resume=auto",
+        "logger.mlflow.password=hunter2",
+        "model.name=a b",
+    ]
+
+
+def test_a_sweeps_job_names_the_command_that_continues_the_sweep():
+    head = "python train.py -m hydra.sweeper.n_trials=4 hparams_search=digits"
+    # A grid: in its dir, each job goes on from its last.pt, says it had ended, or starts.
+    assert sweep_resume_command(sweep_command(RECORD), "/s", search=False) == (
+        f"{head} logger.mlflow.password=*** 'model.name=a b' hydra.sweep.dir=/s trainer.resume=auto"
+    )
+    # A search: its very overrides, or the study refuses to continue.
+    assert sweep_resume_command(sweep_command(RECORD), "/s", search=True) == (
+        f"{head} trainer.resume=auto logger.mlflow.password=*** 'model.name=a b' hydra.sweep.dir=/s"
+    )
 
 
 def test_a_run_that_fails_while_it_is_built_gives_the_signals_back(tmp_path):

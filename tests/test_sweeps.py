@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -246,6 +248,30 @@ def test_a_sweep_run_again_in_its_dir_names_the_sweeps_dir_and_how_to_continue(t
         f"error: 0_trainer.max_steps-1, a job of hydra.sweep.dir={sweep}, already holds checkpoints/last.pt; continue "
         "the sweep with trainer.resume=auto or give it another hydra.sweep.dir"
     )
+
+
+def test_a_stopped_job_names_the_command_that_continues_its_whole_sweep(tmp_path):
+    """SIGTERM in the first of two jobs: the log named a command for that job alone (hydra.run.dir,
+    which no -m run reads), and the job after it was never run. The command it names now runs the
+    sweep again in its dir: the stopped job goes on from its last.pt, the next one starts."""
+    sweep = tmp_path / "sweep"
+    signal_once = ["model._target_=tests.faults.SignalingNet", "+model.at_step=2", f"+model.once={tmp_path / 'sent'}"]
+    stopped = train_server.run(
+        ["-m", f"hydra.sweep.dir={sweep}", *TINY, "trainer.epochs=1", *signal_once, "optimizer.lr=0.1,0.05"]
+    )
+    assert stopped.returncode == 143, stopped.stderr
+    command = re.search(r"resume with: (.*)$", stopped.stdout + stopped.stderr, re.MULTILINE)[1]
+    assert command == (
+        f"python train.py -m {' '.join(TINY)} trainer.epochs=1 {' '.join(signal_once)} optimizer.lr=0.1,0.05 "
+        f"hydra.sweep.dir={sweep} trainer.resume=auto"
+    )
+    assert [p.name for p in sweep.glob("*/checkpoints")] == ["checkpoints"]
+    continued = train_server.run(shlex.split(command)[2:])
+    assert continued.returncode == 0, continued.stderr
+    jobs = sorted(p for p in sweep.iterdir() if (p / "metrics.json").is_file())
+    assert len(jobs) == 2
+    starts = [re.findall(r"from epoch (\d+)(?: batch (\d+))?", (job / "train.log").read_text()) for job in jobs]
+    assert starts == [[("1", ""), ("1", "3")], [("1", "")]]  # after step 2, its batch 3
 
 
 def test_the_jobs_are_typed_once_per_sweep_process_not_once_per_job(tmp_path, monkeypatch):

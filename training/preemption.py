@@ -146,6 +146,19 @@ def resume_command(overrides: list[str], run_dir: str) -> str:
     return redact(shlex.join(["python", "train.py", *kept, f"hydra.run.dir={run_dir}", "trainer.resume=auto"]))
 
 
+def sweep_resume_command(overrides: list[str], sweep_dir: str, search: bool) -> str:
+    """The command that continues a -m sweep one of whose jobs was stopped (`overrides`: the sweep's
+    own, config.overrides.sweep_command), not that job alone: in the sweep's dir, with resume=auto,
+    each job goes on from its last.pt, says it had ended, or starts. A search's own command instead:
+    its study runs the trial cut short again, and refuses any other override (one study, one search)."""
+    if search:
+        return redact(shlex.join(["python", "train.py", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]))
+    kept = [o for o in overrides if not o.startswith("trainer.resume=")]
+    return redact(
+        shlex.join(["python", "train.py", "-m", *kept, f"hydra.sweep.dir={sweep_dir}", "trainer.resume=auto"])
+    )
+
+
 def _slurm_job_id() -> str | None:
     """The id `scontrol requeue` wants; an array task is `<array job>_<task>`."""
     if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:
