@@ -53,7 +53,11 @@ class Preempted(Exception):
     `requeued`: rank 0 requeues the SLURM job once the ranks have left the group."""
 
     def __init__(self, signum: int, is_main: bool = True, requeued: bool = False) -> None:
-        super().__init__(f"preempted by {signal.Signals(signum).name}")
+        super().__init__(
+            "interrupted by Ctrl-C (SIGINT)"
+            if signum == signal.SIGINT
+            else f"preempted by {signal.Signals(signum).name}"
+        )
         self.signum, self.is_main, self.requeued = signum, is_main, requeued
 
     @property

@@ -182,8 +182,9 @@ class TrainerConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # the best ones, by a figure
     # Preemption: these signals make every rank finish its step and save last.pt, then exit;
     # under SLURM the requeue signals also requeue the job (SIGTERM is also scancel's: no requeue).
-    # USR1: slurm/train.sbatch's --signal; USR2: hydra/launcher=submitit_slurm's (submitit's own).
-    preempt_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"])
+    # USR1: slurm/train.sbatch's --signal; USR2: hydra/launcher=submitit_slurm's (submitit's own);
+    # INT: Ctrl-C, whose run then resumes where it stopped (a second Ctrl-C stops at once).
+    preempt_signals: List[str] = field(default_factory=lambda: ["SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2"])
     requeue_signals: List[str] = field(default_factory=lambda: ["SIGUSR1", "SIGUSR2"])
     # Seconds from the signal to SIGKILL: SLURM's KillWait after SIGTERM, torchrun's --shutdown-timeout,
     # the lead of `--signal=USR1@90`. The ranks check for a signal a quarter of it apart.

@@ -75,17 +75,22 @@ class SlowCNN(SimpleCNN):
 
 class HangingNet(MnistNet):
     """MnistNet whose rank `hang_rank` stays alive but never returns from forward `at_step`: it
-    sleeps forever or, with `stop`, SIGSTOPs itself (neither answers SIGTERM)."""
+    sleeps forever or, with `stop`, SIGSTOPs itself (neither answers SIGTERM); with `hung_file`, it
+    creates that file first."""
 
-    def __init__(self, *args, hang_rank: int = 1, at_step: int = 3, stop: bool = False, **kwargs) -> None:
+    def __init__(
+        self, *args, hang_rank: int = 1, at_step: int = 3, stop: bool = False, hung_file: str | None = None, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self.hang_rank, self.at_step, self.stop = hang_rank, at_step, stop
+        self.hang_rank, self.at_step, self.stop, self.hung_file = hang_rank, at_step, stop, hung_file
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         rank = dist.get_rank() if dist.is_initialized() else 0
         if rank == self.hang_rank and self.calls == self.at_step:
+            if self.hung_file:
+                Path(self.hung_file).touch()
             if self.stop:
                 os.kill(os.getpid(), signal.SIGSTOP)
             while True:

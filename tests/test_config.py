@@ -91,7 +91,12 @@ def test_gpus_shorthand_means_gpu_accelerator():
 def test_cpu_ddp_plan():
     plan = check_and_plan(typed_config("strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2")).launch
     assert (plan.accelerator, plan.processes_per_node, plan.process_group) == ("cpu", 2, True)
-    assert set(plan.forward_signals) == {signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}  # passed on to spawned ranks
+    assert set(plan.forward_signals) == {
+        signal.SIGINT,
+        signal.SIGTERM,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+    }  # passed on to spawned ranks
     assert plan.requeue_signals == (signal.SIGUSR1, signal.SIGUSR2)  # parsed with them, for the ranks and train.py
 
 

@@ -37,6 +37,23 @@ def test_a_signal_is_noted_and_a_single_process_stops_at_its_next_step(caplog):
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
 
 
+def test_ctrl_c_is_noted_with_its_launchers_copy_and_a_second_one_raises(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(preemption.time, "monotonic", lambda: clock[0])
+    watch = PreemptionWatch(CPU, [signal.SIGINT], grace_s=30)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # the terminal's
+        clock[0] += 0.01
+        os.kill(os.getpid(), signal.SIGINT)  # the launcher's copy of the same Ctrl-C
+        assert watch.received == signal.SIGINT
+        clock[0] += 1.5
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C of its own
+        assert watch.preempted().exit_code == 130 and str(watch.preempted()) == "interrupted by Ctrl-C (SIGINT)"
+    finally:
+        watch.close()
+
+
 class _AllReduceMax:
     """all_reduce_max over two ranks that run in threads of this process."""
 

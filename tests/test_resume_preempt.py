@@ -222,6 +222,29 @@ def test_sigusr1_to_a_ddp_run_saves_and_resume_continues_exactly(tmp_path):
     _assert_same_weights(_checkpoint(run_dir), _checkpoint(whole))
 
 
+def test_ctrl_c_saves_a_ddp_run_where_it_stopped_and_a_second_one_stops_a_hang_at_once(tmp_path):
+    """Ctrl-C, the terminal's SIGINT to every process of the job (and train.py's copy to each rank),
+    ended the ranks in a KeyboardInterrupt's traceback, with what the epoch had trained lost. It is
+    now a preemption: saved where the ranks stopped, exit 130, the command that resumes it. A second
+    Ctrl-C still stops a run at once: here one hung in its forward, which no check reaches."""
+    run_dir = tmp_path / "run"
+    run = Run(run_dir, *DDP, *TINY, *SLOW)
+    run.wait_for(lambda: run.logged("from epoch 1"))
+    os.killpg(run.proc.pid, signal.SIGINT)
+    assert run.finish() == 128 + signal.SIGINT, run.output()
+    assert "interrupted by Ctrl-C (SIGINT): last.pt is saved; resume with: python train.py" in run.output()
+    assert "Traceback" not in run.output() and run.leftovers() == []
+    log = (run_dir / "train.log").read_text()
+    assert f"SIGINT: every rank stops after step {_checkpoint(run_dir)['step']};" in log
+    hanging = ["model._target_=tests.faults.HangingNet", "+model.hang_rank=0", f"+model.hung_file={tmp_path / 'hung'}"]
+    hung = Run(tmp_path / "hung_run", *TINY, *hanging)
+    hung.wait_for((tmp_path / "hung").exists)
+    os.killpg(hung.proc.pid, signal.SIGINT)
+    time.sleep(1.5)  # a Ctrl-C of its own, not the first one's copy
+    os.killpg(hung.proc.pid, signal.SIGINT)
+    assert hung.finish(timeout=30) == 1 and hung.output().rstrip().endswith("KeyboardInterrupt")
+
+
 def test_ranks_end_with_a_killed_launcher_started_in_the_background(tmp_path):
     # Started as `python train.py ... &` is, with SIGINT ignored: the signal the kernel sends a
     # spawned rank when its launcher dies. 1,000 epochs: orphans left training would outlive the wait.
