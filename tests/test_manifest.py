@@ -8,12 +8,14 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from bench import report
 from config.redact import redact, redacted, shown_secret
+from distributed.context import DistContext
 from tests.configs import job_config
 from tests.runs import PASSWORD, SECRET_ROOT
-from training.manifest import DIFF, MANIFEST, git_state, read_manifest, record, write
+from training.manifest import DIFF, MANIFEST, git_state, read_manifest, record, start, write
 
 
 @pytest.mark.parametrize(
@@ -124,6 +126,26 @@ def test_the_commit_and_whether_the_tree_was_dirty_with_its_diff(tmp_path):
     (tmp_path / "new.py").write_text("")
     state, diff = git_state(tmp_path)
     assert (state["dirty"], state["diff"], state["untracked"], diff) == (True, None, ["new.py"], "")
+
+
+def test_a_key_in_the_trees_diff_reaches_no_record(tmp_path, monkeypatch):
+    # A job script edited to export a key (as docs/using.md asks: keys through the environment) lay
+    # in plain text in the run dir's manifest.diff.
+    code = tmp_path / "code"
+    code.mkdir()
+    _git(code, "init", "-q")
+    (code / "train.sbatch").write_text("set -euo pipefail\n")
+    _git(code, "add", "train.sbatch")
+    _git(code, "commit", "-q", "-m", "a")
+    (code / "train.sbatch").write_text(f"set -euo pipefail\nexport WANDB_API_KEY={PASSWORD}\nDATA={SECRET_ROOT}\n")
+    monkeypatch.setattr("training.manifest._CODE", code)
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    run_dir = tmp_path / "run"
+    written = start(DistContext(0, 0, 1, 1, torch.device("cpu"), None), job_config(run_dir))
+    assert (written["dirty"], written["diff"]) == (True, DIFF)
+    diff = (run_dir / DIFF).read_text()
+    assert PASSWORD not in diff
+    assert "+export WANDB_API_KEY=***\n+DATA=https://user:***@example.org/data\n" in diff
 
 
 def test_the_diff_lies_beside_the_manifest_while_the_tree_is_dirty(tmp_path):

@@ -2,8 +2,8 @@
 in every checkpoint it saves (under "manifest"): the code (the commit, whether the tree was dirty,
 its diff beside it in manifest.diff), the command line and the overrides, the versions, the hosts
 and devices, the world, the batch, the learning rate trained with, and the class names. A password
-or key in the command line is hidden (config.redact). A resumed run writes its own when it starts
-again; each checkpoint keeps the manifest of the attempt that saved it."""
+or key in the command line or the diff is hidden (config.redact). A resumed run writes its own when
+it starts again; each checkpoint keeps the manifest of the attempt that saved it."""
 
 from __future__ import annotations
 
@@ -75,7 +75,9 @@ def git_state(checkout: Path) -> tuple[dict[str, Any], str]:
     commit = _git(checkout, "rev-parse", "HEAD")
     if commit is None:
         return {"commit": None, "dirty": None, "diff": None, "untracked": []}, ""
-    diff = _git(checkout, "diff", "HEAD", strip=False) or ""
+    # Redacted as the command line is: an edited job script or config can hold a key (export
+    # WANDB_API_KEY=...) that would otherwise lie in the run dir; a hidden line no longer applies.
+    diff = redact(_git(checkout, "diff", "HEAD", strip=False) or "")
     untracked = (_git(checkout, "ls-files", "--others", "--exclude-standard") or "").splitlines()
     listed = untracked[:_UNTRACKED_LISTED] + (
         [f"... {len(untracked) - _UNTRACKED_LISTED} more"] if len(untracked) > _UNTRACKED_LISTED else []
