@@ -69,6 +69,8 @@ def read(path: str) -> Encoded:
     except OSError as e:  # PIL's UnidentifiedImageError is an OSError too
         why = "not an image file PIL knows" if isinstance(e, UnidentifiedImageError) else e  # its text names a BytesIO
         raise ConfigError(f"{path}: unreadable image ({why}); delete or replace it") from None
+    except Image.DecompressionBombError as e:  # no OSError: PIL refuses the header of a huge image (a scan, a panorama)
+        raise ConfigError(f"{path}: too large to decode ({e}); replace it with a smaller copy, or delete it") from None
 
 
 def cpu_only(image: Image.Image, data: bytes) -> str | None:

@@ -220,6 +220,22 @@ def test_an_out_that_cannot_take_the_output_is_one_line_before_any_work(single_r
     assert len(_rows(made)) == 5
 
 
+def test_an_image_too_large_for_pil_is_one_line_and_the_others_are_classified(
+    single_run, images, tmp_path, monkeypatch, capsys
+):
+    # PIL refuses an image over twice its pixel limit (a 180-megapixel scan) with an error that is no
+    # OSError: it was a traceback, and no image was classified.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 2_000)  # a 100 x 100 image is then as a huge one
+    huge = tmp_path / "huge.png"
+    Image.new("L", (100, 100)).save(huge)
+    out = tmp_path / "p.csv"
+    assert predict.main([str(single_run), str(images / "digit0.png"), str(huge), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"skipped {huge}: too large to decode (Image size (10000 pixels)")
+    assert err[0].endswith("; replace it with a smaller copy, or delete it")
+    assert list(_rows(out)) == ["digit0.png"]
+
+
 def test_best_weights_are_those_that_scored_the_ranked_figure_at_this_checkpoint(single_run, tmp_path):
     # Ranked by val/loss, the EMA's scored best.pt while the model's accuracy stayed the run's best:
     # the best weights were the model's, which did not earn best.pt its place.
