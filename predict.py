@@ -95,8 +95,18 @@ def _device(name: str | None) -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise ConfigError(f"--device={name}: not a device; use cpu, cuda or cuda:<index>") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device={name}: this machine has no CUDA device; use --device cpu")
+    if device.type == "cpu":
+        return device
+    # torch names more devices (mps, xpu, meta, cuda:7) than a machine has; one it lacks failed
+    # only once the run was loaded, in a traceback.
+    here = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if here is None or here.type != device.type:
+        other = f" or --device {here.type}" if here is not None else ""
+        raise ConfigError(f"--device={name}: this machine has no {device.type} device; use --device cpu{other}")
+    count = torch.accelerator.device_count()
+    if (device.index or 0) >= count:
+        kind, last = device.type, f" to {device.type}:{count - 1}" if count > 1 else ""
+        raise ConfigError(f"--device={name}: this machine has {count} {kind} device(s); use {kind}:0{last}")
     return device
 
 

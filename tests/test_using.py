@@ -220,6 +220,25 @@ def test_an_out_that_cannot_take_the_output_is_one_line_before_any_work(single_r
     assert len(_rows(made)) == 5
 
 
+def test_a_device_this_machine_lacks_is_one_line_before_any_work(single_run, images, monkeypatch, capsys):
+    # --device mps on Linux, meta, or cuda:1 on a one-GPU machine: torch names the device, and it
+    # failed only once the run was loaded, in a traceback.
+    refusals = [("mps", "no mps device; use --device cpu"), ("meta", "no meta device; use --device cpu")]
+    for device, words in refusals:
+        assert predict.main([str(single_run), str(images), "--device", device]) == 2
+        assert capsys.readouterr() == ("", f"error: --device={device}: this machine has {words}\n")
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)  # as on a one-GPU machine
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 1)
+    assert predict.main([str(single_run), str(images), "--device", "cuda:1"]) == 2
+    assert capsys.readouterr() == ("", "error: --device=cuda:1: this machine has 1 cuda device(s); use cuda:0\n")
+    assert predict.main([str(single_run), str(images), "--device", "xpu"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "error: --device=xpu: this machine has no xpu device; use --device cpu or --device cuda\n"
+    )
+
+
 def test_an_image_too_large_for_pil_is_one_line_and_the_others_are_classified(
     single_run, images, tmp_path, monkeypatch, capsys
 ):
