@@ -48,10 +48,23 @@ def checkpoint_path(source: str | Path) -> Path:
                 return run_dir / "checkpoints" / name
         raise ConfigError(f"{run_dir}: no checkpoints/best.pt or last.pt in it; {_FIX}")
     if source.is_dir() and not _sharded(source):
+        if runs := _runs_in(source):
+            shown = ", ".join(str(run) for run in runs[:3]) + (f", ... {len(runs) - 3} more" if len(runs) > 3 else "")
+            raise ConfigError(
+                f"{source}: holds {len(runs)} runs, not one; give one of them ({shown}); "
+                f"python -m bench.report {source} compares them"
+            )
         raise ConfigError(f"{source}: neither a run dir (no checkpoints/ in it) nor a sharded checkpoint; {_FIX}")
     if not source.exists():
         raise ConfigError(f"{source}: no such file or run dir; {_FIX}")
     return source
+
+
+def _runs_in(folder: Path) -> list[Path]:
+    """The run dirs a folder of runs holds: a -m sweep's jobs, a day's runs (outputs/<date>), two
+    levels down at most. What a user gives after a sweep, where a run was asked for."""
+    found = {path.parent for pattern in ("*/checkpoints", "*/*/checkpoints") for path in folder.glob(pattern)}
+    return sorted(run for run in found if run_dir_of(run) == run)
 
 
 def load(source: str | Path, weights: str = "best") -> Trained:
