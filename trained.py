@@ -6,6 +6,7 @@ model built from them. Above the layers, as preflight.py is: it types the saved 
 from __future__ import annotations
 
 import argparse
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,15 @@ def _sharded(path: Path) -> bool:
 def _read(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(the checkpoint's train state, config and manifest, its model's weights) from a whole file or
     a sharded directory, as plain CPU tensors; loaded with weights_only=True, as resuming does."""
+    # torch's words for these files advise re-saving a checkpoint, or call it corrupted.
+    if path.is_file() and path.suffix in (".pt2", ".onnx"):
+        raise ConfigError(
+            f"{path}: a model export.py wrote, not a checkpoint; give the run dir it was exported from "
+            "(its metadata's checkpoint)"
+        )
+    if path.is_file() and not zipfile.is_zipfile(path):
+        why = "not a zip archive as torch.save writes: another kind of file, or a truncated copy"
+        raise ConfigError(f"{path}: not a loadable checkpoint ({why}); {_FIX}")
     try:
         if _sharded(path):
             from training.checkpoint import sharded  # late: torch.distributed.checkpoint is slow to import

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -208,6 +209,26 @@ def test_a_folder_of_runs_names_them_in_one_line(tmp_path, capsys):
     assert capsys.readouterr() == ("", f"error: {sweep}: holds 4 runs, not one; {fix}\n")
     with pytest.raises(ConfigError, match=rf"{tmp_path}: holds 4 runs, not one; give one of them \({sweep}/0_"):
         checkpoint_path(tmp_path)  # two levels down, as outputs/<date>/<time>
+
+
+def test_a_file_that_is_no_checkpoint_says_what_it_is_in_one_line(tmp_path, capsys):
+    # torch's own words were the reason given: an export.py .pt2 "is corrupted ... not saved
+    # properly", a JSON file should be "torch.save'd with _use_new_zipfile_serialization=True".
+    (tmp_path / "export").mkdir()
+    with zipfile.ZipFile(tmp_path / "export" / "model.pt2", "w") as archive:
+        archive.writestr("model/extra/metadata.json", "{}")
+    (tmp_path / "export" / "model.onnx").write_bytes(b"\x08\x07")
+    (tmp_path / "metrics.json").write_text("{}")
+    exported = "a model export.py wrote, not a checkpoint; give the run dir it was exported from"
+    not_zip = "not a loadable checkpoint (not a zip archive as torch.save writes: another kind of file, or a truncated"
+    for cli, name, words in [
+        (predict, "export/model.pt2", exported),
+        (export, "export/model.onnx", exported),
+        (predict, "metrics.json", not_zip),
+    ]:
+        assert cli.main([str(tmp_path / name), *([str(tmp_path)] if cli is predict else [])]) == 2
+        captured = capsys.readouterr()
+        assert captured.err.startswith(f"error: {tmp_path / name}: {words}") and captured.err.count("\n") == 1
 
 
 def test_an_out_that_cannot_take_the_output_is_one_line_before_any_work(single_run, images, tmp_path, capsys):
