@@ -19,14 +19,19 @@ from pathlib import Path
 
 from hydra_plugins.optuna_study_sweeper._storage import journal_path
 
+SQLITE = "sqlite:///"  # then the database's path: relative, or /absolute (four slashes)
+
 
 def storage_url(target: str) -> str:
     """The study's storage as optuna-dashboard takes it: a URL as given, a journal as its file's
     path; a search's dir as its optuna.db, else its optuna.journal; a file as SQLite or a journal."""
     journal = journal_path(target)
-    if journal is None and "://" in target:
+    # sqlite:/// as the search logs its storage: checked as a path is, or Optuna makes an empty
+    # database of a mistyped one, and optuna-dashboard ends in a traceback on it.
+    database = Path(target.removeprefix(SQLITE)) if target.startswith(SQLITE) else None
+    if journal is None and database is None and "://" in target:
         return target
-    path = journal or Path(target)
+    path = journal or database or Path(target)
     if path.is_dir():
         path = next(
             (path / name for name in ("optuna.db", "optuna.journal") if (path / name).is_file()), path / "optuna.db"

@@ -102,6 +102,20 @@ def test_a_mistyped_search_is_one_line_and_no_empty_database(tmp_path):
     assert storage_url("postgresql://host/db") == "postgresql://host/db"
 
 
+def test_a_mistyped_sqlite_url_is_one_line_and_no_empty_database(tmp_path, monkeypatch):
+    """The URL a search logs its study in (hydra.sweeper.storage), one letter off: optuna-dashboard
+    made an empty database of it and ended in a traceback."""
+    mistyped = tmp_path / "optuna.bd"
+    monkeypatch.setattr(sys, "argv", ["bench.dashboard", f"sqlite:///{mistyped}"])
+    with pytest.raises(SystemExit) as error:
+        dashboard.main()
+    assert str(error.value).startswith(f"bench.dashboard: {mistyped}: no such study database; give a search's dir")
+    assert not mistyped.exists()
+    database = tmp_path / "optuna.db"
+    _study.open_study("s", f"sqlite:///{database}", "maximize", SAMPLER, {"overrides": []}, 10, None)
+    assert storage_url(f"sqlite:///{database}") == f"sqlite:///{database}"
+
+
 def test_a_journal_is_given_to_the_dashboard_as_its_file(tmp_path):
     """optuna-dashboard reads a file that is not SQLite as Optuna's journal."""
     journal = tmp_path / "optuna.journal"
