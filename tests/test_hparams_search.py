@@ -31,6 +31,7 @@ from config.setup import CONF_DIR, compose, register
 from hydra_plugins.optuna_study_sweeper import _study
 from hydra_plugins.optuna_study_sweeper.optuna_study_sweeper import ExitIsFailure
 from tests import train_server
+from training.validation import final_figures
 
 SAMPLER = OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 0})
 SPACE = {"lr": FloatDistribution(1e-4, 1e-1, log=True), "batch": CategoricalDistribution([16, 32, 64])}
@@ -494,6 +495,9 @@ def test_train_py_returns_the_metric_optimized_metric_names_to_the_sweeper(tmp_p
     (trial,) = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}").get_trials()
     metrics = yaml.safe_load((sweep / trial.user_attrs["job"] / "metrics.json").read_text())
     assert trial.value == metrics["val_loss"] != metrics["best_val_acc"]
+    # What a search may optimise, and checks a metric against before it opens its study: each number the run wrote.
+    numbers = {k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert numbers == set(final_figures(ema=False, callback_figures=()))
     # The job's dir names its sampled floats to 4 significant digits; its .hydra/ keeps them whole.
     lr, decay, batch = (trial.params[k] for k in ("optimizer.lr", "optimizer.weight_decay", "trainer.batch_size"))
     assert (
@@ -507,6 +511,23 @@ def test_train_py_returns_the_metric_optimized_metric_names_to_the_sweeper(tmp_p
     report_command = f"python -m bench.report {sweep}"
     assert f"[HYDRA] Sweep dir: {sweep} (a dir per job); once it ends, compare them: {report_command}\n" in done.stdout
     assert done.stdout.endswith(f"[HYDRA] Sweep done, in {sweep}; compare its jobs: {report_command}\n")
+
+
+def test_a_metric_no_trial_writes_is_one_line_before_the_study_opens(tmp_path):
+    # It trained every trial in full, failed each for returning no value, and left a study that
+    # refused the corrected command (its overrides held the misspelled metric).
+    sweep = tmp_path / "search"
+    args = ["-m", "hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=1", "debug=fdr"]
+    refused = train_server.run([*args, "optimized_metric=val_accuracy"])
+    assert refused.returncode == 2 and refused.stderr.splitlines()[-1].startswith(
+        "error: optimized_metric=val_accuracy: the trials' metrics.json holds no such figure; did you mean val_acc? "
+        "optimise one of val_loss, val_ce, val_acc, val_acc5, "
+    ), refused.stderr
+    assert "Traceback" not in refused.stderr and not (sweep / "optuna.db").exists()
+    with_ema = train_server.run(
+        [*args, "hydra.sweeper.n_trials=0", "optimized_metric=val_ema_acc", "trainer.ema_decay=0.9"]
+    )
+    assert with_ema.returncode == 0, with_ema.stderr[-3000:]
 
 
 def test_a_trials_value_goes_back_to_hydra_as_that_value():

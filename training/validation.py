@@ -33,6 +33,36 @@ EPOCH_FIGURES = (
 )
 
 
+# metrics.json's numbers besides each validated figure (val_loss, val_ema_acc) and those the
+# callbacks add (val_macro_f1): what the Trainer's fit and training.run write of every run.
+RUN_FIGURES = (
+    "best_val_acc",
+    "best_val_acc5",
+    "train_loss",
+    "train_acc",
+    "train_samples_per_s",
+    "epochs",
+    "steps",
+    "nonfinite_steps_skipped",
+    "world_size",
+    "devices",
+    "batch_size",
+    "wall_s",
+    "parameters",
+    "trainable_parameters",
+    "model_mb",
+    "flops_per_sample",
+)
+
+
+def final_figures(ema: bool, callback_figures: Sequence[str]) -> list[str]:
+    """The numbers a run's metrics.json holds, what optimized_metric may name: each validated figure
+    and each callback's with its "/" as "_" (val/loss: val_loss), then RUN_FIGURES."""
+    weights = ["val", "val_ema"] if ema else ["val"]
+    own = [f"{w}_{name}" for w in weights for name in FIGURES]
+    return [*own, *(name.replace("/", "_") for name in callback_figures), *RUN_FIGURES]
+
+
 def produced(ema: bool, callbacks: Sequence[Callback]) -> list[str]:
     """The figures every validation's end of a run holds: what a monitor may name."""
     weights = ["val", "val_ema"] if ema else ["val"]

@@ -9,6 +9,7 @@ again. What this takes from Optuna's private API is in _optuna_private.py, and n
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
@@ -29,7 +30,7 @@ from hydra.core.config_loader import ConfigLoader
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep, Transformer
 from hydra.core.utils import JobReturn
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.exceptions import ExperimentalWarning
@@ -40,6 +41,7 @@ from config.overrides import last_overrides
 from errors import first_line
 from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _pruning, _storage
 from training.monitor import better_way
+from training.validation import final_figures
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +204,28 @@ def check_new_study_has_its_own_dir(study: optuna.Study, storage: str | None, sw
 def _flatten(command: dict[str, Any]) -> list[str]:
     """The overrides, then the search space as key=distribution."""
     return [*(command.get("overrides") or []), *(f"{k}={v}" for k, v in (command.get("search_space") or {}).items())]
+
+
+def check_metric(config: DictConfig, space: dict[str, BaseDistribution]) -> None:
+    """optimized_metric names a number every trial's metrics.json holds: a misspelled one trained each
+    trial in full and failed it, and left a study that refused the corrected command."""
+    metric = config.get("optimized_metric")
+    if metric is None:
+        return
+    ema = config.trainer.get("ema_decay") is not None or "trainer.ema_decay" in space
+    try:
+        callbacks = [get_class(node._target_) for node in (config.get("callbacks") or {}).values()]
+    except Exception:  # a callback that cannot be imported: each trial's pre-flight names it
+        return
+    figures = final_figures(ema, [name for callback in callbacks for name in getattr(callback, "figures", ())])
+    if metric in figures:
+        return
+    close = difflib.get_close_matches(metric, figures, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise SearchError(
+        f"optimized_metric={metric}: the trials' metrics.json holds no such figure; {hint}optimise one of "
+        f"{', '.join(figures)}"
+    )
 
 
 def check_direction(metric: str, direction: str) -> None:
@@ -504,6 +528,7 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
     space, fixed = search_space([*params, *arguments], sweeper.hydra_context.config_loader)
     if not space:
         raise SearchError("nothing to search: give hydra.sweeper.params (or pick one with hparams_search=...)")
+    check_metric(sweeper.config, space)
     command = {"overrides": sorted(fixed), "search_space": {k: repr(d) for k, d in sorted(space.items())}}
     if sweeper.pruner != "none":  # not part of the search: a study goes on with another pruner, or none
         fixed = [*fixed, PRUNING_OVERRIDE]
