@@ -22,14 +22,17 @@ from config.setup import CONF_DIR, compose
 from errors import ConfigError
 
 
-def check_overrides(overrides: Sequence[str]) -> None:
+def check_overrides(overrides: Sequence[str], own_config_dir: bool = False) -> None:
     """The command line's overrides, parsed once, before Hydra composes: a key the config lacks, in
     one line with the nearest one it has (Hydra says it in five lines and suggests `+key=value`, which
     the typed config drops unread); an option of a logger backend the run does not choose. A
     free-form node (model, optimizer, scheduler, a callback) takes new keys with `+`: its class
-    judges them. The config is composed at most once, and only for commands that need it."""
+    judges them. The config is composed at most once, and only for commands that need it.
+    `own_config_dir`: the run reads a config dir of the user's own, found elsewhere than in `overrides`."""
     # A config dir of the user's own (--config-dir, hydra.searchpath) may add options to conf/'s groups.
-    only_conf = not any(arg.startswith(("--config-dir", "-cd", "hydra.searchpath")) for arg in overrides)
+    only_conf = not own_config_dir and not any(
+        arg.startswith(("--config-dir", "-cd", "hydra.searchpath")) for arg in overrides
+    )
     overrides = [o for o in overrides if "=" in o]  # not the flags (-m, --cfg job)
     if not overrides:
         return

@@ -530,6 +530,28 @@ def test_a_metric_no_trial_writes_is_one_line_before_the_study_opens(tmp_path):
     assert with_ema.returncode == 0, with_ema.stderr[-3000:]
 
 
+def test_a_misspelled_key_of_the_search_space_is_one_line_before_the_study_opens(tmp_path):
+    # A key of the search file's params that the config lacks failed every trial as Hydra composed
+    # it (with Hydra's advice to add it with +), and left a study that refused the corrected search.
+    sweep = tmp_path / "search"
+    space = "+hydra.sweeper.params={optimizer.lrr:'interval(0.01,0.1)'}"  # as a file of one's own would hold it
+    refused = train_server.run(
+        ["-m", "hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=1", "debug=fdr", space]
+    )
+    assert refused.returncode == 2 and refused.stderr.splitlines()[-1] == (
+        "error: hydra.sweeper.params: optimizer.lrr: no such key; did you mean optimizer.lr? (python train.py --cfg "
+        "job lists them all; +optimizer.lrr=... adds an argument of its class)"
+    ), refused.stderr
+    assert "Traceback" not in refused.stderr and not (sweep / "optuna.db").exists()
+
+
+def test_the_search_spaces_keys_are_those_of_the_options_the_command_line_picks():
+    config = OmegaConf.create({"hydra": {"runtime": {"config_sources": []}, "searchpath": []}})
+    _study.check_space_keys(["optimizer.weight_decay=interval(0,0.1)"], ["optimizer=adamw"], config)
+    with pytest.raises(_study.SearchError, match=r"^hydra.sweeper.params: optimizer.weight_decay: no such key"):
+        _study.check_space_keys(["optimizer.weight_decay=interval(0,0.1)"], ["optimizer=adadelta"], config)
+
+
 def test_a_trials_value_goes_back_to_hydra_as_that_value():
     space, _ = _study.search_space(["a=choice('b,c','x y',plain,3,1.5e-5,true)"])
     parser = OverridesParser.create()

@@ -37,8 +37,8 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import Trial, TrialState
 
-from config.overrides import last_overrides
-from errors import first_line
+from config.overrides import check_overrides, last_overrides
+from errors import ConfigError, first_line
 from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _pruning, _storage
 from training.monitor import better_way
 from training.validation import final_figures
@@ -204,6 +204,19 @@ def check_new_study_has_its_own_dir(study: optuna.Study, storage: str | None, sw
 def _flatten(command: dict[str, Any]) -> list[str]:
     """The overrides, then the search space as key=distribution."""
     return [*(command.get("overrides") or []), *(f"{k}={v}" for k, v in (command.get("search_space") or {}).items())]
+
+
+def check_space_keys(params: list[str], arguments: list[str], config: DictConfig) -> None:
+    """The search space's keys (hydra.sweeper.params, from hparams_search's file), checked as the
+    command line's are before Hydra composes: a misspelled one failed every trial as Hydra composed
+    it, and left a study that refused the corrected search. With the command line's overrides, which
+    pick the options (optimizer=adamw) whose keys the space may set."""
+    sources = config.hydra.runtime.get("config_sources") or []
+    own = bool(config.hydra.get("searchpath")) or any(s.provider not in ("hydra", "main", "schema") for s in sources)
+    try:
+        check_overrides([*arguments, *params], own_config_dir=own)
+    except ConfigError as e:
+        raise SearchError(f"hydra.sweeper.params: {e}") from None
 
 
 def check_metric(config: DictConfig, space: dict[str, BaseDistribution]) -> None:
@@ -525,6 +538,7 @@ def check_pruner(pruner: str, storage: str | None, metric: str | None) -> None:
 def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any]:
     check_options(sweeper)
     params = [f"{key}={sweep}" for key, sweep in sweeper.params.items()]
+    check_space_keys(params, arguments, sweeper.config)
     space, fixed = search_space([*params, *arguments], sweeper.hydra_context.config_loader)
     if not space:
         raise SearchError("nothing to search: give hydra.sweeper.params (or pick one with hparams_search=...)")
