@@ -41,6 +41,10 @@ NOT_COMPARED = (
     "trainer.preempt_grace_s",
     "dataset.root",
     "dataset.download",
+    # A pruned search's trial's own callback (hydra_plugins/optuna_study_sweeper): its number and
+    # where its study lives, which told every trial apart in bench.report, and a URL given through
+    # ${oc.env:...} resolved, its password too.
+    "callbacks.optuna_pruning",
 )
 
 Value = bool | int | float | str

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -498,6 +499,9 @@ def test_train_py_returns_the_metric_optimized_metric_names_to_the_sweeper(tmp_p
     # What a search may optimise, and checks a metric against before it opens its study: each number the run wrote.
     numbers = {k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     assert numbers == set(final_figures(ema=False, callback_figures=()))
+    # How a trial reports to its study is no hyperparameter: no report column of trial numbers, no storage URL.
+    record = json.loads((sweep / trial.user_attrs["job"] / "hparams.json").read_text())
+    assert not [key for key in record if key.startswith("callbacks.optuna_pruning")], record
     # The job's dir names its sampled floats to 4 significant digits; its .hydra/ keeps them whole.
     lr, decay, batch = (trial.params[k] for k in ("optimizer.lr", "optimizer.weight_decay", "trainer.batch_size"))
     assert (
