@@ -618,6 +618,23 @@ def test_a_storage_or_sampler_that_cannot_be_made_is_one_line(storage, sampler, 
     assert str(refused.value).startswith(error) and "\n" not in str(refused.value), refused.value
 
 
+def test_the_storage_a_refusal_names_hides_its_password(tmp_path):
+    """A URL given as ${oc.env:...}, a secret's way in, arrives resolved: its password was in the
+    refusals (and in the log's "Study ... in <storage>" line, which names it through the same `where`)."""
+    url = "postgresql+psycopg://optuna:s3cret@db/optuna"
+    study, _ = _study.open_study("s", None, "maximize", SAMPLER, COMMAND, 10, None)  # records this search
+    (tmp_path / "0_optimizer.lr-0.01").mkdir()
+    refusals = []
+    for refuse in (
+        lambda: _study.check_new_study_has_its_own_dir(study, url, tmp_path),
+        lambda: _study._check_same_search(study, url, "maximize", {**COMMAND, "overrides": ["trainer.epochs=2"]}),
+    ):
+        with pytest.raises(_study.SearchError) as refused:
+            refuse()
+        refusals.append(str(refused.value))
+    assert all("optuna:***@db/optuna" in said and "s3cret" not in said for said in refusals), refusals
+
+
 def test_a_new_study_refuses_a_dir_holding_another_searchs_jobs(tmp_path):
     study, _ = _study.open_study("s", None, "maximize", SAMPLER, COMMAND, 10, None)  # in memory: gone with its process
     (tmp_path / "optuna.db").touch()

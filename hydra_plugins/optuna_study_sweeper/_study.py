@@ -38,6 +38,7 @@ from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback, fail_
 from optuna.trial import Trial, TrialState
 
 from config.overrides import check_overrides, last_overrides
+from config.redact import redact
 from errors import ConfigError, first_line
 from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _pruning, _storage
 from training.monitor import better_way
@@ -181,10 +182,16 @@ def _check_same_search(study: optuna.Study, storage: str | None, direction: str,
         then, now = then + [f"direction={stored_direction}"], now + [f"direction={direction}"]
     gone, new = [x for x in then if x not in now], [x for x in now if x not in then]
     raise SearchError(
-        f"study {study.study_name} in {storage} ran with {' '.join(gone) or 'nothing more'}, this command has "
+        f"study {study.study_name} in {where(storage)} ran with {' '.join(gone) or 'nothing more'}, this command has "
         f"{' '.join(new) or 'nothing more'}; run the same search to continue it, or start another with "
         "hydra.sweeper.study_name=NAME"
     )
+
+
+def where(storage: str | None) -> str:
+    """The study's storage as a message names it: a password hidden (a URL given as ${oc.env:...}, as
+    secrets are, arrives here resolved), or memory."""
+    return redact(storage) if storage else "memory"
 
 
 def check_new_study_has_its_own_dir(study: optuna.Study, storage: str | None, sweep_dir: Path) -> None:
@@ -196,7 +203,7 @@ def check_new_study_has_its_own_dir(study: optuna.Study, storage: str | None, sw
     if taken:
         raise SearchError(
             f"{sweep_dir} holds another search's job dirs ({taken[0]}, ...) and study {study.study_name} in "
-            f"{storage or 'memory'} has no trials: give this search hydra.sweep.dir of its own, or the storage "
+            f"{where(storage)} has no trials: give this search hydra.sweep.dir of its own, or the storage "
             "that holds its study"
         )
 
@@ -568,7 +575,7 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
         study.study_name,
         sweeper.direction,
         sweeper.metric,
-        sweeper.storage or "memory",
+        where(sweeper.storage),
         done,
         sweeper.n_trials,
     )
@@ -588,7 +595,7 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
             "whose locks NFS does not keep; give hydra.sweeper.storage=journal:///<shared dir>/optuna.journal or a "
             "database server (docs/sweeps.md)",
             sweeper.pruner,
-            sweeper.storage,
+            where(sweeper.storage),
         )
     if here and sweeper.n_jobs > 1:
         launch = _processes.TrialProcesses(launch, _processes.machine_shares(sweeper.n_jobs))
