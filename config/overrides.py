@@ -150,6 +150,19 @@ def _check_schema_keys(parsed: list[Override]) -> list[list[str]]:
     return free_form
 
 
+def schema_type(key: str) -> Any:
+    """The type the schema gives a dotted key (trainer.batch_size: int), Optional[X] as X; None for a
+    key it does not type (a free-form node's: model.*, optimizer.*) or does not have."""
+    hint: Any = Config
+    for part in key.split("."):
+        hint = _optional_of(hint)
+        names = typing.get_type_hints(hint) if is_dataclass(hint) else {}
+        if part not in names:
+            return None
+        hint = names[part]
+    return _optional_of(hint)
+
+
 def _optional_of(hint: Any) -> Any:
     """Optional[X] as X (logger.wandb's WandbConfig); any other type as it is."""
     inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]

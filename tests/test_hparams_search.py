@@ -549,6 +549,22 @@ def test_a_misspelled_key_of_the_search_space_is_one_line_before_the_study_opens
     assert "Traceback" not in refused.stderr and not (sweep / "optuna.db").exists()
 
 
+def test_an_interval_on_a_whole_number_key_is_one_line_before_the_study_opens(tmp_path):
+    # interval(16, 128) drew 83.5 for trainer.batch_size: every trial failed as Hydra merged it, and
+    # the study, holding that space, refused the corrected one.
+    sweep = tmp_path / "search"
+    space = "trainer.batch_size=interval(16,128)"  # the command line's replaces the search file's choice(...)
+    refused = train_server.run(["hparams_search=digits", f"hydra.sweep.dir={sweep}", "debug=fdr", space])
+    assert refused.returncode == 2 and refused.stderr.splitlines()[-1] == (
+        "error: trainer.batch_size takes whole numbers, and interval(...) draws floats; search it with "
+        "tag(int, interval(16, 128)), or choice(...)"
+    ), refused.stderr
+    assert not (sweep / "optuna.db").exists()
+    _study.check_whole_numbers(
+        {"trainer.batch_size": IntDistribution(16, 128), "optimizer.lr": FloatDistribution(0, 1)}
+    )
+
+
 def test_the_search_spaces_keys_are_those_of_the_options_the_command_line_picks():
     config = OmegaConf.create({"hydra": {"runtime": {"config_sources": []}, "searchpath": []}})
     _study.check_space_keys(["optimizer.weight_decay=interval(0,0.1)"], ["optimizer=adamw"], config)

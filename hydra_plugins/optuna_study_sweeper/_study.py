@@ -37,7 +37,7 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import Trial, TrialState
 
-from config.overrides import check_overrides, last_overrides
+from config.overrides import check_overrides, last_overrides, schema_type
 from config.redact import redact
 from errors import ConfigError, first_line
 from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _pruning, _storage
@@ -224,6 +224,18 @@ def check_space_keys(params: list[str], arguments: list[str], config: DictConfig
         check_overrides([*arguments, *params], own_config_dir=own)
     except ConfigError as e:
         raise SearchError(f"hydra.sweeper.params: {e}") from None
+
+
+def check_whole_numbers(space: dict[str, BaseDistribution]) -> None:
+    """interval(a, b) draws floats: on a key the schema types int (trainer.batch_size) every trial
+    failed as Hydra merged its value, and left a study that refused the corrected space."""
+    for key, drawn in space.items():
+        if isinstance(drawn, FloatDistribution) and schema_type(key) is int:
+            ends = f"{drawn.low:g}, {drawn.high:g}"
+            raise SearchError(
+                f"{key} takes whole numbers, and interval(...) draws floats; search it with tag(int, interval({ends})), "
+                "or choice(...)"
+            )
 
 
 def check_metric(config: DictConfig, space: dict[str, BaseDistribution]) -> None:
@@ -549,6 +561,7 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
     space, fixed = search_space([*params, *arguments], sweeper.hydra_context.config_loader)
     if not space:
         raise SearchError("nothing to search: give hydra.sweeper.params (or pick one with hparams_search=...)")
+    check_whole_numbers(space)
     check_metric(sweeper.config, space)
     command = {"overrides": sorted(fixed), "search_space": {k: repr(d) for k, d in sorted(space.items())}}
     if sweeper.pruner != "none":  # not part of the search: a study goes on with another pruner, or none
