@@ -4,6 +4,7 @@ the top of the repo, for compute nodes without internet)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -41,7 +42,9 @@ def fetch_command(name: str, root: Path) -> str:
 
 
 def require(module: OnDisk, cfg: DatasetConfig) -> None:
-    """Files missing and not to be downloaded: a one-line error naming the root and the fix."""
+    """Files missing and not to be downloaded, or lying next to the root given: a one-line error
+    naming the root and the fix."""
+    refuse_a_root_beside_the_files(module, cfg)
     absent = missing(module, cfg)
     if absent and not cfg.download:
         raise ConfigError(
@@ -51,10 +54,41 @@ def require(module: OnDisk, cfg: DatasetConfig) -> None:
         )
 
 
+def refuse_a_root_beside_the_files(module: OnDisk, cfg: DatasetConfig) -> None:
+    """Files missing under dataset.root but all there under a folder next to it: one line naming
+    that folder, where a download would nest a second copy inside (or beside) the first."""
+    absent = missing(module, cfg)
+    found = _found_near(module, dataset_root(cfg)) if absent else None
+    if found is not None:
+        raise ConfigError(
+            f"dataset.root={dataset_root(cfg)} lacks {absent[0].relative_to(dataset_root(cfg))}, but {found} holds "
+            f"{cfg.name}'s files in torchvision's layout; set dataset.root={found}"
+        )
+
+
+def _found_near(module: OnDisk, root: Path) -> Path | None:
+    """The root under which every file lies, where the one given is inside the dataset's own
+    folder (cifar-10-batches-py/, MNIST/, MNIST/raw/) or just above it (an archive unpacked into
+    a folder of its own). Looked for only when files are missing, without a stat per entry."""
+    inside = [up for up in list(root.absolute().parents)[:2] if _holds(module, up, within=root.absolute())]
+    if inside or not root.is_dir():
+        return next(iter(inside), None)
+    with os.scandir(root) as entries:
+        below = sorted(Path(entry.path) for entry in entries if entry.is_dir())
+    return next((folder for folder in below if _holds(module, folder)), None)
+
+
+def _holds(module: OnDisk, root: Path, within: Path | None = None) -> bool:
+    """Every file is under `root` (and, given `within`, in that folder or below it)."""
+    files = module.files(root)
+    return all(path.is_file() for path in files) and (within is None or within in files[0].parents)
+
+
 def fetch(module: OnDisk, cfg: DatasetConfig) -> None:
     """Download what is missing with torchvision's code; failures become one line."""
     if not missing(module, cfg):
         return
+    refuse_a_root_beside_the_files(module, cfg)  # python download.py calls this alone
     root = dataset_root(cfg)
     # A root this machine cannot write: no other machine's internet would help.
     make_folder(root, f"dataset.root={root}", fix="give dataset.root (or paths.data_dir) a folder you can write")

@@ -129,6 +129,14 @@ def test_download_off_with_files_missing_is_one_line(tmp_path, run_dir):
     assert str(tmp_path) in message and "python download.py dataset=cifar10" in message
 
 
+def test_a_root_inside_the_datasets_own_folder_is_one_line_naming_the_right_root(tmp_path, run_dir):
+    write_cifar(tmp_path, per_batch=4, val=4)
+    given = tmp_path / cifar10.FOLDER
+    message = _one_line_error(run_train(run_dir, "dataset=cifar10", f"dataset.root={given}"))
+    assert message.endswith(f"set dataset.root={tmp_path}"), message
+    assert not (given / cifar10.FOLDER).exists()  # no second copy begun inside the first
+
+
 def test_a_truncated_file_is_one_line(tmp_path, run_dir):
     write_cifar(tmp_path, per_batch=4, val=4)
     batch = tmp_path / cifar10.FOLDER / "test_batch"

@@ -167,6 +167,31 @@ def test_missing_files_with_download_off_name_the_root_and_the_prep_command(tmp_
     assert f"python download.py dataset=cifar10 dataset.root={tmp_path}" in message
 
 
+@pytest.mark.parametrize(
+    "name, written, given",
+    [
+        ("cifar10", "data", "data/cifar-10-batches-py"),  # the dataset's own folder
+        ("mnist", "data", "data/MNIST"),
+        ("mnist", "data", "data/MNIST/raw"),
+        ("cifar10", "data/unpacked", "data"),  # the archive unpacked into a folder of its own
+    ],
+)
+def test_a_root_next_to_the_files_names_the_right_one_rather_than_downloading_a_second_copy(
+    tmp_path, name, written, given
+):
+    # It downloaded a nested second copy (root/cifar-10-batches-py/cifar-10-batches-py/), or offline
+    # said it could not download files the user had.
+    writer = write_cifar if name == "cifar10" else write_idx
+    writer(tmp_path / written)
+    cfg = _dataset(name, tmp_path / given)  # dataset.download=true, as by default
+    with pytest.raises(ConfigError) as error:
+        check(cfg.dataset, cfg.data)
+    assert f"holds {name}'s files in torchvision's layout; set dataset.root={tmp_path / written}" in str(error.value)
+    sibling = _dataset(name, tmp_path / "data" / "new", "dataset.download=false")  # not inside: the usual message
+    with pytest.raises(ConfigError, match="dataset.download=false and"):
+        check(sibling.dataset, sibling.data)
+
+
 def test_check_reads_the_files_so_a_bad_one_fails_before_training(tmp_path):
     write_idx(tmp_path, train=20, val=10)
     _truncate(MNIST.folder(tmp_path) / "t10k-labels-idx1-ubyte")
