@@ -5,6 +5,7 @@ uint8 until the device (data.transforms.ToDevice)."""
 from __future__ import annotations
 
 import glob
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,19 +18,32 @@ from data.file_batches import decode_here, read
 from errors import ConfigError
 
 
+def image_files_under(folder: Path) -> list[Path]:
+    """Every image file under `folder`, at any depth, as torchvision's ImageFolder finds them:
+    through symlinked folders too (it walks with followlinks=True; Path.rglob would skip them,
+    and with them whole classes), sorted by path."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    return sorted(
+        (
+            Path(top, name)
+            for top, _, names in os.walk(folder, followlinks=True)
+            for name in names
+            if name.lower().endswith(IMG_EXTENSIONS)
+        ),
+        key=str,
+    )
+
+
 def image_paths(sources: Sequence[str]) -> list[str]:
     """Each source a file, a folder (its image files, at any depth, as torchvision's ImageFolder
     finds them) or a glob (every file it matches), in that order, sorted within each."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS
-
     paths: list[str] = []
     for source in sources:
         if Path(source).is_file():
             found = [source]
         elif Path(source).is_dir():
-            found = sorted(
-                str(p) for p in Path(source).rglob("*") if p.is_file() and p.name.lower().endswith(IMG_EXTENSIONS)
-            )
+            found = [str(path) for path in image_files_under(Path(source))]
         else:
             found = sorted(p for p in glob.glob(source, recursive=True) if Path(p).is_file())
         if not found:

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _images(source: Path, destination: Path, max_side: int, quality: int) -> list[Path]:
     """Every image torchvision's ImageFolder would find under `source`, once the arguments make sense."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS
+    from data.image_paths import image_files_under
 
     if not source.is_dir():
         raise ConfigError(f"{source}: no such folder; give the image folder to copy (it holds train/ and val/)")
@@ -73,7 +73,7 @@ def _images(source: Path, destination: Path, max_side: int, quality: int) -> lis
         raise ConfigError(f"--max-side={max_side}: give the longest side in pixels, e.g. 500")
     if not 1 <= quality <= 95:
         raise ConfigError(f"--quality={quality}: use 1-95 (PIL's advice: above 95 grows files and gains nothing)")
-    return sorted(p for p in source.rglob("*") if p.is_file() and p.name.lower().endswith(IMG_EXTENSIONS))
+    return image_files_under(source)
 
 
 def _target(source: Path, destination: Path, path: Path) -> Path:

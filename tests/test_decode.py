@@ -293,3 +293,25 @@ def test_prepare_writes_a_smaller_copy_the_device_decodes_whole(tmp_path):
     with Image.open(tmp_path / "small" / "train" / "class1" / "big.jpg") as image:
         assert image.size == (64, 43)  # the longest side to 64, the aspect kept
     assert (tmp_path / "small" / "val" / "class0" / odd["png"].name).with_suffix(".png.jpg").exists()
+
+
+def test_prepare_copies_every_class_imagefolder_finds_symlinked_class_folders_included(tmp_path):
+    # Path.rglob skipped symlinked folders: the copy lost those classes, and every later class's label moved.
+    from torchvision.datasets import ImageFolder
+
+    from data import prepare
+
+    elsewhere = write_image_folder(tmp_path / "elsewhere", classes=3, per_class=2, size=24)
+    source = tmp_path / "source"
+    for split in ("train", "val"):
+        (source / split).mkdir(parents=True)
+        for k in range(3):
+            if k == 1:  # the middle class, so that a class dropped would move the next one's label
+                (source / split / "class1").symlink_to(elsewhere / split / "class1")
+            else:
+                (elsewhere / split / f"class{k}").rename(source / split / f"class{k}")
+    assert prepare.main([str(source), str(tmp_path / "small"), "--workers", "1"]) == 0
+    for split in ("train", "val"):
+        copied, original = ImageFolder(str(tmp_path / "small" / split)), ImageFolder(str(source / split))
+        assert copied.classes == original.classes == ["class0", "class1", "class2"]
+        assert [label for _, label in copied.samples] == [label for _, label in original.samples]

@@ -174,6 +174,14 @@ def test_images_are_files_folders_and_globs_each_cut_as_validation_cuts(images, 
     assert abs(int(grey[0, 4, 4]) - round(0.299 * 200 + 0.587 * 30 + 0.114 * 30)) <= 1  # grey as PIL makes it
 
 
+def test_a_folder_to_predict_is_walked_through_its_symlinked_subfolders(images, tmp_path):
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "linked").symlink_to(images, target_is_directory=True)
+    assert image_paths([str(tmp_path / "photos")]) == sorted(
+        str(tmp_path / "photos" / "linked" / f.name) for f in images.iterdir()
+    )
+
+
 @pytest.mark.slow
 def test_a_run_dir_gives_its_best_pt_else_its_last_pt_and_a_bad_source_is_one_line(single_run, tmp_path):
     assert checkpoint_path(single_run) == single_run / "checkpoints" / "best.pt"
