@@ -3,7 +3,7 @@ baseline colour JPEG with its longest side at most --max-side pixels, at JPEG --
 
     python -m data.prepare SRC DST [--max-side 500] [--quality 90] [--workers N]
 
-DST keeps SRC's layout (train/<class>/..., val/<class>/...): train with dataset.root=DST. A JPEG
+DST keeps SRC's layout (train/<class>/..., val/<class>/..., empty folders too): train with dataset.root=DST. A JPEG
 keeps its name; any other image gets .jpg added to its name. Smaller files decode faster on either
 data.decode path, and a copy of baseline colour JPEGs alone is one the GPU path decodes whole (no
 file falls back to the CPU). Validate on a copy made the same way as the training one. What it
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sources = _images(args.source, args.destination, args.max_side, args.quality)
         targets = [_target(args.source, args.destination, path) for path in sources]
+        _copy_folders(args.source, args.destination)
         jobs = (sources, targets, [args.max_side] * len(sources), [args.quality] * len(sources))
         if args.workers > 1:
             with ProcessPoolExecutor(args.workers) as pool:
@@ -74,6 +75,13 @@ def _images(source: Path, destination: Path, max_side: int, quality: int) -> lis
     if not 1 <= quality <= 95:
         raise ConfigError(f"--quality={quality}: use 1-95 (PIL's advice: above 95 grows files and gains nothing)")
     return image_files_under(source)
+
+
+def _copy_folders(source: Path, destination: Path) -> None:
+    """Every folder of `source`, empty ones too: an empty class folder (a class a validation subset
+    lacks, which data.imagefolder allows) must stay, since the sorted class folders give the labels."""
+    for top, _, _ in os.walk(source, followlinks=True):  # as data.image_paths.image_files_under walks
+        (destination / Path(top).relative_to(source)).mkdir(parents=True, exist_ok=True)
 
 
 def _target(source: Path, destination: Path, path: Path) -> Path:

@@ -315,3 +315,17 @@ def test_prepare_copies_every_class_imagefolder_finds_symlinked_class_folders_in
         copied, original = ImageFolder(str(tmp_path / "small" / split)), ImageFolder(str(source / split))
         assert copied.classes == original.classes == ["class0", "class1", "class2"]
         assert [label for _, label in copied.samples] == [label for _, label in original.samples]
+
+
+def test_prepare_keeps_an_empty_validation_class_so_the_copy_trains_with_the_same_labels(tmp_path):
+    # Only folders that held an image were made: train.py refused the copy ("only train/ has class1").
+    from data import prepare
+
+    source = write_image_folder(tmp_path / "source", classes=3, per_class=2, size=24)
+    for image in (source / "val" / "class1").iterdir():
+        image.unlink()
+    assert prepare.main([str(source), str(tmp_path / "small"), "--workers", "1"]) == 0
+    cfg = typed_config("dataset=imagefolder", f"dataset.root={tmp_path / 'small'}", "dataset.num_classes=3")
+    check(cfg.dataset, cfg.data)
+    _, val = imagefolder.image_files(cfg.dataset)
+    assert sorted(label for _, label in val) == [0, 0, 2, 2]
