@@ -12,6 +12,7 @@ trainer.precision stays a string, because its names ("32", "bf16-mixed") are not
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import dataclass, field, fields
 from enum import Enum
@@ -434,6 +435,10 @@ class DatasetConfig:
     seed: int = 0  # synthetic: the random images
 
     def __post_init__(self) -> None:
+        if self.root is not None:
+            # torchvision expands it in its download code, which would fetch into the home folder while
+            # the files were looked for under a folder named `~` here (a quoted `~` reaches us as is).
+            self.root = os.path.expanduser(self.root)
         check_ranges(
             "dataset",
             [

@@ -192,6 +192,21 @@ def test_a_root_next_to_the_files_names_the_right_one_rather_than_downloading_a_
         check(sibling.dataset, sibling.data)
 
 
+def test_a_root_given_with_a_tilde_is_read_from_the_home_folder_torchvision_downloads_to(tmp_path, monkeypatch, capsys):
+    # torchvision expanded `~` and we did not: the download went home while the files were looked for,
+    # and a folder named `~` made, where the command was typed.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    write_idx(tmp_path / "home" / "data", train=20, val=10)
+    assert download_command.main(["dataset=mnist", "dataset.root='~/data'"]) == 0, capsys.readouterr().err
+    assert f"mnist: 20 training and 10 validation images in {tmp_path / 'home' / 'data'}" in capsys.readouterr().out
+    assert not (tmp_path / "~").exists()
+    images = write_image_folder(tmp_path / "home" / "images", classes=2, per_class=1, size=8)
+    cfg = typed_config("dataset=imagefolder", "dataset.root='~/images'", "dataset.num_classes=2")
+    check(cfg.dataset, cfg.data)
+    assert cfg.dataset.root == str(images)
+
+
 def test_check_reads_the_files_so_a_bad_one_fails_before_training(tmp_path):
     write_idx(tmp_path, train=20, val=10)
     _truncate(MNIST.folder(tmp_path) / "t10k-labels-idx1-ubyte")
