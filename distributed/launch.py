@@ -380,7 +380,9 @@ def _spawned_rank(
     # torch.multiprocessing asks the kernel to send a rank SIGINT when its launcher dies
     # (PR_SET_PDEATHSIG), but a launcher started in the background (`python train.py &` in a
     # script, a test runner) passes SIGINT on ignored: the orphaned ranks would train on and keep
-    # writing checkpoints into the run dir. Python's own handler ends them with KeyboardInterrupt.
+    # writing checkpoints into the run dir. Python's own handler ends them with KeyboardInterrupt,
+    # until the run's preemption watch takes SIGINT (trainer.preempt_signals): they then stop as on
+    # Ctrl-C, saving last.pt.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
