@@ -101,6 +101,14 @@ def load_runs(root: Path) -> list[Run]:
             runs.append(_run(str(path.parent.relative_to(root)), metrics, path.parent, root))
         except (json.JSONDecodeError, KeyError) as e:
             print(f"skipped {path}: not a metrics.json written by train.py ({type(e).__name__}: {e})", file=sys.stderr)
+    # A run that started (its manifest.json) but wrote no metrics.json: a comparison without it must say so.
+    for path in sorted(root.rglob("manifest.json"), key=lambda p: _natural(str(p.parent.relative_to(root)))):
+        if not (path.parent / "metrics.json").exists():
+            print(
+                f"skipped {path.parent}: no metrics.json, the run has not finished (killed, stopped, or still "
+                "running); trainer.resume=auto in its dir continues it",
+                file=sys.stderr,
+            )
     return runs
 
 

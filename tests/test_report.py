@@ -482,6 +482,15 @@ def test_a_search_report_takes_the_best_trial_from_the_sweepers_results(tmp_path
     assert (tmp_path / "report.png").stat().st_size > 0
 
 
+def test_a_run_that_never_finished_is_named_not_left_out_silently(tmp_path, capsys):
+    # A sweep's killed job (its manifest.json, no metrics.json) vanished from the table without a word.
+    (tmp_path / "1_optimizer.lr-0.1").mkdir()
+    (tmp_path / "1_optimizer.lr-0.1" / "manifest.json").write_text("{}")
+    assert report.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"skipped {tmp_path / '1_optimizer.lr-0.1'}: no metrics.json, the run has not finished" in err
+
+
 def test_main_without_runs_says_what_to_do(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     assert "no metrics.json under" in capsys.readouterr().err
