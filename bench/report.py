@@ -105,8 +105,8 @@ def load_runs(root: Path) -> list[Run]:
     for path in sorted(root.rglob("manifest.json"), key=lambda p: _natural(str(p.parent.relative_to(root)))):
         if not (path.parent / "metrics.json").exists():
             print(
-                f"skipped {path.parent}: no metrics.json, the run has not finished (killed, stopped, or still "
-                "running); trainer.resume=auto in its dir continues it",
+                f"skipped {path.parent}: no metrics.json, the run has not finished (it failed, was stopped or "
+                "killed, or still runs: its train.log says which)",
                 file=sys.stderr,
             )
     return runs
