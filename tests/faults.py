@@ -191,3 +191,13 @@ class Held(Callback):
     def on_step_end(self, step: int) -> None:
         while self.held and (self.dir / "hold").exists():
             time.sleep(0.05)
+
+
+class Misnamed(Callback):
+    """Names val/mine in its figures but adds it as val/mien, as a typo in a callback of one's own
+    would (`+callbacks.misnamed._target_=tests.faults.Misnamed`)."""
+
+    figures = ("val/mine",)
+
+    def on_validation_end(self, epoch: int, step: int, figures: dict[str, float]) -> None:
+        figures["val/mien"] = 0.5

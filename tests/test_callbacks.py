@@ -3,6 +3,7 @@ measured once and only when asked for, and the Logger interface, which gets what
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -13,6 +14,9 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from data import Loaders
 from distributed.context import DistContext, make_context
+from errors import ConfigError
+from tests.faults import Misnamed
+from tests.runs import run_train
 from tests.test_reporting import _tensorboard
 from tests.test_train_step import CPU, TinyNet, _batch, _trainer
 from training.callbacks import Callback, RunInfo, end_validation
@@ -120,6 +124,31 @@ def test_a_callback_may_read_a_figure_that_one_listed_after_it_adds():
     assert watcher.waited == 1
 
 
+def test_a_figure_a_callback_names_but_adds_under_another_name_stops_at_validation_in_one_line():
+    # The epoch's line, metrics.json and a monitor take the names in `figures`: one added as val/mien
+    # would be missing from the first two without a word, and a KeyError in the third.
+    ctx = make_context(0, 0, 1, 1, "cpu", use_process_group=False)
+    with pytest.raises(ConfigError) as refused:
+        end_validation([EarlyStopping(monitor="val/mine", mode="max"), Misnamed()], 0, 3, {"val/acc": 0.1}, ctx)
+    assert str(refused.value).startswith(
+        "tests.faults.Misnamed names val/mine in its `figures` but did not add it at epoch 1's validation "
+        "(it added val/mien); add each figure it names"
+    )
+
+
+@pytest.mark.slow
+def test_a_misnamed_figure_is_one_line_through_train_py_not_a_key_error_where_it_is_monitored(run_dir):
+    monitored = ["trainer.checkpoint.monitor=val/mine", "trainer.checkpoint.mode=max"]
+    result = run_train(run_dir, "debug=fdr", "+callbacks.misnamed._target_=tests.faults.Misnamed", *monitored)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: tests.faults.Misnamed names val/mine in its `figures` but did not add it at epoch 1's validation "
+        "(it added val/mien); add each figure it names, under that name, at every validation's end (NaN where "
+        "it has none)"
+    ]
+    assert not (run_dir / "checkpoints" / "last.pt").exists()
+
+
 @pytest.mark.parametrize(
     "grad_clip, callbacks, norms",
     [
@@ -162,6 +191,9 @@ def test_grad_norm_reports_each_epochs_mean_finite_norm_and_reads_the_device_onc
     figures = {}
     callback.on_validation_end(0, 3, figures)
     assert figures == {"train/grad_norm": 2.0} and len(reads) == 1
+    callback.after_backward(4, model, torch.tensor(float("inf")))  # an epoch of overflows only
+    callback.on_validation_end(1, 4, figures)
+    assert math.isnan(figures["train/grad_norm"])
 
 
 def test_a_logger_gets_the_scalars_and_images_tensorboard_gets(tmp_path):

@@ -8,6 +8,7 @@ itself. The built-in ones: `grad_norm`, `early_stopping`, `confusion_matrix` (a 
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from torch import nn
 
 from distributed.collectives import all_gather_object, all_reduce_max
 from distributed.context import DistContext
+from errors import ConfigError
 
 if TYPE_CHECKING:
     from training.loggers.base import Logger
@@ -95,12 +97,12 @@ def end_validation(
     callbacks: Sequence[Callback], epoch: int, step: int, figures: dict[str, float], ctx: DistContext
 ) -> str | None:
     """Every callback's on_validation_end: first those that add figures, then the others, each group
-    in the run's order, so that a monitor may name a figure a callback adds wherever the list puts it.
-    Then the ranks agree: the reason to stop that a rank's callbacks gave (the lowest rank's first),
-    or None, the same on every rank, so that every rank stops at this step or none does. One small
-    all-reduce per validation."""
+    in the run's order, so that a monitor may name a figure a callback adds wherever the list puts it
+    (each held to the figures it names). Then the ranks agree: the reason to stop that a rank's
+    callbacks gave (the lowest rank's first), or None, the same on every rank, so that every rank
+    stops at this step or none does. One small all-reduce per validation."""
     adders_first = sorted(callbacks, key=lambda callback: not callback.figures)  # a stable sort
-    reasons = [reason for callback in adders_first if (reason := callback.on_validation_end(epoch, step, figures))]
+    reasons = [reason for callback in adders_first if (reason := _held_to_figures(callback, epoch, step, figures))]
     reason = reasons[0] if reasons else None
     if not ctx.distributed:
         return reason
@@ -108,6 +110,29 @@ def end_validation(
     if not all_reduce_max(asked, ctx).item():
         return None
     return next(r for r in all_gather_object(reason, ctx) if r)
+
+
+def _held_to_figures(callback: Callback, epoch: int, step: int, figures: dict[str, float]) -> str | None:
+    """A callback's on_validation_end, which must add the figures it names (`figures`): a monitor,
+    the epoch's line and metrics.json take those names from it, so a figure added under another
+    spelling would be missing from the last two without a word, and a KeyError where a monitor
+    reads it."""
+    before = set(figures)
+    reason = callback.on_validation_end(epoch, step, figures)
+    missing = [name for name in callback.figures if name not in figures]
+    if missing:
+        added = sorted(set(figures) - before)
+        close = difflib.get_close_matches(missing[0], added, n=1)
+        what = (
+            f"it added {close[0]}" if close else f"it added {len(added)} other figure(s)" if added else "it added none"
+        )
+        kind = type(callback)
+        raise ConfigError(
+            f"{kind.__module__}.{kind.__qualname__} names {', '.join(missing)} in its `figures` but did not add "
+            f"it at epoch {epoch + 1}'s validation ({what}); add each figure it names, under that name, at every "
+            "validation's end (NaN where it has none)"
+        )
+    return reason
 
 
 def handling(callbacks: Sequence[Callback], event: str) -> list[Callback]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -10,8 +12,8 @@ from training.callbacks import Callback
 
 class GradNorm(Callback):
     """train/grad_norm: the total gradient norm before clipping, averaged over each epoch's optimizer
-    steps with a finite norm (fp16's overflows, whose updates the loss scaler skips, are left out).
-    Summed on the device and read once an epoch: no host sync per step."""
+    steps with a finite norm (fp16's overflows, whose updates the loss scaler skips, are left out; an
+    epoch of them only is NaN). Summed on the device and read once an epoch: no host sync per step."""
 
     figures = ("train/grad_norm",)
 
@@ -24,8 +26,6 @@ class GradNorm(Callback):
         self.sums = norm if self.sums is None else self.sums + norm
 
     def on_validation_end(self, epoch: int, step: int, figures: dict[str, float]) -> None:
-        if self.sums is not None:
-            total, steps = self.sums.tolist()
-            if steps:
-                figures["train/grad_norm"] = total / steps
+        total, steps = self.sums.tolist() if self.sums is not None else (0.0, 0)
+        figures["train/grad_norm"] = total / steps if steps else math.nan  # no finite norm: none to average
         self.sums = None
