@@ -7,7 +7,9 @@ import signal
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -201,3 +203,20 @@ class Misnamed(Callback):
 
     def on_validation_end(self, epoch: int, step: int, figures: dict[str, float]) -> None:
         figures["val/mien"] = 0.5
+
+
+class NumpyState(Callback):
+    """Keeps its best as np.mean returns it, a numpy number, in its state_dict: what a checkpoint,
+    read with weights_only=True, cannot hold (`+callbacks.numpy._target_=tests.faults.NumpyState`)."""
+
+    def __init__(self) -> None:
+        self.best = None
+
+    def on_validation_end(self, epoch: int, step: int, figures: dict[str, float]) -> None:
+        self.best = np.mean([figures["val/acc"]])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best = state["best"]

@@ -20,6 +20,7 @@ from config.setup import CONF_DIR
 from errors import ConfigError
 from preflight import check_and_plan
 from tests.configs import typed_config
+from tests.faults import NumpyState
 from tests.runs import resume_point, run_train
 from tests.test_callbacks import Scalars, _loaders
 from tests.test_train_step import TinyNet, _trainer
@@ -78,6 +79,31 @@ def test_a_stop_ends_the_run_at_that_epoch_saved_says_why_and_a_resume_trains_no
         assert resumed.fit() == {}
     assert again.seen == 2 and resumed.state.step == 6
     assert "nothing to train: the run stopped early, at epoch 2 (enough at epoch 2)" in caplog.messages
+
+
+def test_a_callback_state_no_checkpoint_could_load_stops_the_first_save_in_one_line(tmp_path):
+    # Saved as it was, every checkpoint of the run would be refused by a resume, predict.py and export.py.
+    keeper = NumpyState()
+    trainer = _trainer(TinyNet(), tmp_path, loaders=_loaders(), reporting=Reporting((), [keeper]), epochs=2)
+    trainer.checkpointer.callbacks = {"numpy": keeper}
+    with pytest.raises(ConfigError) as refused:
+        trainer.fit()
+    trainer.checkpointer.close()
+    message = str(refused.value)
+    assert message.startswith("callbacks.numpy: its state_dict() holds a numpy.") and "\n" not in message
+    assert not (tmp_path / "last.pt").exists()
+
+
+@pytest.mark.slow
+def test_a_callback_state_no_checkpoint_could_load_is_one_line_through_train_py(run_dir):
+    result = run_train(run_dir, "debug=fdr", "+callbacks.numpy._target_=tests.faults.NumpyState")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: callbacks.numpy: its state_dict() holds a numpy.") and line.endswith(
+        "which a checkpoint cannot hold (they load with weights_only=True); give tensors and Python's own numbers, "
+        "strings, lists and dicts (float(x), x.tolist(), torch.as_tensor(x))"
+    )
+    assert not (run_dir / "checkpoints" / "last.pt").exists()
 
 
 def test_early_stopping_waits_its_patience_beyond_min_delta_and_resumes_its_count():

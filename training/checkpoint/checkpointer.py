@@ -4,8 +4,10 @@ the checkpoint was saved, the callbacks' state included."""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import re
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
@@ -19,6 +21,7 @@ from config.schema import ResumePoint
 from distributed.collectives import all_gather_object
 from distributed.context import DistContext
 from distributed.strategies import unwrap
+from errors import ConfigError, first_line
 from training.batch_layout import BatchLayout
 from training.callbacks import Callback
 from training.checkpoint.best import BEST, BestCheckpoints, Plan
@@ -138,7 +141,7 @@ class Checkpointer:
             "stopped": state.stopped,
             "rng": rng,
             "best_checkpoints": self.best.state_dict() if self.best is not None else None,
-            "callbacks": {name: callback.state_dict() for name, callback in self.callbacks.items()},
+            "callbacks": {name: loadable_state(name, callback) for name, callback in self.callbacks.items()},
             "config": self.config_yaml,
             "manifest": self.manifest,
         }
@@ -192,6 +195,30 @@ class Checkpointer:
     def load_weights(self, checkpoint: dict[str, Any]) -> None:
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
+
+
+def loadable_state(name: str, callback: Callback) -> dict[str, Any]:
+    """`callback`'s state_dict, once it is known to load back as every checkpoint is read
+    (weights_only=True: a resume, predict.py, export.py). A numpy number (np.mean's) or an object of
+    the callback's own would save without a word, then make every one of the run's checkpoints
+    unreadable: the run stops at its first save instead, naming the callback and the type."""
+    state = callback.state_dict()
+    if not state:
+        return state
+    buffer = io.BytesIO()
+    try:
+        torch.save(state, buffer)
+        buffer.seek(0)
+        torch.load(buffer, weights_only=True)
+    except Exception as e:
+        pickled = re.search(r"GLOBAL (\S+)", str(e))
+        what = f"a {pickled.group(1)}" if pickled else f"what torch cannot save ({first_line(e)})"
+        raise ConfigError(
+            f"callbacks.{name}: its state_dict() holds {what}, which a checkpoint cannot hold (they load with "
+            "weights_only=True); give tensors and Python's own numbers, strings, lists and dicts "
+            "(float(x), x.tolist(), torch.as_tensor(x))"
+        ) from None
+    return state
 
 
 def link_atomically(source: Path, name: Path) -> None:
