@@ -41,11 +41,12 @@ def _prefix(kind: type[Exception]) -> str:
 
 
 class RankFailed(Exception):
-    """One process of a multi-process job raised or died; the others were stopped."""
+    """One process of a multi-process job raised or died; the others were stopped. `traceback`: the
+    one it raised, where it raised one (a spawned rank's goes to a file, not to the console)."""
 
-    def __init__(self, rank: int, reason: str) -> None:
+    def __init__(self, rank: int, reason: str, traceback: str | None = None) -> None:
         super().__init__(f"rank {rank} failed: {reason}; the other ranks were stopped")
-        self.rank = rank
+        self.rank, self.traceback = rank, traceback
 
 
 class Preempted(Exception):

@@ -73,6 +73,8 @@ def main(cfg: DictConfig) -> float | None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except (RankFailed, NonFiniteLoss) as e:
+        if getattr(e, "traceback", None):  # where the rank's own code raised: the one line cannot say
+            log.error("rank %d raised:\n%s", e.rank, e.traceback)
         log.error("%s", e)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -320,14 +320,14 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
         errors = _errors(ranks.error_files)
         # A rank's own check (the optimizer's options, rank 0's download) is the user's to fix, even
         # when a peer's broken connection was written first; a diverged loss stops every rank alike.
-        meant_for_people = next((error for _, _, reason in errors if (error := raised_elsewhere(reason))), None)
+        meant_for_people = next((error for _, _, reason, _ in errors if (error := raised_elsewhere(reason))), None)
         if meant_for_people is not None:
             raise meant_for_people from None
-        _, rank, reason = errors[0]
+        _, rank, reason, traceback = errors[0]
         hung = _hung_rank(ranks, reason)
         if hung is not None:
             raise RankFailed(hung, f"hung: rank {rank} waited launcher.timeout_s for it ({reason})") from None
-        raise RankFailed(rank, reason) from None
+        raise RankFailed(rank, reason, traceback) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -356,15 +356,16 @@ def _hung_rank(ranks: mp.ProcessContext, first_error: str) -> int | None:
     )
 
 
-def _errors(error_files: list[str]) -> list[tuple[int, int, str]]:
-    """(when written, rank, the traceback's last line) of every rank that raised, the first written
-    first: its peers' errors are mostly the echo of it."""
+def _errors(error_files: list[str]) -> list[tuple[int, int, str, str]]:
+    """(when written, rank, the traceback's last line, the traceback) of every rank that raised, the
+    first written first: its peers' errors are mostly the echo of it."""
     written = []
     for rank, path in enumerate(error_files):
         if os.path.exists(path):
             with open(path, "rb") as f:
-                lines = [line for line in pickle.load(f).strip().splitlines() if line.strip()]
-            written.append((os.stat(path).st_mtime_ns, rank, lines[-1].strip()[:500]))
+                traceback = pickle.load(f).strip()
+            lines = [line for line in traceback.splitlines() if line.strip()]
+            written.append((os.stat(path).st_mtime_ns, rank, lines[-1].strip()[:500], traceback))
     return sorted(written)
 
 

@@ -545,6 +545,21 @@ def test_a_rank_aborted_under_nccl_is_named_as_the_one_that_waited(accelerator):
     assert ("look for a peer that hung or died first" in str(error.value)) == (accelerator == "gpu")
 
 
+def _raise_on_rank_1(ctx) -> None:
+    if ctx.rank == 1:
+        raise KeyError("val/nope")  # as a callback of one's own might, deep in the loop
+
+
+def test_a_rank_that_raised_is_named_in_one_line_and_its_traceback_kept():
+    # The line says what; where in the rank's code it raised only its traceback says, which a spawned
+    # rank writes to a file: train.py logs it, to the console and train.log, before the line.
+    plan = launching.LaunchPlan("spawn", "cpu", 2, 2, 1, False, None, None, start_method="fork")
+    with pytest.raises(RankFailed) as error:
+        launch(plan, _raise_on_rank_1)
+    assert str(error.value) == "rank 1 failed: KeyError: 'val/nope'; the other ranks were stopped"
+    assert error.value.traceback.startswith("Traceback") and "in _raise_on_rank_1" in error.value.traceback
+
+
 def _meet(ctx) -> None:
     context.init(ctx, timeout_s=20)
     try:
