@@ -6,7 +6,9 @@ pre-flight's (preflight.py)."""
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
+import importlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -57,10 +59,32 @@ def typed(cfg: DictConfig) -> Config:
     if options.lr_scaling == LrScaling.linear and "lr" not in config.optimizer:
         raise ConfigError("optimizer.lr_scaling=linear scales optimizer.lr, which is not set; give optimizer.lr")
     nodes = {key: (getattr(config, key), required) for key, required in _NODES.items()}
+    if "_target_" in config.callbacks:  # written as a conf/loss/ or conf/model/ file is: flat
+        raise ConfigError(
+            f"callbacks._target_={config.callbacks['_target_']}: a callback's file in conf/callbacks/ puts its "
+            "_target_ and options under the callback's name (`<name>:`, then `  _target_: ...`), as the files there do"
+        )
     nodes.update((f"callbacks.{name}", (node, True)) for name, node in config.callbacks.items())
     for key, (node, required) in nodes.items():
         check_target(key, node, required)
     return config
+
+
+def _no_such_name(key: str, target: str) -> None:
+    """A `_target_` whose module imports but holds no such name (models.mlp.Mlp for models.mlp.MLP):
+    Hydra's error says "No module named 'models.mlp.Mlp'; 'models.mlp' is not a package", which
+    sends one looking for a missing file. Say which name is missing, and the nearest there is."""
+    module_name, _, name = target.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception:  # the module itself does not import: Hydra's error says why
+        return
+    if hasattr(module, name):
+        return
+    names = {n.lower(): n for n in vars(module) if not n.startswith("_")}  # MLP for Mlp too
+    close = difflib.get_close_matches(name.lower(), names, n=1)
+    hint = f"did you mean {module_name}.{names[close[0]]}?" if close else f"name one that {module_name} defines"
+    raise ConfigError(f"{key}._target_={target}: {module_name} has no {name}; {hint}")
 
 
 def check_sweep(record: Path) -> None:
@@ -95,6 +119,7 @@ def check_target(key: str, node: Any, required: bool = True) -> None:
     try:
         imported(node["_target_"])
     except Exception as e:
+        _no_such_name(key, node["_target_"])
         cause = e.__cause__ or e  # Hydra wraps the import's own error
         raise ConfigError(
             f"{key}._target_={node['_target_']} does not import ({type(cause).__name__}: {first_line(cause)}); "

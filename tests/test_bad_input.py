@@ -122,6 +122,11 @@ EXIT_PATHS = {
         OURS,
         ["callbacks.mine._target_=nowhere.Thing does not import"],
     ),
+    "a callback's class misspelt": (  # Hydra's "No module named ...; '...stop_at' is not a package"
+        ["callbacks=stop_at", "callbacks.stop_at._target_=training.callbacks.stop_at.Stopat"],
+        OURS,
+        ["training.callbacks.stop_at has no Stopat; did you mean training.callbacks.stop_at.StopAt?"],
+    ),
     "truncated checkpoint": (
         ["trainer.resume={root}/truncated.pt"],
         OURS,

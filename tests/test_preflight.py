@@ -281,6 +281,29 @@ def test_a_model_loss_or_callback_that_does_not_import_is_one_line_naming_the_ke
     )
 
 
+@pytest.mark.parametrize(
+    "target, refusal",
+    [  # the module imports: the name is what is wrong, not a module or a package as Hydra says
+        ("models.mnist_net.Mnistnet", "models.mnist_net has no Mnistnet; did you mean models.mnist_net.MnistNet?"),
+        ("training.loss.Focal", "training.loss has no Focal; did you mean training.loss.FocalLoss?"),
+        ("training.loss.Zzzzzz", "training.loss has no Zzzzzz; name one that training.loss defines"),
+    ],
+)
+def test_a_target_whose_module_lacks_the_name_says_so_and_the_nearest_name(target, refusal):
+    key = "model" if target.startswith("models.") else "loss"
+    assert _refusal(f"{key}._target_={target}") == f"{key}._target_={target}: {refusal}"
+
+
+def test_a_callbacks_file_written_flat_as_a_loss_is_one_line_saying_where_its_target_goes():
+    # conf/loss/ and conf/model/ files are flat; a callback's sits under its name: `callbacks._target_`
+    # read as a callback named _target_, "callbacks._target_: no _target_".
+    refusal = _refusal("+callbacks._target_=training.callbacks.stop_at.StopAt", "+callbacks.value=0.9")
+    assert refusal == (
+        "callbacks._target_=training.callbacks.stop_at.StopAt: a callback's file in conf/callbacks/ puts its "
+        "_target_ and options under the callback's name (`<name>:`, then `  _target_: ...`), as the files there do"
+    )
+
+
 def test_the_trainer_keys_least_values_pass():
     # a sample per process, a norm below 1
     least = ["trainer.epochs=1", "trainer.batch_size=1", "trainer.grad_clip=0.5", "trainer.overfit_batches=1"]
