@@ -409,3 +409,17 @@ def test_the_built_ins_survive_kill_9_and_resume_and_the_matrix_is_exact(tmp_pat
     assert evaluated.returncode == 0, evaluated.stderr
     assert _matrix(test_dir)["matrix"] == _matrix(run_dir)["matrix"]
     assert json.loads((test_dir / "metrics.json").read_text())["val_macro_f1"] == metrics["val_macro_f1"]
+
+
+@pytest.mark.slow
+def test_a_rank_with_no_validation_sample_still_joins_the_counting_callbacks_sums(run_dir):
+    """One validation sample, two ranks: the empty rank skipped the counting callbacks' all-reduce,
+    which the other waited in (a SIGABRT; since a callback is held to its figures, a refusal saying
+    it added none)."""
+    one_sample = ["dataset=synthetic", "dataset.val_size=1", "dataset.train_size=64", "model=simple_cnn"]
+    counting = ["callbacks=[confusion_matrix,balanced_accuracy]", "callbacks.confusion_matrix.image=false"]
+    result = run_train(run_dir, *DDP, *one_sample, *counting, "trainer.epochs=1", "trainer.batch_size=16")
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["val_acc"] in (0, 1)  # one sample
+    assert metrics["val_balanced_acc"] == metrics["val_acc"] == metrics["val_macro_f1"]

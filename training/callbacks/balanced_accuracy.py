@@ -30,8 +30,9 @@ class BalancedAccuracy(Callback):
 
     def on_validation_end(self, epoch: int, step: int, figures: dict[str, float]) -> None:
         counts, self.counts = self.counts, None
-        if counts is None:
-            return
+        if counts is None:  # no validation batch on this rank (fewer samples than ranks): it still joins the sum
+            # float64, as a batch's are (bincount with weights): every rank sums the same dtype
+            counts = torch.zeros(2, len(self.run.class_names), dtype=torch.float64, device=self.run.ctx.device)
         samples, right = all_reduce_sum(counts, self.run.ctx).tolist()
         shares = [r / n for n, r in zip(samples, right) if n]
         figures["val/balanced_acc"] = sum(shares) / len(shares)

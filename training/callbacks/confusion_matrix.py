@@ -38,8 +38,11 @@ class ConfusionMatrix(Callback):
 
     def on_validation_end(self, epoch: int, step: int, figures: dict[str, float]) -> None:
         counts, self.counts = self.counts, None
-        if counts is None or self.run is None:
+        if self.run is None:
             return
+        if counts is None:  # no validation batch on this rank (fewer samples than ranks): it still joins the sum
+            classes = len(self.run.class_names)
+            counts = torch.zeros(classes * classes, dtype=torch.int64, device=self.run.ctx.device)
         classes = int(round(len(counts) ** 0.5))
         matrix = all_reduce_sum(counts, self.run.ctx).view(classes, classes).cpu().numpy()
         names = _names(self.run.class_names, classes)
