@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
 from config.overrides import sweep_grid
-from config.schema import LoggerConfig
+from config.schema import LoggerConfig, ResumePoint
 from config.setup import CONF_DIR
 from training.loggers import build_loggers
 from training.loggers.naming import trial_name
@@ -27,7 +27,7 @@ from training.samples import SampleGrid
 def _job(run_dir, **fields) -> SimpleNamespace:
     """The fields of a RunConfig that TensorBoard's logger reads: a single run's, unless `fields` say otherwise."""
     return SimpleNamespace(
-        **{"run_dir": run_dir, "varied": {}, "hparams": {}, "swept": {}, "sweep_dir": None, **fields}
+        **{"run_dir": run_dir, "varied": {}, "hparams": {}, "swept": {}, "sweep_dir": None, "resume": None, **fields}
     )
 
 
@@ -246,6 +246,22 @@ def test_logger_none_makes_no_logger_and_tensorboard_its_own(tmp_path):
     (logger,) = build_loggers(LoggerConfig(tensorboard=True), job)
     assert isinstance(logger, TensorBoardLogger)
     logger.close()
+
+
+def test_a_resume_shows_once_each_step_the_killed_run_logged_after_its_checkpoint(tmp_path):
+    """Killed at step 6 after saving at step 5, resumed: TensorBoard shows the resume's step 6, not both."""
+    killed = _tensorboard(tmp_path)
+    for step, loss in ((2, 2.3), (4, 2.2), (6, 2.1)):
+        killed.log_scalars(step, {"train/loss_window": loss})
+    killed.close()
+    resumed = _tensorboard(tmp_path, resume=ResumePoint(tmp_path / "last.pt", step=5, size=1))
+    for step, loss in ((6, 2.0), (8, 1.9)):
+        resumed.log_scalars(step, {"train/loss_window": loss})
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    shown = [(s.step, round(s.value, 3)) for s in events.Scalars("train/loss_window")]
+    assert shown == [(2, 2.3), (4, 2.2), (6, 2.0), (8, 1.9)]
 
 
 def test_the_image_summary_holds_the_grid_losslessly():

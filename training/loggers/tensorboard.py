@@ -40,6 +40,10 @@ class TensorBoardLogger:
 
     def __init__(self, job: RunConfig) -> None:
         self.run_dir, self.varied, self.trial = job.run_dir, job.varied, trial_name(job)
+        # A resume logs again the steps after its checkpoint, which the run that stopped (killed, or
+        # saved every n steps) may have logged already: TensorBoard hides those from this step on,
+        # where it would draw two points at a step.
+        self._purge_step = job.resume.step + 1 if job.resume is not None else None
         self._options = job.hparams.keys()
         self._images: dict[str, tuple[np.ndarray, Summary]] = {}  # tag -> the image last encoded, its summary
         self._made: SummaryWriter | None = None
@@ -49,7 +53,7 @@ class TensorBoardLogger:
         from torch.utils.tensorboard import SummaryWriter
 
         checksum_records_in_c()
-        self._made = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+        self._made = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=self._purge_step)
 
     @property
     def _writer(self) -> SummaryWriter:
