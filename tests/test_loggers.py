@@ -6,6 +6,7 @@ pre-flight's checks of the logger and profiler keys."""
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -137,6 +138,20 @@ def test_the_csv_of_a_run_and_its_resume_reads_as_one_unbroken_run(logged):
     assert table["val/acc"].iloc[-1] == json.loads((logged / "metrics.json").read_text())["val_acc"]
     hparams = pd.read_csv(logged / "hparams.csv")
     assert hparams[list(MNIST_NET)].iloc[0].round(3).to_dict() == MNIST_NET
+
+
+@pytest.mark.slow
+def test_a_resumed_runs_clock_and_speed_are_the_whole_runs(logged):
+    """time/train_s goes on from the stop's, not from 0; the median samples/s is over every epoch's
+    part after the first (the stop's and the resume's), and wall_s counts the stopped part's time."""
+    table = pd.read_csv(logged / "metrics.csv")
+    clock = table["time/train_s"].dropna().tolist()  # epoch 1, the stop, epoch 2
+    assert len(clock) == 3 and clock == sorted(clock)
+    speeds = table["throughput/samples_per_s"].dropna().tolist()
+    metrics = json.loads((logged / "metrics.json").read_text())
+    assert metrics["train_samples_per_s"] == pytest.approx(statistics.median(speeds[1:]))
+    assert table["throughput/median_samples_per_s"].iloc[-1] == pytest.approx(metrics["train_samples_per_s"])
+    assert metrics["wall_s"] > clock[1]
 
 
 @pytest.mark.slow

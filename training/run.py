@@ -185,6 +185,7 @@ def _build_and_fit(ctx: DistContext, job: RunConfig, preemption: PreemptionWatch
     )
     resume = job.resume
     state = checkpointer.restore(resume)
+    trained_before_s = state.train_s  # by the processes this one resumes: wall_s is the whole run's
     state.batch, state.layout = carry_over(state.batch, state.layout, layout), layout
     memory = MemoryProbe(model, optimizer)  # after restore: loading a sharded checkpoint steps the optimizer once
     log_placement(ctx, getattr(loaders.train, "num_workers", 0))
@@ -223,7 +224,7 @@ def _build_and_fit(ctx: DistContext, job: RunConfig, preemption: PreemptionWatch
                 "world_size": ctx.world_size,
                 "devices": len(ctx.devices) * ctx.world_size,
                 "batch_size": settings.batch_size,
-                "wall_s": time.perf_counter() - start,
+                "wall_s": trained_before_s + time.perf_counter() - start,
                 **memory.per_rank(ctx, metrics["peak_memory_mb"]),
                 **model_figures,
             }

@@ -122,6 +122,7 @@ class Trainer:
         self.window = Window()
         self.since_logged = Accumulator(ctx.device)  # the steps since the last log point (train/loss_window)
         self.skipped_steps = 0
+        self._start_clock()
 
     def fit(self) -> dict[str, Any]:
         """Train from `state.epoch` to `epochs` (or `max_steps`, or until a callback stops it);
@@ -130,9 +131,9 @@ class Trainer:
         if state.stopped:
             log.info("nothing to train: the run stopped early, at epoch %d (%s)", state.epoch, state.stopped)
             return {}
-        speeds: list[float] = []  # each epoch's samples/s
+        speeds = state.speeds  # each epoch's samples/s, a resumed run's earlier ones first
         train = figures = None
-        started = time.perf_counter()
+        self._start_clock()
         while state.epoch < settings.epochs and not self._done():
             epoch = state.epoch
             train, speed = self.train_epoch()
@@ -158,7 +159,7 @@ class Trainer:
                 state.best_val_acc5,
                 speed,
                 samples_per_s(speeds),
-                time.perf_counter() - started,
+                self._clock(),
                 data_s,
             )
             figures.update(zip(validation.EPOCH_FIGURES, epoch_figures, strict=True))
@@ -173,7 +174,7 @@ class Trainer:
                 f"after batch {state.batch} of {batches}"
             )
             # mid-epoch: every rank's random stream as training left it
-            self.checkpointer.save(state, *self._monitored(figures))
+            self._save(*self._monitored(figures))
             self.saves.saved()
             self.progress.epoch_line(where, train, figures, self.added, self._ranked_best())
             if state.stopped:
@@ -263,7 +264,7 @@ class Trainer:
             stop = self.preemption is not None and self.preemption.should_stop(state.step)
             if stop or self.saves.due(state.step):
                 self._raise_if_nonfinite()
-                self.checkpointer.save(state)
+                self._save()
                 self.saves.saved()
             if stop:
                 self.progress.end_epoch()
@@ -395,6 +396,17 @@ class Trainer:
             return
         averages, self.since_logged = self.since_logged.averages(), Accumulator(self.ctx.device)
         self.progress.report(self.state.step, averages, self.optimizer.param_groups[0]["lr"], where)
+
+    def _start_clock(self) -> None:
+        """time/train_s counts on from the checkpoint's: a resume's curve and final figure are the run's."""
+        self._clock_started = time.perf_counter() - self.state.train_s
+
+    def _clock(self) -> float:
+        return time.perf_counter() - self._clock_started
+
+    def _save(self, value: float | None = None, weights: str = "model") -> None:
+        self.state.train_s = self._clock()
+        self.checkpointer.save(self.state, value, weights)
 
     def _done(self) -> bool:
         return self.settings.max_steps is not None and self.state.step >= self.settings.max_steps

@@ -139,6 +139,8 @@ class Checkpointer:
             "batch": state.batch,
             "layout": asdict(state.layout) if state.layout is not None else None,  # what `batch` counts
             "stopped": state.stopped,
+            "train_s": state.train_s,
+            "speeds": list(state.speeds),  # a copy: the write may be queued while training appends
             "rng": rng,
             "best_checkpoints": self.best.state_dict() if self.best is not None else None,
             "callbacks": {name: loadable_state(name, callback) for name, callback in self.callbacks.items()},
@@ -184,6 +186,8 @@ class Checkpointer:
             best_weights=checkpoint.get("best_weights", "model"),
             stopped=checkpoint.get("stopped"),
             layout=BatchLayout(**checkpoint["layout"]) if checkpoint.get("layout") else None,
+            train_s=checkpoint.get("train_s", 0.0),  # an older checkpoint's: the clock starts afresh
+            speeds=list(checkpoint.get("speeds") or []),
         )
         rng = checkpoint.get("rng")
         if rng is not None and len(rng) == self.ctx.world_size:

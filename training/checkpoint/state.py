@@ -3,7 +3,7 @@ streams for a resume mid-epoch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,6 +24,10 @@ class TrainState:
     best_weights: str = "model"  # which of a checkpoint's weights scored best_val_acc: model or ema
     stopped: str | None = None  # why a callback stopped training early; a resume then trains nothing
     layout: BatchLayout | None = None  # the micro-batches `batch` counts: the world it was trained at
+    # The run's clock and speeds so far, over every process that trained it: a resume goes on from
+    # them, so that time/train_s, wall_s and the median samples/s are the whole run's, not its last part's.
+    train_s: float = 0.0  # seconds trained, validation and saves included, as of the checkpoint
+    speeds: list[float] = field(default_factory=list)  # each epoch's samples/s (training.metrics.samples_per_s)
 
 
 def gather_rng(ctx: DistContext) -> list[list[torch.Tensor]]:
