@@ -141,6 +141,18 @@ def test_the_csv_of_a_run_and_its_resume_reads_as_one_unbroken_run(logged):
 
 
 @pytest.mark.slow
+def test_an_epoch_resumed_mid_way_reports_the_figures_of_all_its_batches(logged):
+    """Epoch 2 is steps 6-10: stopped after 3 of its 5 full batches (train/loss at step 8 is theirs),
+    its last 2 trained by the resume (the window at step 10): its train/loss is of all 5."""
+    table = pd.read_csv(logged / "metrics.csv").set_index("step")
+    metrics = json.loads((logged / "metrics.json").read_text())
+    for figure, final in (("loss", "train_loss"), ("acc", "train_acc")):
+        stopped, resumed = table.at[8, f"train/{figure}"], table.at[10, f"train/{figure}_window"]
+        assert table.at[10, f"train/{figure}"] == pytest.approx((3 * stopped + 2 * resumed) / 5)
+        assert metrics[final] == table.at[10, f"train/{figure}"]
+
+
+@pytest.mark.slow
 def test_a_resumed_runs_clock_and_speed_are_the_whole_runs(logged):
     """time/train_s goes on from the stop's, not from 0; the median samples/s is over every epoch's
     part after the first (the stop's and the resume's), and wall_s counts the stopped part's time."""

@@ -120,7 +120,9 @@ class Trainer:
         self.train_batches = Batches(ctx.device, limit)
         self.val_batches = Batches(ctx.device, settings.overfit_batches or settings.limit_val_batches)
         self.window = Window()
-        self.since_logged = Accumulator(ctx.device)  # the steps since the last log point (train/loss_window)
+        # the steps since the last log point (train/loss_window), a resumed run's from its checkpoint
+        self.since_logged = _sums(self.state.window_sums, ctx.device)
+        self.epoch_total = Accumulator(ctx.device)  # the epoch's steps reported so far (train/loss)
         self.skipped_steps = 0
         self._start_clock()
 
@@ -227,7 +229,9 @@ class Trainer:
         self.loaders.train_sampler.set_epoch(state.epoch)
         torch.manual_seed(epoch_seed(settings.seed, state.epoch, ctx.rank))
         self.model.train()
-        total = Accumulator(ctx.device)
+        # Resumed mid-epoch: the batches trained before the checkpoint count in the epoch's figures too.
+        total = self.epoch_total = _sums(state.epoch_sums if state.batch else None, ctx.device)
+        state.epoch_sums = None
         steps_in_window = 0
         num_batches, accumulate = self.train_batches.count(self.loaders.train), self.accumulate
         self.progress.start_epoch(state.epoch, num_batches, state.batch)
@@ -263,7 +267,8 @@ class Trainer:
                 break
             stop = self.preemption is not None and self.preemption.should_stop(state.step)
             if stop or self.saves.due(state.step):
-                self._raise_if_nonfinite()
+                self._report_window(total, log_point=False)  # into the sums the checkpoint holds
+                steps_in_window = 0
                 self._save()
                 self.saves.saved()
             if stop:
@@ -405,8 +410,12 @@ class Trainer:
         return time.perf_counter() - self._clock_started
 
     def _save(self, value: float | None = None, weights: str = "model") -> None:
-        self.state.train_s = self._clock()
-        self.checkpointer.save(self.state, value, weights)
+        """last.pt (and the best), with the run's clock and the training figures' sums so far."""
+        state = self.state
+        state.train_s = self._clock()
+        state.epoch_sums = self.epoch_total.sums.tolist() if state.batch else None  # mid-epoch
+        state.window_sums = self.since_logged.sums.tolist()
+        self.checkpointer.save(state, value, weights)
 
     def _done(self) -> bool:
         return self.settings.max_steps is not None and self.state.step >= self.settings.max_steps
@@ -417,3 +426,11 @@ class Trainer:
         DataLoader takes its base seed from it; nothing there draws on a GPU): a mid-epoch checkpoint
         saved afterwards holds the stream the training left."""
         return torch.random.fork_rng(devices=[])
+
+
+def _sums(saved: list[float] | None, device: torch.device) -> Accumulator:
+    """An Accumulator holding a checkpoint's sums (none: empty)."""
+    sums = Accumulator(device)
+    if saved is not None:
+        sums.sums = torch.tensor(saved, dtype=torch.float64, device=device)
+    return sums

@@ -141,6 +141,8 @@ class Checkpointer:
             "stopped": state.stopped,
             "train_s": state.train_s,
             "speeds": list(state.speeds),  # a copy: the write may be queued while training appends
+            "epoch_sums": state.epoch_sums,
+            "window_sums": state.window_sums,
             "rng": rng,
             "best_checkpoints": self.best.state_dict() if self.best is not None else None,
             "callbacks": {name: loadable_state(name, callback) for name, callback in self.callbacks.items()},
@@ -188,6 +190,8 @@ class Checkpointer:
             layout=BatchLayout(**checkpoint["layout"]) if checkpoint.get("layout") else None,
             train_s=checkpoint.get("train_s", 0.0),  # an older checkpoint's: the clock starts afresh
             speeds=list(checkpoint.get("speeds") or []),
+            epoch_sums=checkpoint.get("epoch_sums"),
+            window_sums=checkpoint.get("window_sums"),
         )
         rng = checkpoint.get("rng")
         if rng is not None and len(rng) == self.ctx.world_size:

@@ -28,6 +28,11 @@ class TrainState:
     # them, so that time/train_s, wall_s and the median samples/s are the whole run's, not its last part's.
     train_s: float = 0.0  # seconds trained, validation and saves included, as of the checkpoint
     speeds: list[float] = field(default_factory=list)  # each epoch's samples/s (training.metrics.samples_per_s)
+    # The training figures' sums (loss*n, correct, n, over every rank) not yet reported when it was saved:
+    # of `epoch`'s batches trained (mid-epoch), and of the steps since the last log point. A resume adds
+    # to them, so that its epoch's train/loss and its first train/loss_window are an unbroken run's.
+    epoch_sums: list[float] | None = None
+    window_sums: list[float] | None = None
 
 
 def gather_rng(ctx: DistContext) -> list[list[torch.Tensor]]:
