@@ -419,6 +419,24 @@ def _complete(db: Path) -> int:
 
 
 @pytest.mark.slow
+def test_a_trial_cut_short_goes_on_from_its_last_pt_when_the_search_runs_again(tmp_path):
+    """SIGTERM in trial 0's second step: the search stops, its trial saved. The same command again
+    runs the trial again with its parameters, which trained from the start: it now goes on from the
+    last.pt the stopped try left, as a run resumed by hand does."""
+    sweep = tmp_path / "search"
+    once = ["model._target_=tests.faults.SignalingNet", "+model.at_step=2", f"+model.once={tmp_path / 'sent'}"]
+    args = ["hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=1", "debug=limit"]
+    args += ["trainer.epochs=1", "trainer.progress_bar=false", *once]
+    assert train_server.run(args).returncode == 143
+    (stopped,) = sweep.glob("0_*/checkpoints/last.pt")
+    again = train_server.run(args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    (log,) = sweep.glob("1_*/train.log")
+    assert re.search(rf"from epoch 1 batch 3 \({re.escape(str(stopped))}\)$", log.read_text(), re.MULTILINE)
+    assert _complete(sweep / "optuna.db") == 1
+
+
+@pytest.mark.slow
 def test_a_killed_search_continues_to_exactly_n_trials(tmp_path, monkeypatch):
     """kill -9 of a search in its third trial (held at its first step's end, so that the kill never
     lands after it finished): the same command again keeps the two complete trials, fails the

@@ -34,7 +34,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.exceptions import ExperimentalWarning
-from optuna.storages import BaseStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
+from optuna.storages import BaseStorage, RetryFailedTrialCallback, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import Trial, TrialState
 
 from config.overrides import check_overrides, last_overrides, schema_type
@@ -336,7 +336,10 @@ def _run_batch(
     parallel: bool,
 ) -> list[str]:
     """Launch the trials, tell the study how each went as it ends; what went wrong in those that failed."""
-    overrides = [[*fixed, *(override_of(k, v) for k, v in trial.params.items())] for trial in trials]
+    overrides = [
+        [*fixed, *(override_of(k, v) for k, v in trial.params.items()), *_continued(study, trial, sweep_dir)]
+        for trial in trials
+    ]
     failures: list[str] = []
     told: set[int] = set()
     with _Heartbeat(heartbeat, trials):
@@ -350,6 +353,21 @@ def _run_batch(
             _abandon(study, [t for i, t in enumerate(trials) if i not in told], retry=_interrupted(e))
             raise
     return failures
+
+
+def _continued(study: optuna.Study, trial: Trial, sweep_dir: Path) -> list[str]:
+    """A retry of a trial cut short (Ctrl-C, a preemption, a sweeper killed) goes on from the last.pt
+    its latest try left in its job dir (named by its number, as every job's is), as a run resumed by
+    hand would, rather than train again from the start: trainer.resume=<that last.pt>."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)  # retry_history: experimental since Optuna 2.8
+        tries = RetryFailedTrialCallback.retry_history(study.get_trials(deepcopy=False)[trial.number])
+    for number in reversed(tries):
+        for job in [*sorted(sweep_dir.glob(f"{number}_*")), sweep_dir / str(number)]:
+            last = job / "checkpoints" / "last.pt"
+            if last.exists():  # quoted: a job dir's name holds +, ~ and =, which Hydra's grammar reads
+                return ["trainer.resume='" + str(last).replace("'", "\\'") + "'"]
+    return []
 
 
 def _launched(
