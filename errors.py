@@ -51,15 +51,16 @@ class RankFailed(Exception):
 
 class Preempted(Exception):
     """A preemption signal stopped training after last.pt was saved; exit as the signal would.
-    `requeued`: rank 0 requeues the SLURM job once the ranks have left the group."""
+    `requeued`: rank 0 requeues the SLURM job once the ranks have left the group. `saved`: false when
+    the signal ended the ranks before they could save (they were starting, or a second Ctrl-C)."""
 
-    def __init__(self, signum: int, is_main: bool = True, requeued: bool = False) -> None:
+    def __init__(self, signum: int, is_main: bool = True, requeued: bool = False, saved: bool = True) -> None:
         super().__init__(
             "interrupted by Ctrl-C (SIGINT)"
             if signum == signal.SIGINT
             else f"preempted by {signal.Signals(signum).name}"
         )
-        self.signum, self.is_main, self.requeued = signum, is_main, requeued
+        self.signum, self.is_main, self.requeued, self.saved = signum, is_main, requeued, saved
 
     @property
     def exit_code(self) -> int:

@@ -295,7 +295,10 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
         start_method=plan.start_method,
     )
 
+    forwarded: list[int] = []
+
     def forward(signum: int, frame: Any) -> None:
+        forwarded.append(signum)
         for process in ranks.processes:
             if process.is_alive():
                 os.kill(process.pid, signum)
@@ -307,6 +310,7 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
     except ProcessExitedException as e:
         if e.exit_code > 128 and e.exit_code - 128 in plan.forward_signals:
             raise Preempted(e.exit_code - 128) from None
+        _raise_if_interrupted(ranks, forwarded)
         reason = f"killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
         if e.signal_name == "SIGKILL":  # the rank had no chance to say why: who sends it
             reason += " (by hand, or by the kernel when memory ran out: `dmesg` says; then use fewer ranks or a smaller batch)"
@@ -317,6 +321,7 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
             reason += " (NCCL aborts a rank whose collective waited launcher.timeout_s: look for a peer that hung or died first)"
         raise RankFailed(e.error_index, reason) from None
     except ProcessRaisedException:
+        _raise_if_interrupted(ranks, forwarded)  # a peer's broken connection is the echo of it
         errors = _errors(ranks.error_files)
         # A rank's own check (the optimizer's options, rank 0's download) is the user's to fix, even
         # when a peer's broken connection was written first; a diverged loss stops every rank alike.
@@ -331,6 +336,14 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _raise_if_interrupted(ranks: mp.ProcessContext, forwarded: list[int]) -> None:
+    """A rank killed by a preemption signal this launcher passed on had no watch to note it yet
+    (it was starting), or was stopped at once by a second Ctrl-C: the job was interrupted, not failed."""
+    signum = next((sig for sig in forwarded for process in ranks.processes if process.exitcode == -sig), None)
+    if signum is not None:
+        raise Preempted(signum, saved=False) from None
 
 
 def forkserver_preload(worker: Callable[..., Any]) -> list[str]:
@@ -390,6 +403,16 @@ def _spawned_rank(
         _run_rank(local_rank, plan, worker, args)
     except Preempted as e:
         code = e.exit_code
+    except KeyboardInterrupt:
+        # Ctrl-C before the preemption watch took SIGINT, or a second one. torch's wrapper would
+        # swallow it and the rank exit 0, its peers then failing on its closed connection (a job
+        # stopped as the ranks started ended 0, having trained nothing). It ends by the signal, as
+        # Python's own Ctrl-C does, for the launcher to say so; its exit handlers first, as an exit
+        # runs them (multiprocessing's would otherwise leave the resource tracker a semaphore to warn of).
+        atexit._run_exitfuncs()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        raise
     else:
         code = 0
     finally:

@@ -217,6 +217,13 @@ def test_outside_slurm_it_says_how_to_resume(scontrol, caplog):
     assert not scontrol.exists() and "resume with: the command" in caplog.text
 
 
+def test_ranks_ended_before_they_saved_say_so(scontrol, caplog):
+    with caplog.at_level(logging.WARNING, logger="train"):
+        requeue_or_explain(Preempted(signal.SIGTERM, saved=False), [signal.SIGUSR1], "the command")
+    said = "preempted by SIGTERM before the ranks saved last.pt; continue from the last save, if any, with: the command"
+    assert said in caplog.text and "is saved" not in caplog.text and not scontrol.exists()
+
+
 def test_under_torchrun_it_says_a_re_form_resumes_by_itself(scontrol, monkeypatch, caplog):
     """torchrun's agent SIGTERMs its ranks when a node joins, then starts them again: not a stop."""
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "elastic")

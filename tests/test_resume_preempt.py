@@ -245,6 +245,25 @@ def test_ctrl_c_saves_a_ddp_run_where_it_stopped_and_a_second_one_stops_a_hang_a
     assert hung.finish(timeout=30) == 1 and hung.output().rstrip().endswith("KeyboardInterrupt")
 
 
+def test_a_second_ctrl_c_to_a_hung_ddp_run_exits_130_in_one_line(tmp_path):
+    """The KeyboardInterrupt of a second Ctrl-C (or of one that lands as the ranks start, before
+    their watch takes SIGINT) was swallowed by torch's wrapper: the rank exited 0 and the job
+    reported its peer's broken connection, `rank 1 failed: RuntimeError: ... Connection closed by
+    peer`, exit 1 (as the ranks started: exit 0, nothing trained). It is an interruption: exit 130."""
+    hung = tmp_path / "hung"
+    hanging = ["model._target_=tests.faults.HangingNet", "+model.hang_rank=0", f"+model.hung_file={hung}"]
+    run = Run(tmp_path / "run", *DDP, *TINY, *hanging)
+    run.wait_for(hung.exists)
+    os.killpg(run.proc.pid, signal.SIGINT)
+    time.sleep(1.5)  # a Ctrl-C of its own, not the first one's copy
+    os.killpg(run.proc.pid, signal.SIGINT)
+    assert run.finish(timeout=60) == 128 + signal.SIGINT, run.output()
+    output = run.output()
+    said = "interrupted by Ctrl-C (SIGINT) before the ranks saved last.pt; continue from the last save, if any, with:"
+    assert said in output and "failed" not in output and "Traceback" not in output, output
+    assert run.leftovers() == []
+
+
 def test_ranks_end_with_a_killed_launcher_started_in_the_background(tmp_path):
     # Started as `python train.py ... &` is, with SIGINT ignored: the signal the kernel sends a
     # spawned rank when its launcher dies. 1,000 epochs: orphans left training would outlive the wait.

@@ -145,6 +145,13 @@ def requeue_or_explain(preempted: Preempted, requeue_on: list[signal.Signals], r
             resume_command,
         )
         return
+    if not preempted.saved:
+        log.warning(
+            "%s before the ranks saved last.pt; continue from the last save, if any, with: %s",
+            preempted,
+            resume_command,
+        )
+        return
     log.warning("%s: last.pt is saved; resume with: %s", preempted, resume_command)
 
 
