@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import signal
 import subprocess
@@ -203,6 +205,28 @@ def test_sigterm_saves_mid_epoch_and_resume_continues_exactly(tmp_path, uninterr
     result = run_train(run_dir, *TINY, *SLOW, "trainer.resume=auto")
     assert result.returncode == 0, result.stderr
     _assert_same_weights(_checkpoint(run_dir), uninterrupted)
+
+
+def test_a_run_stopped_at_an_epochs_last_batch_resumes_with_its_figures_and_no_made_up_speed(tmp_path):
+    """Stopped after the epoch's last batch, before its validation: the resume trains none of that
+    epoch, yet its line said 628592 samples/s (the epoch's samples over the resume's instant), and
+    the run's median took it. Its figures are the whole epoch's; its speed is none (nan)."""
+    whole, run_dir = tmp_path / "whole", tmp_path / "run"
+    assert run_train(whole, *TINY).returncode == 0
+    signaling = ["model._target_=tests.faults.SignalingNet", "+model.at_step=8", f"+model.once={tmp_path / 'sent'}"]
+    assert run_train(run_dir, *TINY, *signaling).returncode == 128 + signal.SIGTERM
+    assert _checkpoint(run_dir)["batch"] == 8  # TINY's every batch
+    result = run_train(run_dir, *TINY, *signaling, "trainer.resume=auto")
+    assert result.returncode == 0, result.stderr
+
+    def first_epoch(run: Path) -> str:
+        return next(line for line in (run / "train.log").read_text().splitlines() if "epoch 1/3  train" in line)
+
+    resumed = first_epoch(run_dir)
+    assert resumed.split("epoch 1/3")[1].split("best")[0] == first_epoch(whole).split("epoch 1/3")[1].split("best")[0]
+    assert "  nan samples/s" in resumed
+    assert math.isfinite(json.loads((run_dir / "metrics.json").read_text())["train_samples_per_s"])
+    _assert_same_weights(_checkpoint(run_dir), _checkpoint(whole))
 
 
 def test_sigusr1_to_a_ddp_run_saves_and_resume_continues_exactly(tmp_path):

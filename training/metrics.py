@@ -3,6 +3,7 @@ run's samples/s."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -123,5 +124,6 @@ def samples_per_s(per_epoch: list[float]) -> float:
     """A run's samples/s, its one definition: the median over its epochs after the first, which pays
     for the warm-up (allocator, lazy initialisation, compilation); the first alone while there is no
     other. metrics.json's train_samples_per_s, bench.report's samples/s and the HParams tab's (the
-    last point of throughput/median_samples_per_s, this over the epochs so far)."""
-    return statistics.median(per_epoch[1:] or per_epoch)
+    last point of throughput/median_samples_per_s, this over the epochs so far); NaN before any (a
+    run resumed at its first epoch's end has trained no sample of it)."""
+    return statistics.median(per_epoch[1:] or per_epoch) if per_epoch else math.nan

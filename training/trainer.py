@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -147,7 +148,8 @@ class Trainer:
             # is a mid-epoch checkpoint, as a preemption's is, so a resume trains the rest of it.
             batches = self.train_batches.count(self.loaders.train)
             finished = state.batch >= batches
-            speeds.append(speed)
+            if not math.isnan(speed):
+                speeds.append(speed)
             with self._random_stream_kept():
                 figures = self.validate()
             if finished:
@@ -230,7 +232,9 @@ class Trainer:
         torch.manual_seed(epoch_seed(settings.seed, state.epoch, ctx.rank))
         self.model.train()
         # Resumed mid-epoch: the batches trained before the checkpoint count in the epoch's figures too.
-        total = self.epoch_total = _sums(state.epoch_sums if state.batch else None, ctx.device)
+        carried = state.epoch_sums if state.batch else None
+        total = self.epoch_total = _sums(carried, ctx.device)
+        carried_samples = int(carried[2]) if carried else 0  # trained by the process that saved them
         state.epoch_sums = None
         steps_in_window = 0
         num_batches, accumulate = self.train_batches.count(self.loaders.train), self.accumulate
@@ -279,7 +283,9 @@ class Trainer:
         elapsed = time.perf_counter() - start  # the all-reduce above synchronised the device
         self.progress.end_epoch()
         averages = total.averages()
-        return averages, averages.samples / elapsed
+        # This process's samples over its time: none trained (resumed at the epoch's end), no speed.
+        trained = averages.samples - carried_samples
+        return averages, trained / elapsed if trained else math.nan
 
     def step(self, x: torch.Tensor, y: torch.Tensor, group_size: int, sync: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """One micro-batch: forward (under autocast when mixed), backward of its share of the
