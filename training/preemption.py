@@ -142,7 +142,8 @@ def requeue_or_explain(preempted: Preempted, requeue_on: list[signal.Signals], r
             "%s: last.pt is saved; if torchrun is re-forming the group (a node joined or left), it starts the "
             "ranks again from there by itself; if the job was stopped, resume with: %s",
             preempted,
-            resume_command,
+            # On every node, as the job started: `python train.py` would resume it as one process.
+            resume_command.replace("python train.py", "torchrun <its options, as before> train.py", 1),
         )
         return
     if not preempted.saved:
