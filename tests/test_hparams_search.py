@@ -590,6 +590,15 @@ def test_the_search_spaces_keys_are_those_of_the_options_the_command_line_picks(
         _study.check_space_keys(["optimizer.weight_decay=interval(0,0.1)"], ["optimizer=adadelta"], config)
 
 
+def test_a_metric_a_callback_adds_as_training_ends_is_not_refused():
+    # on_train_end may add a figure of its own to metrics.json, which no list of figures holds: a search
+    # optimising it was refused before its study opened.
+    adding = {"recorder": {"_target_": "tests.test_callbacks.Recorder"}}  # its on_train_end adds `mine`
+    _study.check_metric(OmegaConf.create({"optimized_metric": "mine", "trainer": {}, "callbacks": adding}), {})
+    with pytest.raises(_study.SearchError, match="^optimized_metric=mine: the trials' metrics.json holds no such"):
+        _study.check_metric(OmegaConf.create({"optimized_metric": "mine", "trainer": {}, "callbacks": {}}), {})
+
+
 def test_a_trials_value_goes_back_to_hydra_as_that_value():
     space, _ = _study.search_space(["a=choice('b,c','x y',plain,3,1.5e-5,true)"])
     parser = OverridesParser.create()

@@ -41,6 +41,7 @@ from config.overrides import check_overrides, last_overrides, schema_type
 from config.redact import redact
 from errors import ConfigError, first_line
 from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _pruning, _storage
+from training.callbacks import Callback
 from training.monitor import better_way
 from training.validation import final_figures
 
@@ -248,6 +249,11 @@ def check_metric(config: DictConfig, space: dict[str, BaseDistribution]) -> None
     try:
         callbacks = [get_class(node._target_) for node in (config.get("callbacks") or {}).values()]
     except Exception:  # a callback that cannot be imported: each trial's pre-flight names it
+        return
+    # on_train_end may add any figure of its own to metrics.json (EXTENDING.md): no list holds those.
+    if any(
+        getattr(callback, "on_train_end", Callback.on_train_end) is not Callback.on_train_end for callback in callbacks
+    ):
         return
     figures = final_figures(ema, [name for callback in callbacks for name in getattr(callback, "figures", ())])
     if metric in figures:
