@@ -418,6 +418,20 @@ def _complete(db: Path) -> int:
         return 0
 
 
+def test_a_retry_goes_on_from_its_last_tries_last_pt_unless_that_try_finished(tmp_path):
+    study, _ = _study.open_study("s", None, "maximize", SAMPLER, COMMAND, 10, None)
+    first = study.ask(SPACE)
+    _study._abandon(study, [first], retry=True)  # Ctrl-C: queued again with its parameters
+    retry = study.ask(SPACE)
+    assert _study._continued(study, retry, tmp_path) == []  # nothing saved: from the start
+    last = tmp_path / "0_optimizer.lr-0.01" / "checkpoints" / "last.pt"
+    last.parent.mkdir(parents=True)
+    last.touch()
+    assert _study._continued(study, retry, tmp_path) == [f"trainer.resume='{last}'"]
+    (last.parent.parent / "metrics.json").touch()  # it had finished: resumed, it would train nothing
+    assert _study._continued(study, retry, tmp_path) == []
+
+
 @pytest.mark.slow
 def test_a_trial_cut_short_goes_on_from_its_last_pt_when_the_search_runs_again(tmp_path):
     """SIGTERM in trial 0's second step: the search stops, its trial saved. The same command again

@@ -364,14 +364,17 @@ def _run_batch(
 def _continued(study: optuna.Study, trial: Trial, sweep_dir: Path) -> list[str]:
     """A retry of a trial cut short (Ctrl-C, a preemption, a sweeper killed) goes on from the last.pt
     its latest try left in its job dir (named by its number, as every job's is), as a run resumed by
-    hand would, rather than train again from the start: trainer.resume=<that last.pt>."""
+    hand would, rather than train again from the start: trainer.resume=<that last.pt>. Not a try
+    that finished (its metrics.json; the sweeper was killed before it heard): resumed, it would
+    train nothing and write no figure to tell the study, so the retry trains afresh."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)  # retry_history: experimental since Optuna 2.8
         tries = RetryFailedTrialCallback.retry_history(study.get_trials(deepcopy=False)[trial.number])
     for number in reversed(tries):
         for job in [*sorted(sweep_dir.glob(f"{number}_*")), sweep_dir / str(number)]:
             last = job / "checkpoints" / "last.pt"
-            if last.exists():  # quoted: a job dir's name holds +, ~ and =, which Hydra's grammar reads
+            if last.exists() and not (job / "metrics.json").exists():
+                # quoted: a job dir's name holds +, ~ and =, which Hydra's grammar reads
                 return ["trainer.resume='" + str(last).replace("'", "\\'") + "'"]
     return []
 
