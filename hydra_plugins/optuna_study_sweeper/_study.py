@@ -232,10 +232,10 @@ def check_whole_numbers(space: dict[str, BaseDistribution]) -> None:
     failed as Hydra merged its value, and left a study that refused the corrected space."""
     for key, drawn in space.items():
         if isinstance(drawn, FloatDistribution) and schema_type(key) is int:
-            ends = f"{drawn.low:g}, {drawn.high:g}"
+            tags = "log, int" if drawn.log else "int"  # the user's log scale kept
             raise SearchError(
-                f"{key} takes whole numbers, and interval(...) draws floats; search it with tag(int, interval({ends})), "
-                "or choice(...)"
+                f"{key} takes whole numbers, and interval(...) draws floats; search it with "
+                f"tag({tags}, interval({drawn.low:g}, {drawn.high:g})), or choice(...)"
             )
 
 
