@@ -595,6 +595,8 @@ def test_an_interval_on_a_whole_number_key_is_one_line_before_the_study_opens(tm
     _study.check_whole_numbers(
         {"trainer.batch_size": IntDistribution(16, 128), "optimizer.lr": FloatDistribution(0, 1)}
     )
+    with pytest.raises(_study.SearchError, match=r"with tag\(log, int, interval\(16, 128\)\)"):
+        _study.check_whole_numbers({"trainer.batch_size": FloatDistribution(16, 128, log=True)})
 
 
 def test_the_search_spaces_keys_are_those_of_the_options_the_command_line_picks():
