@@ -5,6 +5,7 @@ The re-forms themselves, on two nodes: tests/test_slurm_elastic.py."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -90,6 +91,27 @@ def test_the_loop_counts_micro_batches_where_the_keys_count_batches():
     loop = BatchLayout.of(settings, 2).loop_settings(settings)
     assert (loop.accumulate_grad_batches, loop.limit_train_batches, loop.limit_val_batches) == (2, 6, 4)
     assert BatchLayout.of(settings, 2).loop_settings(TrainerConfig(overfit_batches=1)).overfit_batches == 2
+
+
+def test_the_loop_settings_keep_an_optimizer_steps_samples_and_so_the_emas_decay():
+    """A share split into micro-batches is the same optimizer step: the EMA's decay, adjusted by a
+    step's samples, stays the keys' own (it was refused, counted `split` times over)."""
+    settings = TrainerConfig(batch_size=64, max_batch_per_device=16, ema_decay=0.99)
+    for world in (1, 2):
+        loop = BatchLayout.of(settings, world).loop_settings(settings)
+        assert loop.batch_size * loop.accumulate_grad_batches == 64
+        assert loop.ema_decay_per_update == settings.ema_decay_per_update
+
+
+@pytest.mark.slow
+def test_train_py_averages_the_weights_under_max_batch_per_device_as_without(tmp_path):
+    job = ["debug=fdr", "model=simple_cnn", "trainer.ema_decay=0.99", "trainer.limit_val_batches=1"]
+    figures = []
+    for name, limit in (("whole", []), ("split", ["trainer.max_batch_per_device=16"])):
+        result = run_train(tmp_path / name, *job, *limit)
+        assert result.returncode == 0, result.stderr[-3000:]
+        figures.append(json.loads((tmp_path / name / "metrics.json").read_text())["val_ema_loss"])
+    assert figures[1] == pytest.approx(figures[0], rel=1e-5)
 
 
 def test_every_optimizer_step_takes_the_same_run_of_the_epochs_order_at_any_world_and_accumulation():

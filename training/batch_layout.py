@@ -58,14 +58,19 @@ class BatchLayout:
         return self.val_micro_batch * self.world_size
 
     def loop_settings(self, settings: TrainerConfig) -> TrainerConfig:
-        """`settings` in the loop's units, this layout's micro-batches: the accumulation, and the
-        batch limits (which count batches of trainer.batch_size, or of the validation batch)."""
+        """`settings` in the loop's units, this layout's micro-batches: the batches, the accumulation,
+        and the batch limits (which count batches of trainer.batch_size, or of the validation batch)."""
 
         def times(batches: int | None, split: int) -> int | None:
             return None if batches is None else batches * split
 
+        # The batches in these units too, so that batch x accumulation stays an optimizer step's
+        # samples: `replace` checks the settings again, and the EMA's adjusted decay would count a
+        # step's samples `split` times over (and refuse a decay the run's own keys allow).
         return replace(
             settings,
+            batch_size=self.samples,
+            val_batch_size=self.val_samples,
             accumulate_grad_batches=self.accumulate,
             limit_train_batches=times(settings.limit_train_batches, self.split),
             overfit_batches=times(settings.overfit_batches, self.split),
