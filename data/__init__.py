@@ -148,19 +148,24 @@ def check(dataset: DatasetConfig, data: DataConfig) -> None:
             "suit; use data.loader=dataloader"
         )
     resizing = resize_options(dataset)
-    for key, value in {**resizing, **per_image_options(dataset)}.items():
-        off = f"dataset.{key}={0 if key == 'random_erase' else 'null'}"
-        if data.loader == Loader.device:
-            raise ConfigError(
-                f"data.loader=device transforms whole batches at the stored size, but dataset.{key}={value} is a "
-                f"per-image transform of the DataLoader path; use data.loader=dataloader, or {off}"
-            )
-        if not _per_image(module):
-            others = ", ".join(name for name in sorted(DATASETS) if _per_image(dataset_module(name)))
-            raise ConfigError(
-                f"dataset.{key}={value} transforms each image, but dataset={dataset.name} serves ready tensors; "
-                f"use a dataset that takes it ({others}), or {off}"
-            )
+    per_image = {**resizing, **per_image_options(dataset)}
+    # Every such key in one line: a recipe sets several (tv_resnet50: five), and naming one at a time
+    # turns the fix into as many runs.
+    given = ", ".join(f"dataset.{key}={value}" for key, value in per_image.items())
+    off = " ".join(f"dataset.{key}={0 if key == 'random_erase' else 'null'}" for key in per_image)
+    if per_image and data.loader == Loader.device:
+        what = "is a per-image transform" if len(per_image) == 1 else "are per-image transforms"
+        raise ConfigError(
+            f"data.loader=device transforms whole batches at the stored size, but {given} {what} of the "
+            f"DataLoader path; use data.loader=dataloader, or {off}"
+        )
+    if per_image and not _per_image(module):
+        others = ", ".join(name for name in sorted(DATASETS) if _per_image(dataset_module(name)))
+        verb, it = ("transforms", "it") if len(per_image) == 1 else ("transform", "them")
+        raise ConfigError(
+            f"{given} {verb} each image, but dataset={dataset.name} serves ready tensors; "
+            f"use a dataset that takes {it} ({others}), or {off}"
+        )
     if resizing and (dataset.val_resize or dataset.resize) is None:
         key = next(iter(resizing))
         raise ConfigError(

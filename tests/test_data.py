@@ -12,6 +12,7 @@ import torch
 import yaml
 
 import data
+from config.schema import AutoAugment
 from config.setup import CONF_DIR
 from data import DATASETS, EpochSeeded, build_loaders, dataset_module
 from distributed.context import make_context
@@ -162,3 +163,11 @@ def test_per_image_options_on_ready_tensors_name_the_datasets_that_take_them(def
     takes = [name for name in DATASETS if getattr(dataset_module(name), "PER_IMAGE_TRANSFORMS", False)]
     assert f"use a dataset that takes it ({', '.join(sorted(takes))}), or dataset.random_erase=0" in str(error.value)
     assert {"mnist", "fashion_mnist", "kmnist", "cifar10", "imagefolder"} <= set(takes)
+
+
+def test_per_image_options_on_ready_tensors_are_named_together_with_one_fix(defaults):
+    with pytest.raises(ConfigError) as error:
+        data.check(replace(defaults.dataset, random_erase=0.5, auto_augment=AutoAugment.ta_wide), defaults.data)
+    message = str(error.value)
+    assert message.startswith("dataset.auto_augment=ta_wide, dataset.random_erase=0.5 transform each image")
+    assert message.endswith("or dataset.auto_augment=null dataset.random_erase=0")

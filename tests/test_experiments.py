@@ -203,3 +203,17 @@ def test_tv_resnet50_runs_tiny_on_an_image_folder(tmp_path):
     last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert last["optimizer"]["param_groups"][0]["initial_lr"] == pytest.approx(0.5 * 2 / 1024)  # from 0.5 at 1024
     assert int(last["ema"]["n_averaged"]) == metrics["steps"] > 0  # updated after every step
+
+
+@pytest.mark.slow
+def test_tv_resnet50_on_ready_tensors_names_every_per_image_key_in_one_refusal_whose_fix_runs(tmp_path):
+    """The recipe sets five per-image transforms; a refusal naming one at a time took five runs to
+    follow."""
+    job = ("experiment=tv_resnet50", "dataset=synthetic", "dataset.image_size=32", "trainer.devices=1")
+    refused = run_train(tmp_path / "refused", *job, "trainer.batch_size=8", *TINY)
+    assert refused.returncode != 0
+    line = refused.stderr.strip().splitlines()[-1]
+    assert "serves ready tensors" in line and "Traceback" not in refused.stderr
+    fix = line.rsplit(", or ", 1)[1].split()
+    assert len(fix) == 5, line
+    _run(tmp_path / "run", *job, "trainer.batch_size=8", "trainer.ema_every_n_steps=1", *fix)
