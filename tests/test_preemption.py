@@ -228,15 +228,21 @@ def test_under_torchrun_it_says_a_re_form_resumes_by_itself(scontrol, monkeypatc
     """torchrun's agent SIGTERMs its ranks when a node joins, then starts them again: not a stop."""
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "elastic")
     with caplog.at_level(logging.WARNING, logger="train"):
-        requeue_or_explain(Preempted(signal.SIGTERM), [signal.SIGUSR1], "python train.py trainer.resume=auto")
+        requeue_or_explain(Preempted(signal.SIGTERM), [signal.SIGUSR1], "the command")
     assert "if torchrun is re-forming the group (a node joined or left), it starts the ranks again" in caplog.text
+    assert caplog.text.rstrip().endswith("if the job was stopped, resume with: the command")
+
+
+def test_under_torchrun_the_resume_command_starts_train_py_by_torchrun(monkeypatch):
     # Not `python train.py`, which would resume a multi-node job as one process.
-    assert caplog.text.rstrip().endswith(
-        "if the job was stopped, resume with: torchrun <its options, as before> train.py trainer.resume=auto"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "elastic")
+    assert resume_command(["strategy=ddp"], "/runs/r") == (
+        "torchrun <its options, as before> train.py strategy=ddp hydra.run.dir=/runs/r trainer.resume=auto"
     )
 
 
-def test_the_resume_command_keeps_the_overrides_and_pins_the_run_dir():
+def test_the_resume_command_keeps_the_overrides_and_pins_the_run_dir(monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     command = resume_command(["strategy=ddp", "trainer.resume=/old.pt", "hydra.run.dir=x", "model.name=a b"], "/runs/r")
     assert command == "python train.py strategy=ddp 'model.name=a b' hydra.run.dir=/runs/r trainer.resume=auto"
 

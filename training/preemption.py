@@ -142,8 +142,7 @@ def requeue_or_explain(preempted: Preempted, requeue_on: list[signal.Signals], r
             "%s: last.pt is saved; if torchrun is re-forming the group (a node joined or left), it starts the "
             "ranks again from there by itself; if the job was stopped, resume with: %s",
             preempted,
-            # On every node, as the job started: `python train.py` would resume it as one process.
-            resume_command.replace("python train.py", "torchrun <its options, as before> train.py", 1),
+            resume_command,
         )
         return
     if not preempted.saved:
@@ -160,7 +159,9 @@ def resume_command(overrides: list[str], run_dir: str) -> str:
     """The command that continues this run: the same overrides, this run dir, resume=auto; a password
     among them shown as *** (it goes to the log): type it again, or give it through the environment."""
     kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", "trainer.resume="))]
-    return redact(shlex.join(["python", "train.py", *kept, f"hydra.run.dir={run_dir}", "trainer.resume=auto"]))
+    # Under torchrun, on every node as the job started: `python train.py` would resume it as one process.
+    start = "torchrun <its options, as before> train.py" if "TORCHELASTIC_RUN_ID" in os.environ else "python train.py"
+    return redact(f"{start} {shlex.join([*kept, f'hydra.run.dir={run_dir}', 'trainer.resume=auto'])}")
 
 
 def sweep_resume_command(overrides: list[str], sweep_dir: str, search: bool) -> str:
