@@ -58,16 +58,19 @@ RUN_FIGURES = (
 def final_figures(ema: bool, callback_figures: Sequence[str]) -> list[str]:
     """The numbers a run's metrics.json holds, what optimized_metric may name: each validated figure
     and each callback's with its "/" as "_" (val/loss: val_loss), then RUN_FIGURES."""
-    weights = ["val", "val_ema"] if ema else ["val"]
-    own = [f"{w}_{name}" for w in weights for name in FIGURES]
-    return [*own, *(name.replace("/", "_") for name in callback_figures), *RUN_FIGURES]
+    return [*_validated(ema, "_"), *(name.replace("/", "_") for name in callback_figures), *RUN_FIGURES]
 
 
 def produced(ema: bool, callbacks: Sequence[Callback]) -> list[str]:
     """The figures every validation's end of a run holds: what a monitor may name."""
-    weights = ["val", "val_ema"] if ema else ["val"]
-    own = [f"{w}/{name}" for w in weights for name in FIGURES]
-    return [*own, *TRAIN_FIGURES, *EPOCH_FIGURES, *(name for callback in callbacks for name in callback.figures)]
+    callback_figures = (name for callback in callbacks for name in callback.figures)
+    return [*_validated(ema, "/"), *TRAIN_FIGURES, *EPOCH_FIGURES, *callback_figures]
+
+
+def _validated(ema: bool, sep: str) -> list[str]:
+    """Each validated figure, the EMA's weights' too: val/loss as the loggers name it (`sep` "/"),
+    val_loss as metrics.json does ("_")."""
+    return [f"{weights}{sep}{name}" for weights in (["val", "val_ema"] if ema else ["val"]) for name in FIGURES]
 
 
 @torch.no_grad()
