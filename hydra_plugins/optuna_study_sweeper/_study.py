@@ -251,9 +251,7 @@ def check_metric(config: DictConfig, space: dict[str, BaseDistribution]) -> None
     except Exception:  # a callback that cannot be imported: each trial's pre-flight names it
         return
     # on_train_end may add any figure of its own to metrics.json (EXTENDING.md): no list holds those.
-    if any(
-        getattr(callback, "on_train_end", Callback.on_train_end) is not Callback.on_train_end for callback in callbacks
-    ):
+    if any(callback.on_train_end is not Callback.on_train_end for callback in callbacks):
         return
     figures = final_figures(ema, [name for callback in callbacks for name in getattr(callback, "figures", ())])
     if metric in figures:
