@@ -409,6 +409,7 @@ def _spawned_rank(
         # stopped as the ranks started ended 0, having trained nothing). It ends by the signal, as
         # Python's own Ctrl-C does, for the launcher to say so; its exit handlers first, as an exit
         # runs them (multiprocessing's would otherwise leave the resource tracker a semaphore to warn of).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher's copy of that Ctrl-C, during them
         atexit._run_exitfuncs()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)

@@ -37,7 +37,7 @@ log = logging.getLogger("train")
 # The part of trainer.preempt_grace_s that a signal may wait for the next agreed check.
 _CHECK_SHARE = 0.25
 # Ctrl-C reaches every process of the terminal's job, and a launcher passes its own copy on to its
-# ranks: a SIGINT within this many seconds of the first is that copy, a later one a second Ctrl-C.
+# ranks: a SIGINT within this many seconds of the last is that copy, a later one another Ctrl-C.
 _SAME_CTRL_C_S = 1.0
 
 
@@ -55,7 +55,7 @@ class PreemptionWatch:
     ) -> None:
         self.ctx, self.grace_s, self.requeue_on = ctx, grace_s, tuple(requeue_on)
         self.received = 0  # the signal number, once one arrives
-        self._received_at = -math.inf  # when this process noted it (time.monotonic)
+        self._sigint_at = -math.inf  # when the last SIGINT came (time.monotonic)
         self._next_check = 0  # the first step after the start: what it took sets the next check
         self._last_check: tuple[float, int | None] = (time.perf_counter(), None)  # (clock, step) of the last check
         self._previous = {sig: signal.signal(sig, self._note) for sig in signals}
@@ -68,10 +68,12 @@ class PreemptionWatch:
     def _note(self, signum: int, frame: Any) -> None:
         # A second Ctrl-C stops at once, as Python's own handler does: past a validation or a
         # collective that takes long, or a hang (a KeyboardInterrupt from here, in the main thread).
-        if signum == signal.SIGINT and self.received and time.monotonic() - self._received_at > _SAME_CTRL_C_S:
-            raise KeyboardInterrupt
-        if not self.received:  # no logging here: its locks are not signal-safe
-            self.received, self._received_at = signum, time.monotonic()
+        # The copy a launcher passes on of either Ctrl-C is not another one.
+        if signum == signal.SIGINT:
+            copy, self._sigint_at = time.monotonic() - self._sigint_at <= _SAME_CTRL_C_S, time.monotonic()
+            if self.received and not copy:
+                raise KeyboardInterrupt
+        self.received = self.received or signum  # no logging here: its locks are not signal-safe
 
     def should_stop(self, step: int, force: bool = False) -> bool:
         """Collective at the agreed check steps (or when `force`): call it on every rank, every step."""
