@@ -6,7 +6,7 @@ from torch import nn
 
 from errors import ConfigError
 from models.arch import unknown_arch
-from models.weights import load_matching
+from models.weights import check_fits, load_matching
 
 
 def _imagenet_stem(model: nn.Module, in_channels: int) -> None:
@@ -55,4 +55,4 @@ def check(arch: str, in_channels: int, num_classes: int, stem: str, weights: str
             f"model.stem={stem}: no such stem; give imagenet (7x7/2 conv + max-pool) or cifar (3x3/1 conv, small images)"
         )
     if weights is not None:
-        resnet(arch, in_channels, num_classes, stem, weights)
+        check_fits(resnet(arch, in_channels, num_classes, stem), weights)

@@ -18,8 +18,24 @@ _FIX = "give a state_dict file saved with torch.save(model.state_dict(), path)"
 
 def load_matching(model: nn.Module, path: str, unused: tuple[str, ...] = ()) -> None:
     """Every tensor whose shape fits is loaded; one shaped for another number of classes or channels
-    (a head, a stem) keeps its fresh initialisation, with a warning. A key this architecture lacks, or
-    lacking one it has, is an error. Keys starting with `unused` are dropped from the file unread."""
+    (a head, a stem) keeps its fresh initialisation, with a warning. Refused as `check_fits` refuses."""
+    loaded, fresh = _fitting(model, path, unused)
+    if fresh:
+        log.warning(
+            "model.weights: %s kept fresh (shaped for another number of classes, channels or stem)", ", ".join(fresh)
+        )
+    model.load_state_dict(loaded, strict=False)
+
+
+def check_fits(model: nn.Module, path: str, unused: tuple[str, ...] = ()) -> None:
+    """Before launch: the file is a state_dict of this architecture. A key this architecture lacks, or
+    lacking one it has, is an error. Keys starting with `unused` are dropped from the file unread.
+    Quiet about tensors kept fresh: the build says so, once, in the run's log."""
+    _fitting(model, path, unused)
+
+
+def _fitting(model: nn.Module, path: str, unused: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The file's tensors that fit `model`, and the keys of those that keep their fresh initialisation."""
     saved = {key: tensor for key, tensor in _read(path).items() if not key.startswith(unused)}
     own = model.state_dict()
     if set(saved) != set(own):
@@ -30,11 +46,7 @@ def load_matching(model: nn.Module, path: str, unused: tuple[str, ...] = ()) -> 
             + "); give the file of the model.arch it was saved from"
         )
     fresh = [key for key, tensor in saved.items() if tensor.shape != own[key].shape]
-    if fresh:
-        log.warning(
-            "model.weights: %s kept fresh (shaped for another number of classes, channels or stem)", ", ".join(fresh)
-        )
-    model.load_state_dict({key: tensor for key, tensor in saved.items() if key not in fresh}, strict=False)
+    return {key: tensor for key, tensor in saved.items() if key not in fresh}, fresh
 
 
 def _read(path: str) -> dict[str, torch.Tensor]:

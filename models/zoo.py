@@ -7,7 +7,7 @@ from torch import nn
 
 from errors import ConfigError
 from models.arch import unknown_arch
-from models.weights import load_matching
+from models.weights import check_fits, load_matching
 
 # googlenet and inception_v3 return (logits, auxiliary logits) in train mode unless built without
 # their auxiliary heads, and the loss takes logits alone. torchvision's own files carry the heads
@@ -41,4 +41,4 @@ def check(arch: str, in_channels: int, num_classes: int, weights: str | None) ->
             "use a colour dataset (cifar10, imagefolder, synthetic) or model=resnet18/resnet50"
         )
     if weights is not None:
-        torchvision_classifier(arch, num_classes, in_channels, weights)
+        check_fits(torchvision_classifier(arch, num_classes, in_channels), weights, unused=_AUX_HEADS.get(arch, ()))

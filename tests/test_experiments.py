@@ -151,6 +151,8 @@ def test_seed001_fine_tunes_from_a_local_weights_file_at_224(tmp_path):
     )
     assert (metrics["model"], metrics["strategy"]) == ("resnet18", "dp")
     assert (run_dir / "checkpoints" / "best.pt").is_file()
+    # The head kept fresh is said once: the pre-flight's check of the file stays quiet.
+    assert (run_dir / "train.log").read_text().count("fc.weight, fc.bias kept fresh") == 1
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from data import InMemory, OnDisk, dataset_module, serving
 from distributed.context import make_context
 from errors import ConfigError
 from models.resnet import resnet
+from models.weights import check_fits
 from models.zoo import torchvision_classifier
 from preflight import check_and_plan
 from tests.configs import job_config, typed_config
@@ -153,6 +154,16 @@ def test_resnet_fine_tunes_from_torchvisions_file_with_a_fresh_head_and_says_so(
     assert [key for key in source if not torch.equal(source[key], tuned[key])] == ["fc.weight", "fc.bias"]
     assert tuned["fc.weight"].shape == (10, 512)
     assert "fc.weight, fc.bias kept fresh" in caplog.text
+
+
+def test_the_pre_flights_check_of_a_weights_file_refuses_as_the_build_does_and_stays_quiet(tmp_path, caplog):
+    torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pth")
+    torch.save(torchvision.models.resnet34().state_dict(), tmp_path / "resnet34.pth")
+    with caplog.at_level(logging.WARNING, logger="train"):
+        check_fits(resnet("resnet18", 3, 10), str(tmp_path / "resnet18.pth"))
+    assert caplog.text == ""  # the build says what stays fresh, once
+    with pytest.raises(ConfigError, match="is not a state_dict of this architecture"):
+        check_fits(resnet("resnet18", 3, 10), str(tmp_path / "resnet34.pth"))
 
 
 @pytest.mark.parametrize(
