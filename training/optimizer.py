@@ -47,7 +47,7 @@ def check_arguments(optimizer: Callable[..., Any], scheduler: Callable[..., Any]
         probe = optimizer([nn.Parameter(torch.zeros(1))])
     except (TypeError, ValueError) as e:
         raise ConfigError(
-            f"optimizer: {_name(optimizer)} refuses these options ({e}); fix the optimizer.* keys"
+            f"optimizer: {_name(optimizer)} refuses {_given(optimizer)} ({e}); fix the optimizer.* keys"
         ) from None
     if scheduler is None:
         return
@@ -57,8 +57,15 @@ def check_arguments(optimizer: Callable[..., Any], scheduler: Callable[..., Any]
         schedule.step()
     except (TypeError, ValueError, ZeroDivisionError) as e:
         raise ConfigError(
-            f"scheduler: {_name(scheduler)} refuses these options ({e}); fix the scheduler.* keys"
+            f"scheduler: {_name(scheduler)} refuses {_given(scheduler)} ({e}); fix the scheduler.* keys"
         ) from None
+
+
+def _given(factory: Callable[..., Any]) -> str:
+    """The options the class was given, as keys and values: its own message may name none
+    (StepLR's step_size=0 fails as "integer modulo by zero")."""
+    options = getattr(factory, "keywords", {})
+    return ", ".join(f"{key}={value}" for key, value in options.items()) if options else "these options"
 
 
 def _name(factory: Callable[..., Any]) -> str:
