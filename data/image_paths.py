@@ -18,26 +18,41 @@ from data.file_batches import decode_here, read
 from errors import ConfigError
 
 
-def image_files_under(folder: Path) -> list[Path]:
-    """Every image file under `folder`, at any depth, as torchvision's ImageFolder finds them:
-    through symlinked folders too (it walks with followlinks=True; Path.rglob would skip them,
-    and with them whole classes), sorted by path."""
+def hidden(name: str) -> bool:
+    """A hidden file or folder ('.' first) holds no image, whatever its extension: macOS leaves an
+    AppleDouble `._photo.jpg` (resource-fork metadata) beside each file it copies, and `.DS_Store`,
+    `.ipynb_checkpoints/` or `.git/` sit in folders people train on; skipped, as most tools skip them."""
+    return name.startswith(".")
+
+
+def is_image(relative: Path) -> bool:
+    """Whether the file at `relative` (its path under the folder walked) is an image: an image
+    extension (torchvision's IMG_EXTENSIONS, any case), and no hidden file or folder on the way:
+    the one rule of every walk of an image folder (training's, validation's, predict.py's,
+    data.prepare's), so that they all find the same images."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
+    return relative.name.lower().endswith(IMG_EXTENSIONS) and not any(hidden(part) for part in relative.parts)
+
+
+def image_files_under(folder: Path) -> list[Path]:
+    """Every image file under `folder` (is_image), at any depth, as torchvision's ImageFolder walks:
+    through symlinked folders too (it walks with followlinks=True; Path.rglob would skip them,
+    and with them whole classes), sorted by path."""
     return sorted(
         (
             Path(top, name)
             for top, _, names in os.walk(folder, followlinks=True)
             for name in names
-            if name.lower().endswith(IMG_EXTENSIONS)
+            if is_image(Path(top, name).relative_to(folder))
         ),
         key=str,
     )
 
 
 def image_paths(sources: Sequence[str]) -> list[str]:
-    """Each source a file, a folder (its image files, at any depth, as torchvision's ImageFolder
-    finds them) or a glob (every file it matches), in that order, sorted within each."""
+    """Each source a file, a folder (its image files, at any depth: image_files_under) or a glob
+    (every file it matches), in that order, sorted within each."""
     paths: list[str] = []
     for source in sources:
         if Path(source).is_file():

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import make_dataset
 
 from config.schema import DatasetConfig
+from data.image_paths import hidden, is_image
 from errors import ConfigError
 
 SPLITS = ("train", "val")
@@ -20,7 +21,7 @@ def count_classes(cfg: DatasetConfig) -> int:
 
 
 def class_names(cfg: DatasetConfig) -> list[str]:
-    """The class folders of train/, sorted: ImageFolder's labels are their positions."""
+    """The class folders of train/, sorted: their labels are their positions, as in ImageFolder."""
     return _classes(_root(cfg) / "train")
 
 
@@ -40,14 +41,14 @@ def check(cfg: DatasetConfig) -> None:
         raise ConfigError(f"dataset.root={cfg.root}: train/ and val/ must hold the same class folders ({only})")
     images = f"no image ({' '.join(IMG_EXTENSIONS)})"
     for name in classes["train"]:
-        if not _holds_an_image(_root(cfg) / "train" / name, IMG_EXTENSIONS):
+        if not _holds_an_image(_root(cfg) / "train" / name):
             raise ConfigError(
                 f"dataset.root={cfg.root}: train/{name}/ holds {images}, so class {name} would never be trained; "
                 f"add its images, or remove {name}/ from both train/ and val/"
             )
     # An empty class folder in val/ is allowed (load passes allow_empty): validation subsets often
     # lack a class, and its folder must stay, since the sorted folders give the labels.
-    if not any(_holds_an_image(_root(cfg) / "val" / name, IMG_EXTENSIONS) for name in classes["val"]):
+    if not any(_holds_an_image(_root(cfg) / "val" / name) for name in classes["val"]):
         raise ConfigError(
             f"dataset.root={cfg.root}: val/ holds {images} in any class folder; add the validation images"
         )
@@ -60,11 +61,19 @@ def check(cfg: DatasetConfig) -> None:
 
 def image_files(cfg: DatasetConfig) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
     """(path, class index) of every training and validation image, as torchvision's ImageFolder
-    lists them; data/file_batches.py reads, decodes and cuts them."""
+    lists them, but for hidden files and folders (data.image_paths.is_image), which are not classes
+    either (_classes); data/file_batches.py reads, decodes and cuts them."""
     check(cfg)
-    return tuple(
-        ImageFolder(str(_root(cfg) / split), allow_empty=split == "val").samples  # see check
-        for split in SPLITS
+    return tuple(_samples(_root(cfg) / split, allow_empty=split == "val") for split in SPLITS)  # see check
+
+
+def _samples(folder: Path, allow_empty: bool) -> list[tuple[str, int]]:
+    labels = {name: label for label, name in enumerate(_classes(folder))}
+    return make_dataset(
+        str(folder),
+        labels,
+        is_valid_file=lambda path: is_image(Path(path).relative_to(folder)),
+        allow_empty=allow_empty,
     )
 
 
@@ -79,20 +88,21 @@ def _classes(folder: Path) -> list[str]:
         raise ConfigError(
             f"dataset.root={folder.parent}: no {folder.name}/ folder; it must hold train/<class>/ and val/<class>/"
         )
-    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not hidden(p.name))
     if not classes:
         raise ConfigError(f"dataset.root={folder.parent}: {folder} holds no class folders")
     return classes
 
 
-def _holds_an_image(folder: Path, extensions: tuple[str, ...]) -> bool:
-    """Whether torchvision's ImageFolder finds a sample here (at any depth, as it walks): stops at
-    the first, so a class of thousands of images costs the first entries of a directory, not a walk."""
+def _holds_an_image(folder: Path) -> bool:
+    """Whether image_files finds a sample here (at any depth, as it walks): stops at the first, so
+    a class of thousands of images costs the first entries of a directory, not a walk."""
     subfolders = []
     with os.scandir(folder) as entries:
         for entry in entries:
             if entry.is_dir():
-                subfolders.append(entry.path)
-            elif entry.name.lower().endswith(extensions):
+                if not hidden(entry.name):
+                    subfolders.append(entry.path)
+            elif is_image(Path(entry.name)):
                 return True
-    return any(_holds_an_image(Path(sub), extensions) for sub in subfolders)
+    return any(_holds_an_image(Path(sub)) for sub in subfolders)

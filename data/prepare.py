@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _images(source: Path, destination: Path, max_side: int, quality: int) -> list[Path]:
-    """Every image torchvision's ImageFolder would find under `source`, once the arguments make sense."""
+    """Every image a run would find under `source` (data.image_paths.is_image), once the arguments make sense."""
     from data.image_paths import image_files_under
 
     if not source.is_dir():
@@ -78,9 +78,13 @@ def _images(source: Path, destination: Path, max_side: int, quality: int) -> lis
 
 
 def _copy_folders(source: Path, destination: Path) -> None:
-    """Every folder of `source`, empty ones too: an empty class folder (a class a validation subset
-    lacks, which data.imagefolder allows) must stay, since the sorted class folders give the labels."""
-    for top, _, _ in os.walk(source, followlinks=True):  # as data.image_paths.image_files_under walks
+    """Every folder of `source` but hidden ones, empty ones too: an empty class folder (a class a
+    validation subset lacks, which data.imagefolder allows) must stay, since the sorted class
+    folders give the labels."""
+    from data.image_paths import hidden
+
+    for top, folders, _ in os.walk(source, followlinks=True):  # as data.image_paths.image_files_under walks
+        folders[:] = [name for name in folders if not hidden(name)]  # they hold no image, nor a class
         (destination / Path(top).relative_to(source)).mkdir(parents=True, exist_ok=True)
 
 
