@@ -74,6 +74,30 @@ def write_image_folder(root: Path, classes: int = 2, per_class: int = 4, size: i
     return root
 
 
+APPLE_DOUBLE = b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        " + bytes(4066)  # a resource fork's header
+
+
+def write_mac_leftovers(folder: Path) -> list[Path]:
+    """What a folder of images copied from macOS (or opened in Jupyter) holds besides them, all of
+    it hidden, in `folder` and each folder under it: an AppleDouble `._<name>` beside each file
+    (resource-fork metadata, no image, though named as one), a `.DS_Store`, and an
+    `.ipynb_checkpoints/` holding a copy of the first image beneath (under an image folder's
+    train/, a folder beside the classes). Returns what it wrote."""
+    written = []
+    for top in sorted(p for p in [folder, *folder.rglob("*")] if p.is_dir()):
+        images = sorted(p for p in top.rglob("*") if p.is_file())
+        for image in (p for p in images if p.parent == top):
+            written.append(top / f"._{image.name}")
+            written[-1].write_bytes(APPLE_DOUBLE)
+        written.append(top / ".DS_Store")
+        written[-1].write_bytes(b"\x00\x00\x00\x01Bud1" + bytes(100))
+        if images:
+            written.append(top / ".ipynb_checkpoints" / f"{images[0].stem}-checkpoint{images[0].suffix}")
+            written[-1].parent.mkdir()
+            written[-1].write_bytes(images[0].read_bytes())
+    return written
+
+
 def write_odd_images(folder: Path, size: tuple[int, int] = (48, 40)) -> dict[str, Path]:
     """The files an image folder meets besides baseline colour JPEGs: a grey, a CMYK and a
     progressive JPEG, a PNG; each named by what it is."""

@@ -15,7 +15,7 @@ from config.typed import factory
 from data import build_loaders, cifar10
 from distributed.context import make_context
 from tests import train_server
-from tests.dataset_files import write_cifar, write_idx, write_image_folder, write_odd_images
+from tests.dataset_files import write_cifar, write_idx, write_image_folder, write_mac_leftovers, write_odd_images
 from tests.runs import run_train
 from training.batches import Batches
 from training.loss import CrossEntropy
@@ -113,6 +113,28 @@ def test_trains_on_an_image_folder_at_224(tmp_path, extra):
     assert metrics["dataset"] == "imagefolder" and metrics["steps"] == 3
     notes = [line for line in (tmp_path / "run" / "train.log").read_text().splitlines() if "decoded on the CPU" in line]
     assert len(notes) == (extra != DDP), notes  # data.decode=gpu logs its first odd file once
+
+
+def test_trains_on_the_images_and_classes_of_a_folder_copied_from_a_mac_alone(tmp_path):
+    # Its hidden AppleDouble ._0.jpg beside each image failed the run at the first batch that held
+    # one (unreadable image), and .ipynb_checkpoints/ was counted a class and moved every label.
+    root = write_image_folder(tmp_path / "images", classes=3, per_class=4, size=48, suffix=".jpg")
+    write_mac_leftovers(root)
+    metrics = _train(
+        tmp_path / "run",
+        "dataset=imagefolder",
+        f"dataset.root={root}",  # dataset.num_classes=null: the class folders counted
+        "model=simple_cnn",
+        "trainer.epochs=1",
+        "trainer.batch_size=4",
+        "data.num_workers=1",
+        "callbacks=confusion_matrix",
+    )
+    assert metrics["steps"] == 3  # the 12 training images, 4 a batch
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["class_names"] == ["class0", "class1", "class2"]
+    matrix = json.loads((tmp_path / "run" / "confusion_matrix.json").read_text())["matrix"]
+    assert [sum(row) for row in matrix] == [4, 4, 4]  # the 12 validation images, each under its own class
 
 
 def _one_line_error(result) -> str:

@@ -28,7 +28,7 @@ from distributed.context import make_context
 from errors import ConfigError
 from tests import train_server
 from tests.configs import typed_config
-from tests.dataset_files import class_images, write_cifar, write_idx, write_image_folder
+from tests.dataset_files import class_images, write_cifar, write_idx, write_image_folder, write_mac_leftovers
 
 
 def _dataset(name: str, root: Path, *overrides: str):
@@ -315,6 +315,25 @@ def test_an_empty_validation_class_is_allowed_and_keeps_every_label_but_an_empty
     for name in ("class0", "class2"):
         _empty_class(root, "val", name)
     with pytest.raises(ConfigError, match=rf"^dataset.root={root}: val/ holds no image .* in any class folder"):
+        check(cfg.dataset, cfg.data)
+
+
+def test_an_image_folder_copied_from_a_mac_holds_the_same_images_and_classes_as_the_original(tmp_path):
+    # Its hidden ._0.png beside each image was listed as one, and its hidden .ipynb_checkpoints/
+    # counted as the first class, which moved every other label by one.
+    original, copied = (write_image_folder(tmp_path / name, classes=3, per_class=2, size=8) for name in ("a", "b"))
+    write_mac_leftovers(copied)
+    listed = {}
+    for root in (original, copied):
+        cfg = typed_config("dataset=imagefolder", f"dataset.root={root}", "dataset.num_classes=3")
+        check(cfg.dataset, cfg.data)
+        names, samples = imagefolder.class_names(cfg.dataset), imagefolder.image_files(cfg.dataset)
+        listed[root] = names, [[(Path(path).relative_to(root), label) for path, label in split] for split in samples]
+    assert listed[copied] == listed[original] and listed[copied][0] == ["class0", "class1", "class2"]
+    for image in (copied / "train" / "class1").glob("[!.]*"):  # its hidden files alone left: no image to train on
+        image.unlink()
+    cfg = typed_config("dataset=imagefolder", f"dataset.root={copied}", "dataset.num_classes=3")
+    with pytest.raises(ConfigError, match=r"train/class1/ holds no image \(.jpg"):
         check(cfg.dataset, cfg.data)
 
 

@@ -25,7 +25,7 @@ from data.file_batches import EncodedBatch, cpu_only
 from distributed.context import make_context
 from errors import ConfigError
 from tests.configs import typed_config
-from tests.dataset_files import class_images, write_cifar, write_image_folder, write_odd_images
+from tests.dataset_files import class_images, write_cifar, write_image_folder, write_mac_leftovers, write_odd_images
 
 CPU = torch.device("cpu")
 
@@ -315,6 +315,17 @@ def test_prepare_copies_every_class_imagefolder_finds_symlinked_class_folders_in
         copied, original = ImageFolder(str(tmp_path / "small" / split)), ImageFolder(str(source / split))
         assert copied.classes == original.classes == ["class0", "class1", "class2"]
         assert [label for _, label in copied.samples] == [label for _, label in original.samples]
+
+
+def test_prepare_copies_the_images_of_a_folder_copied_from_a_mac_alone(tmp_path):
+    # Its hidden AppleDouble ._0.jpg beside each image stopped the copy: "unreadable image".
+    from data import prepare
+
+    source = write_image_folder(tmp_path / "source", classes=2, per_class=1, size=24, suffix=".jpg")
+    originals = sorted(p.relative_to(source) for p in source.rglob("*"))
+    write_mac_leftovers(source)
+    assert prepare.main([str(source), str(tmp_path / "small"), "--workers", "1"]) == 0
+    assert sorted(p.relative_to(tmp_path / "small") for p in (tmp_path / "small").rglob("*")) == originals
 
 
 def test_prepare_keeps_an_empty_validation_class_so_the_copy_trains_with_the_same_labels(tmp_path):

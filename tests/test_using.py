@@ -18,10 +18,10 @@ import predict
 from config.schema import DataConfig, DatasetConfig
 from config.setup import ROOT
 from data.digits import arrays
-from data.image_paths import image_paths, validation_image
+from data.image_paths import image_files_under, image_paths, is_image, validation_image
 from errors import ConfigError
 from tests import train_server
-from tests.dataset_files import write_image_folder
+from tests.dataset_files import write_image_folder, write_mac_leftovers
 from tests.runs import PASSWORD, SECRET_ROOT, last_weights, run_train
 from trained import Trained, best_weights, checkpoint_path, load
 from training.checkpoint import sharded
@@ -96,6 +96,26 @@ def test_predict_classifies_a_folder_and_names_a_corrupt_image_in_one_line(singl
         for label, p in _probabilities(row).items():
             assert p == pytest.approx(probabilities[label].item(), abs=1e-6)
     assert f"{files[0]}: " in result.stdout and "5 of 6 image(s) classified" in result.stdout
+
+
+@pytest.mark.slow
+def test_predict_classifies_the_images_of_a_folder_copied_from_a_mac_alone(single_run, images, tmp_path):
+    # Each hidden AppleDouble ._digit0.png was "skipped ...: unreadable image", and exit 1; the
+    # copies in .ipynb_checkpoints/ were classified as images of their own.
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    files = [folder / f.name for f in sorted(images.glob("digit*.png"))]
+    for f in files:
+        f.write_bytes((images / f.name).read_bytes())
+    write_mac_leftovers(folder)
+    out = tmp_path / "predictions.csv"
+    result = train_server.run(
+        [str(single_run), str(folder), "--out", str(out)], script=ROOT / "predict.py", timeout=120
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    with out.open() as written:
+        assert [row[0] for row in list(csv.reader(written))[1:]] == [str(f) for f in files]
+    assert "5 of 5 image(s) classified" in result.stdout
 
 
 @pytest.mark.slow
@@ -180,6 +200,35 @@ def test_a_folder_to_predict_is_walked_through_its_symlinked_subfolders(images, 
     assert image_paths([str(tmp_path / "photos")]) == sorted(
         str(tmp_path / "photos" / "linked" / f.name) for f in images.iterdir()
     )
+
+
+@pytest.mark.parametrize(
+    ("relative", "image"),
+    [
+        ("cat.jpg", True),
+        ("a/b/cat.JPEG", True),
+        ("cat.txt", False),
+        ("._cat.jpg", False),  # macOS's AppleDouble file: resource-fork metadata
+        (".DS_Store", False),
+        (".hidden.png", False),
+        (".ipynb_checkpoints/cat-checkpoint.jpg", False),
+        ("cats/.ipynb_checkpoints/cat.jpg", False),
+        ("v1.2/cat.jpg", True),  # a dot inside a name hides nothing
+    ],
+)
+def test_an_image_is_a_file_with_an_image_extension_and_no_hidden_name_on_its_path(relative, image):
+    assert is_image(Path(relative)) == image
+
+
+def test_a_folder_to_predict_lists_no_hidden_file_nor_anything_in_a_hidden_folder(images, tmp_path):
+    folder = tmp_path / "under" / ".cache" / "photos"  # hidden above the folder given: not its business
+    (folder / "more").mkdir(parents=True)
+    real = [folder / "more" / "digit0.png", folder / "digit1.png"]
+    for f in real:
+        f.write_bytes((images / f.name).read_bytes())
+    write_mac_leftovers(folder)
+    assert image_files_under(folder) == sorted(real, key=str)
+    assert image_paths([str(folder)]) == sorted(map(str, real))
 
 
 @pytest.mark.slow
