@@ -39,7 +39,7 @@ def check(cfg: DatasetConfig) -> None:
             if names
         )
         raise ConfigError(f"dataset.root={cfg.root}: train/ and val/ must hold the same class folders ({only})")
-    images = f"no image ({' '.join(IMG_EXTENSIONS)})"
+    images = f"no image ({' '.join(IMG_EXTENSIONS)}; a hidden file, '.' first, is none)"
     for name in classes["train"]:
         if not _holds_an_image(_root(cfg) / "train" / name):
             raise ConfigError(

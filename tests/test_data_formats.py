@@ -333,7 +333,9 @@ def test_an_image_folder_copied_from_a_mac_holds_the_same_images_and_classes_as_
     for image in (copied / "train" / "class1").glob("[!.]*"):  # its hidden files alone left: no image to train on
         image.unlink()
     cfg = typed_config("dataset=imagefolder", f"dataset.root={copied}", "dataset.num_classes=3")
-    with pytest.raises(ConfigError, match=r"train/class1/ holds no image \(.jpg"):
+    with pytest.raises(
+        ConfigError, match=r"train/class1/ holds no image \(.jpg .*; a hidden file, '.' first, is none\)"
+    ):
         check(cfg.dataset, cfg.data)
 
 
