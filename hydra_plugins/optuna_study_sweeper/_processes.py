@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 from hydra.core.utils import JobReturn
 
+from training import preemption
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -123,11 +125,23 @@ class TrialProcesses:
         return answer
 
 
+def wait_for_trials() -> bool:
+    """After Ctrl-C, which reached the trials' processes too (the terminal's process group): wait
+    until each has stopped as a run does, saving last.pt. A second Ctrl-C stops them at once; here
+    it is noted, not raised, so that none is left behind. Whether none came (they had time to save)."""
+    again: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: again.append(signum))
+    for child in multiprocessing.active_children():
+        child.join()
+    return not again
+
+
 def _child(launch: Any, batch: list[list[str]], first: int, share: Share, answer: Any) -> None:
     """In the forked process: bound to its share, the job run as Hydra's launcher runs it."""
     if sys.platform.startswith("linux"):
         # The sweeper gone (killed), its trials get SIGTERM, a preemption signal: they save and end.
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    preemption.ctrl_c_explained_by_search = True
     os.sched_setaffinity(0, share.cpus)
     if share.gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(share.gpus)

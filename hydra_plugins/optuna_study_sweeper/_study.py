@@ -15,6 +15,7 @@ import math
 import os
 import queue
 import re
+import signal
 import sys
 import threading
 import time
@@ -37,12 +38,13 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, RetryFailedTrialCallback, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import Trial, TrialState
 
-from config.overrides import check_overrides, last_overrides, schema_type
+from config.overrides import check_overrides, last_overrides, schema_type, sweep_command
 from config.redact import redact
-from errors import ConfigError, first_line
+from errors import ConfigError, Preempted, first_line
 from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _pruning, _storage
 from training.callbacks import Callback
 from training.monitor import better_way
+from training.preemption import requeue_or_explain, sweep_resume_command
 from training.validation import final_figures
 
 log = logging.getLogger(__name__)
@@ -453,6 +455,11 @@ def _interrupted(e: BaseException) -> bool:
     return isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and isinstance(e.code, int) and e.code >= 128)
 
 
+def _ctrl_c(e: BaseException) -> bool:
+    """Ctrl-C here, or in a trial that answered first (train.py exits 128 + SIGINT)."""
+    return isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and e.code == 128 + signal.SIGINT)
+
+
 def _abandon(study: optuna.Study, trials: list[Trial], retry: bool) -> None:
     for trial in trials:
         study.tell(trial, state=TrialState.FAIL)
@@ -638,20 +645,31 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
     if here and sweeper.n_jobs > 1:
         launch = _processes.TrialProcesses(launch, _processes.machine_shares(sweeper.n_jobs))
     path = sweep_dir / RESULTS
-    run(
-        study,
-        space,
-        fixed,
-        launch,
-        sweep_dir,
-        n_trials=sweeper.n_trials,
-        n_jobs=sweeper.n_jobs,
-        heartbeat=storage,
-        max_failure_rate=sweeper.max_failure_rate,
-        poll_s=sweeper.heartbeat_interval,
-        after_batch=lambda: write_results(path, results(study, sweeper.metric, sweeper.n_trials)),
-        parallel=not here or sweeper.n_jobs > 1,
-    )
+    try:
+        run(
+            study,
+            space,
+            fixed,
+            launch,
+            sweep_dir,
+            n_trials=sweeper.n_trials,
+            n_jobs=sweeper.n_jobs,
+            heartbeat=storage,
+            max_failure_rate=sweeper.max_failure_rate,
+            poll_s=sweeper.heartbeat_interval,
+            after_batch=lambda: write_results(path, results(study, sweeper.metric, sweeper.n_trials)),
+            parallel=not here or sweeper.n_jobs > 1,
+        )
+    except BaseException as e:
+        # Ctrl-C reached the trials' processes too, which leave it to the search to say how to go on
+        # (preemption.ctrl_c_explained_by_search): once they have saved, it ends as a search whose
+        # trial runs in this process does, with 130 and one line. Its trials in flight were queued again.
+        if not (isinstance(launch, _processes.TrialProcesses) and _ctrl_c(e)):
+            raise
+        interrupted = Preempted(signal.SIGINT, saved=_processes.wait_for_trials())
+        command = sweep_command((sweep_dir / "multirun.yaml").read_text())
+        requeue_or_explain(interrupted, [], sweep_resume_command(command, str(sweep_dir), search=True))
+        sys.exit(interrupted.exit_code)
     summary = results(study, sweeper.metric, sweeper.n_trials)
     write_results(path, summary)
     if "best_params" in summary:
