@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
+import shlex
 import signal
 
 import optuna
@@ -17,6 +18,7 @@ from hydra_plugins.optuna_study_sweeper import _processes, _study
 from hydra_plugins.optuna_study_sweeper._processes import Share
 from tests import train_server
 from tests.test_hparams_search import SPACE, FakeLauncher, _open, _states
+from tests.test_resume_preempt import Run
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
 
@@ -141,3 +143,33 @@ def test_a_process_that_cannot_send_its_outcome_says_so(tmp_path):
 
     with pytest.raises(RuntimeError, match="outcome could not be sent back: "):
         _processes.TrialProcesses(launch, [Share(tuple(sorted(os.sched_getaffinity(0))), None)])([[]], 0)
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_trials_at_once_saves_them_and_ends_the_search_in_one_line_that_continues_it(tmp_path):
+    """The terminal's SIGINT to the search and its trials' processes: each trial saves last.pt, the
+    search exits 130 saying once how to continue it, and that command ends the search from there."""
+    sweep = tmp_path / "search"
+    args = ["hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2"]
+    args += [
+        "debug=limit",
+        "trainer.limit_train_batches=20",
+        "model._target_=tests.faults.SlowNet",
+        "+model.delay_s=0.05",
+    ]
+    search = Run(sweep, *args)  # a session of its own, as a terminal's job
+    search.wait_for(lambda: len(list(sweep.glob("*/checkpoints/last.pt"))) == 2)  # both past their first epoch
+    os.killpg(search.proc.pid, signal.SIGINT)
+    assert search.finish() == 128 + signal.SIGINT, search.output()
+    output = search.output()
+    assert "Traceback" not in output and search.leftovers() == [], output
+    (command,) = re.findall(r"interrupted by Ctrl-C \(SIGINT\): last\.pt is saved; resume with: (.*)", output)
+    assert len(list(sweep.glob("*/metrics.json"))) == 0  # stopped while they trained
+
+    again = train_server.run(shlex.split(command)[2:])  # less `python train.py`
+    assert again.returncode == 0, again.stderr[-3000:]
+    study = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}")
+    assert _states(study) == ["FAIL", "FAIL", "COMPLETE", "COMPLETE"]
+    for retry in ("2_*", "3_*"):
+        (log,) = sweep.glob(f"{retry}/train.log")
+        assert re.search(r"from epoch [23] batch \d+ \(.*/checkpoints/last\.pt\)$", log.read_text(), re.MULTILINE)
