@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import tempfile
@@ -154,6 +155,19 @@ class KillAt(Callback):
     def on_validation_end(self, epoch: int, step: int, figures: dict[str, float]) -> None:
         if epoch == self.epoch and self.here == self.rank:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SlowExit(Callback):
+    """Keeps rank `rank` `delay_s` in its exit handlers, as a logger that uploads its files as the
+    process ends does: longer than the launcher's grace period, so that a peer's failure ends it by
+    torch's SIGTERM (`+callbacks.slow_exit._target_=tests.faults.SlowExit`)."""
+
+    def __init__(self, rank: int = 1, delay_s: float = 60.0) -> None:
+        self.rank, self.delay_s = rank, delay_s
+
+    def setup(self, run: RunInfo) -> None:
+        if run.ctx.rank == self.rank:
+            atexit.register(time.sleep, self.delay_s)
 
 
 class Together(Callback):
