@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import errno
 import gc
+import multiprocessing.connection
 import os
 import pickle
 import signal
@@ -305,12 +306,13 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
 
     previous = {sig: signal.signal(sig, forward) for sig in plan.forward_signals}
     try:
+        ended = _until_one_fails(ranks)
         while not ranks.join(grace_period=_GRACE_S):
             pass
     except ProcessExitedException as e:
         if e.exit_code > 128 and e.exit_code - 128 in plan.forward_signals:
             raise Preempted(e.exit_code - 128) from None
-        _raise_if_interrupted(ranks, forwarded)
+        _raise_if_interrupted(ended, forwarded)
         reason = f"killed by {e.signal_name}" if e.signal_name else f"exited with code {e.exit_code}"
         if e.signal_name == "SIGKILL":  # the rank had no chance to say why: who sends it
             reason += " (by hand, or by the kernel when memory ran out: `dmesg` says; then use fewer ranks or a smaller batch)"
@@ -321,7 +323,7 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
             reason += " (NCCL aborts a rank whose collective waited launcher.timeout_s: look for a peer that hung or died first)"
         raise RankFailed(e.error_index, reason) from None
     except ProcessRaisedException:
-        _raise_if_interrupted(ranks, forwarded)  # a peer's broken connection is the echo of it
+        _raise_if_interrupted(ended, forwarded)  # a peer's broken connection is the echo of it
         errors = _errors(ranks.error_files)
         # A rank's own check (the optimizer's options, rank 0's download) is the user's to fix, even
         # when a peer's broken connection was written first; a diverged loss stops every rank alike.
@@ -338,10 +340,27 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
             signal.signal(sig, handler)
 
 
-def _raise_if_interrupted(ranks: mp.ProcessContext, forwarded: list[int]) -> None:
+def _until_one_fails(ranks: mp.ProcessContext) -> dict[int, int]:
+    """Wait until every rank has ended or one has ended badly; the exit code of each that has by then.
+
+    torch's join, which follows, stops the ranks still running with SIGTERM, the signal a preemption
+    forwards too. A rank it stops was not interrupted by the preemption: a peer had failed first (a
+    save that failed as the job stopped, its slow peer's watch already closed, read as "preempted
+    ... before the ranks saved last.pt" and hid the disk error)."""
+    while True:
+        codes = {rank: process.exitcode for rank, process in enumerate(ranks.processes)}
+        running = [ranks.processes[rank].sentinel for rank, code in codes.items() if code is None]
+        if not running or any(code for code in codes.values()):  # None: running, 0: done
+            return {rank: code for rank, code in codes.items() if code is not None}
+        multiprocessing.connection.wait(running)
+
+
+def _raise_if_interrupted(ended: dict[int, int], forwarded: list[int]) -> None:
     """A rank killed by a preemption signal this launcher passed on had no watch to note it yet
-    (it was starting), or was stopped at once by a second Ctrl-C: the job was interrupted, not failed."""
-    signum = next((sig for sig in forwarded for process in ranks.processes if process.exitcode == -sig), None)
+    (it was starting), or was stopped at once by a second Ctrl-C: the job was interrupted, not failed.
+    `ended`: the exit codes of the ranks that had ended when the first failure was seen
+    (_until_one_fails); a peer's error that followed such a death is its echo."""
+    signum = next((sig for sig in forwarded for code in ended.values() if code == -sig), None)
     if signum is not None:
         raise Preempted(signum, saved=False) from None
 

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +25,7 @@ from config.setup import ROOT, compose
 from distributed import collectives, context, environment, strategies
 from distributed import launch as launching
 from distributed.launch import launch, plan_launch
-from errors import ConfigError, RankFailed
+from errors import ConfigError, Preempted, RankFailed
 from preflight import check_and_plan
 from tests import train_server
 from tests.configs import typed_config
@@ -558,6 +559,84 @@ def test_a_rank_that_raised_is_named_in_one_line_and_its_traceback_kept():
         launch(plan, _raise_on_rank_1)
     assert str(error.value) == "rank 1 failed: KeyError: 'val/nope'; the other ranks were stopped"
     assert error.value.traceback.startswith("Traceback") and "in _raise_on_rank_1" in error.value.traceback
+
+
+def _ready(ready: Path, rank: int, note_sigterm: bool) -> list[int]:
+    """Note SIGTERM as a rank's preemption watch does (or, starting, have none yet), then say so in `ready`."""
+    noted: list[int] = []
+    handler = (lambda signum, frame: noted.append(signum)) if note_sigterm else signal.SIG_DFL  # not the test's
+    signal.signal(signal.SIGTERM, handler)
+    (ready / f".{rank}").write_text(str(os.getpid()))
+    (ready / f".{rank}").rename(ready / str(rank))  # whole as it appears
+    return noted
+
+
+def _until(done, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def _save_fails_as_the_job_stops(ctx, ready: Path) -> None:
+    noted = _ready(ready, ctx.rank, note_sigterm=True)
+    _until(lambda: noted)  # the launcher's copy of the preemption's SIGTERM
+    if ctx.rank == 0:
+        raise OSError(28, "No space left on device")  # writing last.pt
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # its watch closed: the handler it found is back
+    time.sleep(60)  # slow to leave (a logger's upload at exit): torch's own SIGTERM ends it
+
+
+def _killed_as_it_starts_and_its_peer_echoes(ctx, ready: Path) -> None:
+    noted = _ready(ready, ctx.rank, note_sigterm=ctx.rank == 1)
+    if ctx.rank == 0:
+        time.sleep(60)  # no watch yet: the forwarded SIGTERM ends it
+    _until(lambda: noted)
+    peer = Path("/proc") / (ready / "0").read_text() / "stat"
+    _until(lambda: not peer.exists() or peer.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+    raise RuntimeError("Connection closed by peer")  # its collective with the rank that died
+
+
+def _launch_sent_sigterm(monkeypatch, tmp_path: Path, worker) -> None:
+    """Launch 2 ranks of `worker`; once both are ready, SIGTERM to this launcher, as a preemption's."""
+    monkeypatch.setattr(launching, "_GRACE_S", 0.5)
+    plan = launching.LaunchPlan(
+        "spawn", "cpu", 2, 2, 1, False, None, None, forward_signals=(signal.SIGTERM,), start_method="fork"
+    )
+
+    def unforwarded(signum: int, frame: object) -> None:
+        """This process's SIGTERM handler until the launcher's: a signal sent too early is not fatal."""
+
+    def sigterm_once_forwarded() -> None:
+        ranks_ready = [tmp_path / "0", tmp_path / "1"]
+        _until(lambda: signal.getsignal(signal.SIGTERM) is not unforwarded and all(map(Path.exists, ranks_ready)))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.signal(signal.SIGTERM, unforwarded)
+    sender = threading.Thread(target=sigterm_once_forwarded, daemon=True)
+    sender.start()
+    try:
+        launch(plan, worker, tmp_path)
+    finally:
+        sender.join(timeout=30)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
+
+
+def test_a_rank_that_fails_as_a_preempted_job_stops_is_the_error_not_its_peer_that_torch_stopped(monkeypatch, tmp_path):
+    """SIGTERM forwarded, rank 0's save of last.pt failed; its peer, whose watch had given SIGTERM
+    back, was still leaving when torch stopped it with SIGTERM after the grace period. The job said
+    "preempted by SIGTERM before the ranks saved last.pt", exit 143, and hid the full disk."""
+    with pytest.raises(RankFailed) as error:
+        _launch_sent_sigterm(monkeypatch, tmp_path, _save_fails_as_the_job_stops)
+    assert (
+        str(error.value) == "rank 0 failed: OSError: [Errno 28] No space left on device; the other ranks were stopped"
+    )
+
+
+def test_a_rank_killed_by_the_forwarded_signal_makes_its_peers_error_an_echo(monkeypatch, tmp_path):
+    with pytest.raises(Preempted) as interrupted:
+        _launch_sent_sigterm(monkeypatch, tmp_path, _killed_as_it_starts_and_its_peer_echoes)
+    assert (interrupted.value.signum, interrupted.value.saved) == (signal.SIGTERM, False)
 
 
 def _meet(ctx) -> None:
