@@ -288,6 +288,26 @@ def test_a_second_ctrl_c_to_a_hung_ddp_run_exits_130_in_one_line(tmp_path):
     assert run.leftovers() == []
 
 
+def test_a_save_that_fails_as_a_ddp_job_stops_on_sigterm_is_the_error_reported(tmp_path):
+    """Preempted by SIGTERM, rank 0 could not write last.pt (here a directory where its temp file
+    goes; a full disk alike), and its peer, slow to leave, was stopped by torch's own SIGTERM. The
+    job said "preempted by SIGTERM before the ranks saved last.pt", exit 143: the error to fix was
+    hidden, and a requeue would start the job again on the same disk."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / ".last.pt.tmp").mkdir(parents=True)
+    slow_exit = ["+callbacks.slow_exit._target_=tests.faults.SlowExit", "+callbacks.slow_exit.rank=1"]
+    run = Run(run_dir, *DDP, *TINY, *SLOW, "trainer.preempt_grace_s=0.1", *slow_exit)
+    run.wait_for(lambda: run.logged("from epoch 1"))
+    run.proc.send_signal(signal.SIGTERM)  # to train.py only: it passes the signal on to the ranks
+    assert run.finish() == 1, run.output()
+    output = run.output()
+    assert "error: rank 0 failed: IsADirectoryError: [Errno 21] Is a directory:" in output, output
+    # Rank 0's traceback, logged above the line, shows the Preempted its failed save cut short.
+    assert "before the ranks saved last.pt" not in output and "resume with" not in output
+    assert not (run_dir / "checkpoints" / "last.pt").exists()
+    assert run.leftovers() == []
+
+
 def test_ranks_end_with_a_killed_launcher_started_in_the_background(tmp_path):
     # Started as `python train.py ... &` is, with SIGINT ignored: the signal the kernel sends a
     # spawned rank when its launcher dies. 1,000 epochs: orphans left training would outlive the wait.
