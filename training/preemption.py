@@ -39,9 +39,10 @@ _CHECK_SHARE = 0.25
 # Ctrl-C reaches every process of the terminal's job, and a launcher passes its own copy on to its
 # ranks: a SIGINT within this many seconds of the last is that copy, a later one another Ctrl-C.
 _SAME_CTRL_C_S = 1.0
-# True in a search's trial that runs in a process of its own (the sweeper's _processes.py): Ctrl-C
-# reaches the search and all its trials at once, and the search says once how to continue it.
-ctrl_c_explained_by_search = False
+# True in a search's trial that runs in a process of its own (the sweeper's _processes.py): Ctrl-C,
+# or SLURM's signal to all of a job step's processes, reaches the search and all its trials at once,
+# and the search alone says how to continue it, or requeues the job, once.
+explained_by_search = False
 
 
 class PreemptionWatch:
@@ -127,7 +128,7 @@ class PreemptionWatch:
 def requeue_or_explain(preempted: Preempted, requeue_on: list[signal.Signals], resume_command: str) -> None:
     """Under SLURM a requeue signal puts the job back in the queue; otherwise say how to resume (under
     torchrun, which may be re-forming the group, only if it was stopped)."""
-    if not preempted.is_main or (preempted.signum == signal.SIGINT and ctrl_c_explained_by_search):
+    if not preempted.is_main or explained_by_search:
         return
     job = _slurm_job_id()
     if job and preempted.signum in requeue_on:

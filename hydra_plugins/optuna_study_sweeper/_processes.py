@@ -125,15 +125,18 @@ class TrialProcesses:
         return answer
 
 
-def wait_for_trials() -> bool:
-    """After Ctrl-C, which reached the trials' processes too (the terminal's process group): wait
-    until each has stopped as a run does, saving last.pt. A second Ctrl-C stops them at once; here
-    it is noted, not raised, so that none is left behind. Whether none came (they had time to save)."""
+def wait_for_trials(signals: list[signal.Signals]) -> bool:
+    """After Ctrl-C or a preemption signal, which reached the trials' processes too (the terminal's
+    process group, SLURM's job step): wait until each has stopped as a run does, saving last.pt.
+    Those signals again are noted, not raised, so that none is left behind; a second Ctrl-C stops
+    the trials at once. Whether they had time to save: some were in flight, and no second Ctrl-C came."""
     again: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: again.append(signum))
-    for child in multiprocessing.active_children():
+    for sig in signals:
+        signal.signal(sig, lambda signum, frame: again.append(signum))
+    children = multiprocessing.active_children()
+    for child in children:
         child.join()
-    return not again
+    return bool(children) and signal.SIGINT not in again
 
 
 def _child(launch: Any, batch: list[list[str]], first: int, share: Share, answer: Any) -> None:
@@ -141,7 +144,7 @@ def _child(launch: Any, batch: list[list[str]], first: int, share: Share, answer
     if sys.platform.startswith("linux"):
         # The sweeper gone (killed), its trials get SIGTERM, a preemption signal: they save and end.
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    preemption.ctrl_c_explained_by_search = True
+    preemption.explained_by_search = True
     os.sched_setaffinity(0, share.cpus)
     if share.gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(share.gpus)

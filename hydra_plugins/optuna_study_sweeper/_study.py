@@ -21,6 +21,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from optuna.trial import Trial, TrialState
 
 from config.overrides import check_overrides, last_overrides, schema_type, sweep_command
 from config.redact import redact
+from config.schema import parse_signals
 from errors import ConfigError, Preempted, first_line
 from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _pruning, _storage
 from training.callbacks import Callback
@@ -287,10 +289,12 @@ def run(
     poll_s: float = 10.0,
     after_batch: Callable[[], None] = lambda: None,
     parallel: bool = False,
+    held: Sequence[int] = (),
 ) -> None:
     """Launch batches of up to n_jobs trials until the study holds n_trials finished ones (complete, or
     pruned: an answer too); with
-    `parallel` (a launcher whose jobs run outside this process) a batch's trials run at once."""
+    `parallel` (a launcher whose jobs run outside this process) a batch's trials run at once.
+    `held`: the signals that stop the search, held while the study asks for trials (_held)."""
     waiting_for = 0
     failed: list[str] = []  # this search's failed trials: what went wrong, first first
     while True:
@@ -312,10 +316,16 @@ def run(
             time.sleep(poll_s)
             continue
         waiting_for = 0
-        with warnings.catch_warnings():
-            # Optuna expects heartbeats from Study.optimize; with ask/tell, _Heartbeat beats instead.
-            warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")
-            trials = [study.ask(space) for _ in range(size)]
+        trials: list[Trial] = []
+        try:
+            with warnings.catch_warnings(), _held(held):
+                # Optuna expects heartbeats from Study.optimize; with ask/tell, _Heartbeat beats instead.
+                warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")
+                for _ in range(size):
+                    trials.append(study.ask(space))
+        except BaseException as e:
+            _abandon(study, trials, retry=_interrupted(e))
+            raise
         failures = _run_batch(study, trials, fixed, launch, sweep_dir, heartbeat, parallel)
         after_batch()
         failed += failures
@@ -450,14 +460,54 @@ def _tell(study: optuna.Study, trial: Trial, ret: JobReturn | Exception, sweep_d
     return None
 
 
+class _Signalled(BaseException):
+    """A preemption signal (trainer.preempt_signals; Ctrl-C is Python's KeyboardInterrupt) to the
+    search while no trial's run in this process watched for it: between trials, or while they run
+    in processes of their own."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_signalled(signum: int, frame: Any) -> None:
+    raise _Signalled(signum)
+
+
+@contextmanager
+def _held(signals: Sequence[int]) -> Iterator[None]:
+    """The signals noted, and raised again on leaving: the study records a trial as it asks for it, and
+    one whose sweeper stopped before it heard of it would stay RUNNING, the command run again waiting
+    a grace period for it to go stale (_optuna_private); heard of, it is queued again at once."""
+    noted: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum)) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if noted:
+            signal.raise_signal(noted[0])  # to its own handler, now
+
+
 def _interrupted(e: BaseException) -> bool:
-    """Ctrl-C, or a job preempted by a signal (train.py exits 128 + the signal): worth running again."""
-    return isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and isinstance(e.code, int) and e.code >= 128)
+    """Ctrl-C, a preemption signal, or a job preempted by one (train.py exits 128 + the signal): worth running again."""
+    return isinstance(e, (KeyboardInterrupt, _Signalled)) or (
+        isinstance(e, SystemExit) and isinstance(e.code, int) and e.code >= 128
+    )
 
 
-def _ctrl_c(e: BaseException) -> bool:
-    """Ctrl-C here, or in a trial that answered first (train.py exits 128 + SIGINT)."""
-    return isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and e.code == 128 + signal.SIGINT)
+def _stopped_by(e: BaseException, trials_apart: bool) -> int | None:
+    """The signal that stopped the search, where no trial said how to go on: one that came here,
+    or, with `trials_apart` (trials in processes of their own, which leave that to the search),
+    one a trial that answered first exited by (train.py exits 128 + it)."""
+    if isinstance(e, KeyboardInterrupt):
+        return signal.SIGINT
+    if isinstance(e, _Signalled):
+        return e.signum
+    if trials_apart and isinstance(e, SystemExit) and isinstance(e.code, int) and e.code > 128:
+        return e.code - 128
+    return None
 
 
 def _abandon(study: optuna.Study, trials: list[Trial], retry: bool) -> None:
@@ -541,6 +591,13 @@ def write_results(path: Path, summary: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     OmegaConf.save(OmegaConf.create(summary), tmp)
     tmp.replace(path)
+
+
+def end_stopped(stopped: Preempted, requeue_on: list[signal.Signals], sweep_dir: Path) -> None:
+    """Requeue the SLURM job, or say how to continue the search; exit as the signal would."""
+    command = sweep_command((sweep_dir / "multirun.yaml").read_text())
+    requeue_or_explain(stopped, requeue_on, sweep_resume_command(command, str(sweep_dir), search=True))
+    sys.exit(stopped.exit_code)
 
 
 def sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any]:
@@ -645,6 +702,10 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
     if here and sweeper.n_jobs > 1:
         launch = _processes.TrialProcesses(launch, _processes.machine_shares(sweeper.n_jobs))
     path = sweep_dir / RESULTS
+    preempt = parse_signals(list(sweeper.config.trainer.preempt_signals), "trainer.preempt_signals")
+    # A trial's run in this process takes these signals while it trains (and says how to go on);
+    # otherwise they stop the search here, which then says so once, as a run does.
+    previous = {sig: signal.signal(sig, _raise_signalled) for sig in preempt if sig != signal.SIGINT}
     try:
         run(
             study,
@@ -659,17 +720,23 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
             poll_s=sweeper.heartbeat_interval,
             after_batch=lambda: write_results(path, results(study, sweeper.metric, sweeper.n_trials)),
             parallel=not here or sweeper.n_jobs > 1,
+            held=[signal.SIGINT, *previous],
         )
     except BaseException as e:
-        # Ctrl-C reached the trials' processes too, which leave it to the search to say how to go on
-        # (preemption.ctrl_c_explained_by_search): once they have saved, it ends as a search whose
-        # trial runs in this process does, with 130 and one line. Its trials in flight were queued again.
-        if not (isinstance(launch, _processes.TrialProcesses) and _ctrl_c(e)):
+        trials_apart = isinstance(launch, _processes.TrialProcesses)
+        signum = _stopped_by(e, trials_apart)
+        if signum is None:
             raise
-        interrupted = Preempted(signal.SIGINT, saved=_processes.wait_for_trials())
-        command = sweep_command((sweep_dir / "multirun.yaml").read_text())
-        requeue_or_explain(interrupted, [], sweep_resume_command(command, str(sweep_dir), search=True))
-        sys.exit(interrupted.exit_code)
+        # Trials in processes of their own got the signal too (a terminal's or SLURM's, to the whole
+        # group) and leave it to the search (preemption.explained_by_search): once they have saved,
+        # the search alone says how to continue it, or requeues a SLURM job, once. Its trials in
+        # flight were queued again.
+        saved = _processes.wait_for_trials([signal.SIGINT, *previous]) if trials_apart else False
+        requeue_on = parse_signals(list(sweeper.config.trainer.requeue_signals), "trainer.requeue_signals")
+        end_stopped(Preempted(signum, saved=saved), requeue_on, sweep_dir)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     summary = results(study, sweeper.metric, sweeper.n_trials)
     write_results(path, summary)
     if "best_params" in summary:
