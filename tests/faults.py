@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import optuna
 import torch
 import torch.distributed as dist
 
@@ -140,6 +141,21 @@ class SignalingNet(MnistNet):
                     Path(self.once).touch()
                 os.kill(os.getpid(), self.signum)
         return super().forward(x)
+
+
+class SignalingSampler(optuna.samplers.TPESampler):
+    """TPESampler that sends the search's whole process group `signum` as the study asks for trial
+    `at_trial`, as a terminal's Ctrl-C or SLURM's signal to a job step may come, while no trial runs
+    (`hydra.sweeper.sampler._target_=tests.faults.SignalingSampler`)."""
+
+    def __init__(self, *args, at_trial: int = 1, signum: int = signal.SIGINT, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.at_trial, self.signum = at_trial, signum
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        super().before_trial(study, trial)
+        if trial.number == self.at_trial:
+            os.killpg(os.getpgrp(), self.signum)
 
 
 class KillAt(Callback):

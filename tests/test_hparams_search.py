@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import signal
 import sqlite3
 import sys
@@ -29,9 +30,11 @@ from tensorboard.backend.event_processing.event_multiplexer import EventMultiple
 from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
 from config.setup import CONF_DIR, compose, register
+from errors import Preempted
 from hydra_plugins.optuna_study_sweeper import _study
 from hydra_plugins.optuna_study_sweeper.optuna_study_sweeper import ExitIsFailure
 from tests import train_server
+from tests.test_resume_preempt import Run
 from training.validation import final_figures
 
 SAMPLER = OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 0})
@@ -430,6 +433,32 @@ def test_a_retry_goes_on_from_its_last_tries_last_pt_unless_that_try_finished(tm
     assert _study._continued(study, retry, tmp_path) == [f"trainer.resume='{last}'"]
     (last.parent.parent / "metrics.json").touch()  # it had finished: resumed, it would train nothing
     assert _study._continued(study, retry, tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_jobs, signum", [(1, signal.SIGINT), (2, signal.SIGTERM)])
+def test_a_signal_while_no_trial_runs_ends_the_search_in_one_line_that_continues_it(tmp_path, n_jobs, signum):
+    """Ctrl-C, or a preemption signal, to the search's whole group as the study asks for the second
+    batch's trial (tests.faults.SignalingSampler): no trial to save, the search exits 128 + the signal
+    in one line (was a KeyboardInterrupt's traceback, or a death by the signal, its trial left
+    RUNNING), and that line's command finishes the search with the trial it had asked for."""
+    sweep = tmp_path / "search"
+    args = ["hparams_search=digits", f"hydra.sweep.dir={sweep}", f"hydra.sweeper.n_trials={n_jobs + 1}"]
+    args += [f"hydra.sweeper.n_jobs={n_jobs}", "debug=limit", "trainer.epochs=1", "trainer.limit_train_batches=2"]
+    args += ["hydra.sweeper.sampler._target_=tests.faults.SignalingSampler"]
+    args += [f"+hydra.sweeper.sampler.at_trial={n_jobs}", f"+hydra.sweeper.sampler.signum={int(signum)}"]
+    search = Run(sweep, *args)  # a session of its own: the sampler signals its whole group
+    assert search.finish() == 128 + signum, search.output()
+    output = search.output()
+    assert "Traceback" not in output and search.leftovers() == [], output
+    said = f"{Preempted(signum)} before the ranks saved last.pt; continue from the last save, if any, with: "
+    (command,) = re.findall(re.escape(said) + "(.*)", output)
+
+    again = train_server.run(shlex.split(command)[2:])  # less `python train.py`
+    assert again.returncode == 0, again.stderr[-3000:]
+    study = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}")
+    assert _states(study) == ["COMPLETE"] * n_jobs + ["FAIL", "COMPLETE"]
+    assert study.trials[-1].params == study.trials[-2].params  # the trial asked for, queued again
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
+from errors import Preempted
 from hydra_plugins.optuna_study_sweeper import _processes, _study
 from hydra_plugins.optuna_study_sweeper._processes import Share
 from tests import train_server
@@ -146,9 +147,11 @@ def test_a_process_that_cannot_send_its_outcome_says_so(tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_on_trials_at_once_saves_them_and_ends_the_search_in_one_line_that_continues_it(tmp_path):
-    """The terminal's SIGINT to the search and its trials' processes: each trial saves last.pt, the
-    search exits 130 saying once how to continue it, and that command ends the search from there."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGUSR1])
+def test_a_signal_to_trials_at_once_saves_them_and_ends_the_search_in_one_line_that_continues_it(tmp_path, signum):
+    """The terminal's SIGINT (or SLURM's USR1, to a job step's processes) to the search and its trials'
+    processes: each trial saves last.pt, the search exits 128 + the signal saying once how to continue
+    it, and that command ends the search from there."""
     sweep = tmp_path / "search"
     args = ["hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2"]
     args += [
@@ -159,11 +162,11 @@ def test_ctrl_c_on_trials_at_once_saves_them_and_ends_the_search_in_one_line_tha
     ]
     search = Run(sweep, *args)  # a session of its own, as a terminal's job
     search.wait_for(lambda: len(list(sweep.glob("*/checkpoints/last.pt"))) == 2)  # both past their first epoch
-    os.killpg(search.proc.pid, signal.SIGINT)
-    assert search.finish() == 128 + signal.SIGINT, search.output()
+    os.killpg(search.proc.pid, signum)
+    assert search.finish() == 128 + signum, search.output()
     output = search.output()
     assert "Traceback" not in output and search.leftovers() == [], output
-    (command,) = re.findall(r"interrupted by Ctrl-C \(SIGINT\): last\.pt is saved; resume with: (.*)", output)
+    (command,) = re.findall(rf"{re.escape(str(Preempted(signum)))}: last\.pt is saved; resume with: (.*)", output)
     assert len(list(sweep.glob("*/metrics.json"))) == 0  # stopped while they trained
 
     again = train_server.run(shlex.split(command)[2:])  # less `python train.py`

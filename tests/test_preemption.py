@@ -257,6 +257,25 @@ hydra:
 """
 
 
+def test_a_search_requeues_its_slurm_job_once_not_each_trial(scontrol, monkeypatch, tmp_path, caplog):
+    """SLURM's USR1 to a job step reaches the search and each trial in a process of its own: the trials
+    save and leave it to the search (explained_by_search), which then requeues the job, once."""
+    from hydra_plugins.optuna_study_sweeper import _study
+
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setattr(preemption, "explained_by_search", True)  # in a trial's process (_processes._child)
+    with caplog.at_level(logging.WARNING, logger="train"):
+        for _ in range(2):
+            requeue_or_explain(Preempted(signal.SIGUSR1), [signal.SIGUSR1], "the search's command")
+        assert not scontrol.exists() and caplog.text == ""
+        monkeypatch.setattr(preemption, "explained_by_search", False)  # the sweeper's, once they have saved
+        (tmp_path / "multirun.yaml").write_text(RECORD)
+        with pytest.raises(SystemExit) as ended:
+            _study.end_stopped(Preempted(signal.SIGUSR1), [signal.SIGUSR1], tmp_path)
+    assert ended.value.code == 128 + signal.SIGUSR1 and scontrol.read_text() == "requeue 4242\n"
+    assert "requeued SLURM job 4242" in caplog.text
+
+
 def test_a_sweeps_command_is_its_own_overrides_less_its_mode_and_dir():
     assert sweep_command(RECORD) == [
         "hydra.sweeper.n_trials=4",
