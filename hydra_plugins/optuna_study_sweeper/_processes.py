@@ -129,14 +129,13 @@ def wait_for_trials(signals: list[signal.Signals]) -> bool:
     """After Ctrl-C or a preemption signal, which reached the trials' processes too (the terminal's
     process group, SLURM's job step): wait until each has stopped as a run does, saving last.pt.
     Those signals again are noted, not raised, so that none is left behind; a second Ctrl-C stops
-    the trials at once. Whether they had time to save: some were in flight, and no second Ctrl-C came."""
+    the trials at once. Whether they had the time to save: no second Ctrl-C came."""
     again: list[int] = []
     for sig in signals:
         signal.signal(sig, lambda signum, frame: again.append(signum))
-    children = multiprocessing.active_children()
-    for child in children:
+    for child in multiprocessing.active_children():
         child.join()
-    return bool(children) and signal.SIGINT not in again
+    return signal.SIGINT not in again
 
 
 def _child(launch: Any, batch: list[list[str]], first: int, share: Share, answer: Any) -> None:

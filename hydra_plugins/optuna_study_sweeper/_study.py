@@ -323,6 +323,10 @@ def run(
                 warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")
                 for _ in range(size):
                     trials.append(study.ask(space))
+        except (KeyboardInterrupt, _Signalled) as e:
+            _abandon(study, trials, retry=True)
+            signum = e.signum if isinstance(e, _Signalled) else signal.SIGINT
+            raise _Signalled(signum, between_trials=True) from None  # no trial was in flight to save
         except BaseException as e:
             _abandon(study, trials, retry=_interrupted(e))
             raise
@@ -465,9 +469,9 @@ class _Signalled(BaseException):
     search while no trial's run in this process watched for it: between trials, or while they run
     in processes of their own."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, between_trials: bool = False) -> None:
         super().__init__(signum)
-        self.signum = signum
+        self.signum, self.between_trials = signum, between_trials
 
 
 def _raise_signalled(signum: int, frame: Any) -> None:
@@ -731,7 +735,10 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
         # group) and leave it to the search (preemption.explained_by_search): once they have saved,
         # the search alone says how to continue it, or requeues a SLURM job, once. Its trials in
         # flight were queued again.
-        saved = _processes.wait_for_trials([signal.SIGINT, *previous]) if trials_apart else False
+        # Whether trials were in flight is known from where it stopped: those that were may have
+        # ended, and been joined, before it got here.
+        in_flight = not (isinstance(e, _Signalled) and e.between_trials)
+        saved = trials_apart and _processes.wait_for_trials([signal.SIGINT, *previous]) and in_flight
         requeue_on = parse_signals(list(sweeper.config.trainer.requeue_signals), "trainer.requeue_signals")
         end_stopped(Preempted(signum, saved=saved), requeue_on, sweep_dir)
     finally:
