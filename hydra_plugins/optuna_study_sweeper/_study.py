@@ -597,6 +597,11 @@ def write_results(path: Path, summary: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+def _signals(config: DictConfig, key: str) -> list[signal.Signals]:
+    """train.py's signals at `key`; none for an app without them (the sweeper runs any Hydra app)."""
+    return parse_signals(list(OmegaConf.select(config, key, default=[])), key)
+
+
 def end_stopped(stopped: Preempted, requeue_on: list[signal.Signals], sweep_dir: Path) -> None:
     """Requeue the SLURM job, or say how to continue the search; exit as the signal would."""
     command = sweep_command((sweep_dir / "multirun.yaml").read_text())
@@ -706,7 +711,7 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
     if here and sweeper.n_jobs > 1:
         launch = _processes.TrialProcesses(launch, _processes.machine_shares(sweeper.n_jobs))
     path = sweep_dir / RESULTS
-    preempt = parse_signals(list(sweeper.config.trainer.preempt_signals), "trainer.preempt_signals")
+    preempt = _signals(sweeper.config, "trainer.preempt_signals")
     # A trial's run in this process takes these signals while it trains (and says how to go on);
     # otherwise they stop the search here, which then says so once, as a run does.
     previous = {sig: signal.signal(sig, _raise_signalled) for sig in preempt if sig != signal.SIGINT}
@@ -739,7 +744,7 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
         # ended, and been joined, before it got here.
         in_flight = not (isinstance(e, _Signalled) and e.between_trials)
         saved = trials_apart and _processes.wait_for_trials([signal.SIGINT, *previous]) and in_flight
-        requeue_on = parse_signals(list(sweeper.config.trainer.requeue_signals), "trainer.requeue_signals")
+        requeue_on = _signals(sweeper.config, "trainer.requeue_signals")
         end_stopped(Preempted(signum, saved=saved), requeue_on, sweep_dir)
     finally:
         for sig, handler in previous.items():
