@@ -69,10 +69,11 @@ def image_files(cfg: DatasetConfig) -> tuple[list[tuple[str, int]], list[tuple[s
 
 def _samples(folder: Path, allow_empty: bool) -> list[tuple[str, int]]:
     labels = {name: label for label, name in enumerate(_classes(folder))}
+    under = len(str(folder).rstrip(os.sep)) + 1  # make_dataset's paths start with the folder it walks
     return make_dataset(
         str(folder),
         labels,
-        is_valid_file=lambda path: is_image(Path(path).relative_to(folder)),
+        is_valid_file=lambda path: is_image(path[under:]),
         allow_empty=allow_empty,
     )
 
@@ -103,6 +104,6 @@ def _holds_an_image(folder: Path) -> bool:
             if entry.is_dir():
                 if not hidden(entry.name):
                     subfolders.append(entry.path)
-            elif is_image(Path(entry.name)):
+            elif is_image(entry.name):
                 return True
     return any(_holds_an_image(Path(sub)) for sub in subfolders)

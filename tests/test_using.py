@@ -217,7 +217,7 @@ def test_a_folder_to_predict_is_walked_through_its_symlinked_subfolders(images, 
     ],
 )
 def test_an_image_is_a_file_with_an_image_extension_and_no_hidden_name_on_its_path(relative, image):
-    assert is_image(Path(relative)) == image
+    assert is_image(relative) == image
 
 
 def test_a_folder_to_predict_lists_no_hidden_file_nor_anything_in_a_hidden_folder(images, tmp_path):
