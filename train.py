@@ -28,13 +28,13 @@ from omegaconf import DictConfig
 from config import setup
 from config.callbacks import restore_run_record
 from config.hparams import hparams, varied_hparams
-from config.overrides import check_overrides, sweep_command, swept_overrides
+from config.overrides import check_overrides, swept_overrides
 from config.typed import Composition, check_sweep, run_config, typed
 from distributed.launch import end_process, launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
 from preflight import check_and_plan, model_figures
 from training.compile_cache import use_compile_cache
-from training.preemption import requeue_or_explain, resume_command, sweep_resume_command
+from training.preemption import recorded_sweep_resume_command, requeue_or_explain, resume_command
 from training.run import run
 
 gc.freeze()
@@ -91,7 +91,7 @@ def _resume_command(overrides: list[str], run_dir: Path, sweep_dir: Path | None,
     """What continues a stopped run: the run itself, or the whole sweep (or search) of a sweep's job."""
     if sweep_dir is None:
         return resume_command(overrides, str(run_dir))
-    return sweep_resume_command(sweep_command((sweep_dir / "multirun.yaml").read_text()), str(sweep_dir), search)
+    return recorded_sweep_resume_command(sweep_dir, search)
 
 
 if __name__ == "__main__":

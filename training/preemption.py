@@ -22,10 +22,12 @@ import shlex
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from config.overrides import sweep_command
 from config.redact import redact
 from distributed.collectives import all_reduce_max
 from distributed.context import DistContext
@@ -181,6 +183,11 @@ def sweep_resume_command(overrides: list[str], sweep_dir: str, search: bool) -> 
     return redact(
         shlex.join(["python", "train.py", "-m", *kept, f"hydra.sweep.dir={sweep_dir}", "trainer.resume=auto"])
     )
+
+
+def recorded_sweep_resume_command(sweep_dir: Path, search: bool) -> str:
+    """sweep_resume_command of the sweep (or search) that Hydra recorded in `sweep_dir`/multirun.yaml."""
+    return sweep_resume_command(sweep_command((sweep_dir / "multirun.yaml").read_text()), str(sweep_dir), search)
 
 
 def _slurm_job_id() -> str | None:

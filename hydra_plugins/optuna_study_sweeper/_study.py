@@ -39,14 +39,14 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, RetryFailedTrialCallback, RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.trial import Trial, TrialState
 
-from config.overrides import check_overrides, last_overrides, schema_type, sweep_command
+from config.overrides import check_overrides, last_overrides, schema_type
 from config.redact import redact
 from config.schema import parse_signals
 from errors import ConfigError, Preempted, first_line
 from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _pruning, _storage
 from training.callbacks import Callback
 from training.monitor import better_way
-from training.preemption import requeue_or_explain, sweep_resume_command
+from training.preemption import recorded_sweep_resume_command, requeue_or_explain
 from training.validation import final_figures
 
 log = logging.getLogger(__name__)
@@ -604,8 +604,7 @@ def _signals(config: DictConfig, key: str) -> list[signal.Signals]:
 
 def end_stopped(stopped: Preempted, requeue_on: list[signal.Signals], sweep_dir: Path) -> None:
     """Requeue the SLURM job, or say how to continue the search; exit as the signal would."""
-    command = sweep_command((sweep_dir / "multirun.yaml").read_text())
-    requeue_or_explain(stopped, requeue_on, sweep_resume_command(command, str(sweep_dir), search=True))
+    requeue_or_explain(stopped, requeue_on, recorded_sweep_resume_command(sweep_dir, search=True))
     sys.exit(stopped.exit_code)
 
 
@@ -739,9 +738,8 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
         # Trials in processes of their own got the signal too (a terminal's or SLURM's, to the whole
         # group) and leave it to the search (preemption.explained_by_search): once they have saved,
         # the search alone says how to continue it, or requeues a SLURM job, once. Its trials in
-        # flight were queued again.
-        # Whether trials were in flight is known from where it stopped: those that were may have
-        # ended, and been joined, before it got here.
+        # flight were queued again; whether there were any is known from where it stopped, since
+        # they may have ended, and been joined, before it got here.
         in_flight = not (isinstance(e, _Signalled) and e.between_trials)
         saved = trials_apart and _processes.wait_for_trials([signal.SIGINT, *previous]) and in_flight
         requeue_on = _signals(sweeper.config, "trainer.requeue_signals")
