@@ -6,8 +6,6 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -16,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from config.setup import ROOT
 from tests import train_server
 from tests.runs import run_train
 
@@ -35,23 +32,13 @@ class Run:
     (ranks, a forkserver, the resource tracker) is in it, orphans included, and can be found."""
 
     def __init__(self, run_dir: Path, *overrides: str, background: bool = False) -> None:
-        """Forked from the train server (tests/train_server.py), or with `background`, a fresh
-        interpreter started as a shell starts `python train.py ... &`, with SIGINT ignored."""
+        """Forked from the train server (tests/train_server.py); with `background`, started as a
+        script's `python train.py ... &` is, with SIGINT ignored."""
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.out = open(run_dir.parent / f"{run_dir.name}-{uuid.uuid4().hex}.out", "w+")
         args = [f"hydra.run.dir={run_dir}", "trainer.progress_bar=false", *overrides]
-        if not background:
-            self.proc = train_server.start(args, Path(self.out.name))
-            return
-        self.proc = subprocess.Popen(
-            [sys.executable, "train.py", *args],
-            cwd=ROOT,
-            stdout=self.out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-        )
+        self.proc = train_server.start(args, Path(self.out.name), sigint_ignored=background)
 
     def kill(self) -> None:
         """kill -9 the whole job at once, as a node failure or SLURM's step kill does: train.py and

@@ -100,10 +100,11 @@ class Started:
         self.send_signal(signal.SIGKILL)
 
 
-def start(args: list[str], output: Path, cwd: Path = ROOT) -> Started:
+def start(args: list[str], output: Path, cwd: Path = ROOT, sigint_ignored: bool = False) -> Started:
     """`python train.py *args` in the background, stdout and stderr to `output`, leading a session
-    of its own (as `subprocess.Popen(..., start_new_session=True)`): every process it starts is in it."""
-    return Started(_start(args, cwd, output, output, new_session=True))
+    of its own (as `subprocess.Popen(..., start_new_session=True)`): every process it starts is in it.
+    `sigint_ignored`: as a script's `python train.py ... &` starts, with SIGINT ignored."""
+    return Started(_start(args, cwd, output, output, new_session=True, sigint_ignored=sigint_ignored))
 
 
 def _start(
@@ -114,10 +115,11 @@ def _start(
     new_session: bool,
     script: Path = TRAIN_PY,
     module: str | None = None,
+    sigint_ignored: bool = False,
 ) -> multiprocessing.Process:
     ensure_running()
     child = _context.Process(
-        target=_train_py, args=(args, cwd, dict(os.environ), out, err, new_session, script, module)
+        target=_train_py, args=(args, cwd, dict(os.environ), out, err, new_session, script, module, sigint_ignored)
     )
     child.start()
     return child
@@ -132,11 +134,16 @@ def _train_py(
     new_session: bool,
     script: Path = TRAIN_PY,
     module: str | None = None,
+    sigint_ignored: bool = False,
 ) -> None:
     """The child: what the interpreter does for `python train.py *args` (or `script`, or `python -m
     module`), from the preloaded state."""
     if new_session:
         os.setsid()
+    # As a terminal's foreground starts it, Ctrl-C raising KeyboardInterrupt, whatever the test runner's
+    # own start passed on to the server (a runner started by a script's `... &` ignores SIGINT); or as
+    # a script's `... &` does: an interpreter started with SIGINT ignored keeps it so.
+    signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.default_int_handler)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
