@@ -441,13 +441,17 @@ def test_a_signal_while_no_trial_runs_ends_the_search_in_one_line_that_continues
     """Ctrl-C, or a preemption signal, to the search's whole group as the study asks for the second
     batch's trial (tests.faults.SignalingSampler): no trial to save, the search exits 128 + the signal
     in one line (was a KeyboardInterrupt's traceback, or a death by the signal, its trial left
-    RUNNING), and that line's command finishes the search with the trial it had asked for."""
+    RUNNING), and that line's command finishes the search with the trial it had asked for. The SIGINT
+    goes to a search started as a script's `... &` is, with SIGINT ignored: its trials take SIGINT
+    all the same (trainer.preempt_signals), and so does the search between them."""
     sweep = tmp_path / "search"
     args = ["hparams_search=digits", f"hydra.sweep.dir={sweep}", f"hydra.sweeper.n_trials={n_jobs + 1}"]
     args += [f"hydra.sweeper.n_jobs={n_jobs}", "debug=limit", "trainer.epochs=1", "trainer.limit_train_batches=2"]
     args += ["hydra.sweeper.sampler._target_=tests.faults.SignalingSampler"]
     args += [f"+hydra.sweeper.sampler.at_trial={n_jobs}", f"+hydra.sweeper.sampler.signum={int(signum)}"]
-    search = Run(sweep, *args)  # a session of its own: the sampler signals its whole group
+    search = Run(
+        sweep, *args, background=signum == signal.SIGINT
+    )  # a session of its own: the sampler signals its whole group
     assert search.finish() == 128 + signum, search.output()
     output = search.output()
     assert "Traceback" not in output and search.leftovers() == [], output

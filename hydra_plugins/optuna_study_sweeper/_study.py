@@ -712,8 +712,13 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
     path = sweep_dir / RESULTS
     preempt = _signals(sweeper.config, "trainer.preempt_signals")
     # A trial's run in this process takes these signals while it trains (and says how to go on);
-    # otherwise they stop the search here, which then says so once, as a run does.
+    # otherwise they stop the search here, which then says so once, as a run does. SIGINT raises
+    # KeyboardInterrupt here, also in a search started with it ignored (a script's `... &`): its
+    # trials take it all the same, and one sent between them would be lost.
     previous = {sig: signal.signal(sig, _raise_signalled) for sig in preempt if sig != signal.SIGINT}
+    if signal.SIGINT in preempt and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    stopping = sorted({signal.SIGINT, *previous})
     try:
         run(
             study,
@@ -728,7 +733,7 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
             poll_s=sweeper.heartbeat_interval,
             after_batch=lambda: write_results(path, results(study, sweeper.metric, sweeper.n_trials)),
             parallel=not here or sweeper.n_jobs > 1,
-            held=[signal.SIGINT, *previous],
+            held=stopping,
         )
     except BaseException as e:
         trials_apart = isinstance(launch, _processes.TrialProcesses)
@@ -741,7 +746,7 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
         # flight were queued again; whether there were any is known from where it stopped, since
         # they may have ended, and been joined, before it got here.
         in_flight = not (isinstance(e, _Signalled) and e.between_trials)
-        saved = trials_apart and _processes.wait_for_trials([signal.SIGINT, *previous]) and in_flight
+        saved = trials_apart and _processes.wait_for_trials(stopping) and in_flight
         requeue_on = _signals(sweeper.config, "trainer.requeue_signals")
         end_stopped(Preempted(signum, saved=saved), requeue_on, sweep_dir)
     finally:
