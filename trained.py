@@ -65,7 +65,7 @@ def _runs_in(folder: Path) -> list[Path]:
     """The run dirs a folder of runs holds: a -m sweep's jobs, a day's runs (outputs/<date>), two
     levels down at most. What a user gives after a sweep, where a run was asked for."""
     found = {path.parent for pattern in ("*/checkpoints", "*/*/checkpoints") for path in folder.glob(pattern)}
-    return sorted(run for run in found if run_dir_of(run) == run)
+    return sorted((run for run in found if run_dir_of(run) == run), key=lambda run: setup.job_order(str(run)))
 
 
 def load(source: str | Path, weights: str = "best") -> Trained:

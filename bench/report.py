@@ -32,6 +32,7 @@ import yaml
 
 from config.hparams import differing
 from config.paths import make_folder
+from config.setup import job_order
 from errors import ConfigError
 from training.loggers.tensorboard import HPARAM_METRICS
 from training.manifest import read_manifest
@@ -92,7 +93,7 @@ class Row:
 
 def load_runs(root: Path) -> list[Run]:
     runs = []
-    for path in sorted(root.rglob("metrics.json"), key=lambda p: _natural(str(p.parent.relative_to(root)))):
+    for path in sorted(root.rglob("metrics.json"), key=lambda p: job_order(str(p.parent.relative_to(root)))):
         try:
             metrics = json.loads(path.read_text())
             if "weights" in metrics:  # trainer.test_only's: what it evaluated, with no training to compare
@@ -102,7 +103,7 @@ def load_runs(root: Path) -> list[Run]:
         except (json.JSONDecodeError, KeyError) as e:
             print(f"skipped {path}: not a metrics.json written by train.py ({type(e).__name__}: {e})", file=sys.stderr)
     # A run that started (its manifest.json) but wrote no metrics.json: a comparison without it must say so.
-    for path in sorted(root.rglob("manifest.json"), key=lambda p: _natural(str(p.parent.relative_to(root)))):
+    for path in sorted(root.rglob("manifest.json"), key=lambda p: job_order(str(p.parent.relative_to(root)))):
         if not (path.parent / "metrics.json").exists():
             print(
                 f"skipped {path.parent}: no metrics.json, the run has not finished (it failed, was stopped or "
@@ -110,11 +111,6 @@ def load_runs(root: Path) -> list[Run]:
                 file=sys.stderr,
             )
     return runs
-
-
-def _natural(name: str) -> list[Any]:
-    """Job 10 after job 9."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def _run(name: str, m: dict[str, Any], run_dir: Path, root: Path) -> Run:

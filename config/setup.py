@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
@@ -94,6 +95,11 @@ def job_dir(
     if len(name.encode()) <= _NAME_BYTES:
         return name
     return f"{name.encode()[: _NAME_BYTES - 13].decode(errors='ignore')}~{hashlib.sha1(name.encode()).hexdigest()[:12]}"
+
+
+def job_order(name: str) -> list[Any]:
+    """The sort key of job dirs (and paths through them) by their numbers: job 10 after job 9."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def _four_digits(override: Override) -> str:

@@ -255,16 +255,17 @@ def test_a_run_dir_gives_its_best_pt_else_its_last_pt_and_a_bad_source_is_one_li
 
 def test_a_folder_of_runs_names_them_in_one_line(tmp_path, capsys):
     # A -m sweep's folder (or a day's, outputs/<date>) given for its run was "neither a run dir nor a
-    # sharded checkpoint; give a run dir": the runs it holds went unnamed.
+    # sharded checkpoint; give a run dir": the runs it holds went unnamed. Named in job order (job 10
+    # came second).
     sweep = tmp_path / "sweep"
-    for job in ("0_optimizer-sgd", "1_optimizer-adamw", "2_lr-0.1", "3_lr-0.01"):
+    for job in ("0_optimizer-sgd", "1_optimizer-adamw", "2_lr-0.1", "3_lr-0.01", "10_lr-1"):
         (sweep / job / "checkpoints").mkdir(parents=True)
     (sweep / ".submitit" / "logs").mkdir(parents=True)  # no run: not named
     assert predict.main([str(sweep), str(tmp_path)]) == 2
-    runs = f"{sweep / '0_optimizer-sgd'}, {sweep / '1_optimizer-adamw'}, {sweep / '2_lr-0.1'}, ... 1 more"
+    runs = f"{sweep / '0_optimizer-sgd'}, {sweep / '1_optimizer-adamw'}, {sweep / '2_lr-0.1'}, ... 2 more"
     fix = f"give one of them ({runs}); python -m bench.report {sweep} compares them"
-    assert capsys.readouterr() == ("", f"error: {sweep}: holds 4 runs, not one; {fix}\n")
-    with pytest.raises(ConfigError, match=rf"{tmp_path}: holds 4 runs, not one; give one of them \({sweep}/0_"):
+    assert capsys.readouterr() == ("", f"error: {sweep}: holds 5 runs, not one; {fix}\n")
+    with pytest.raises(ConfigError, match=rf"{tmp_path}: holds 5 runs, not one; give one of them \({sweep}/0_"):
         checkpoint_path(tmp_path)  # two levels down, as outputs/<date>/<time>
 
 
