@@ -17,6 +17,7 @@ gc.disable()
 
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -51,6 +52,7 @@ def main(cfg: DictConfig) -> float | None:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
     choices = dict(hydra_cfg.runtime.choices)
+    search = choices.get("hydra/sweeper") == "optuna_study"
     try:
         config = typed(cfg)
         if multirun:
@@ -79,9 +81,13 @@ def main(cfg: DictConfig) -> float | None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     except Preempted as e:
-        command = _resume_command(overrides, run_dir, sweep_dir, search=choices.get("hydra/sweeper") == "optuna_study")
-        requeue_or_explain(e, list(plan.launch.requeue_signals), command)
+        requeue_or_explain(e, list(plan.launch.requeue_signals), _resume_command(overrides, run_dir, sweep_dir, search))
         sys.exit(e.exit_code)
+    except KeyboardInterrupt:  # Ctrl-C in the pre-flight: no rank ran, and the dir keeps the record it had
+        restore_run_record()
+        stopped = Preempted(signal.SIGINT, saved=False)
+        requeue_or_explain(stopped, [], _resume_command(overrides, run_dir, sweep_dir, search))
+        sys.exit(stopped.exit_code)
     # A sweeper (hydra/sweeper, hparams_search) optimises what the task function returns.
     metrics = run_dir / "metrics.json"  # rank 0's; other torchrun/SLURM ranks return None
     return json.loads(metrics.read_text()).get(config.optimized_metric) if metrics.exists() else None

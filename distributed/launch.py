@@ -238,7 +238,10 @@ def launch(plan: LaunchPlan, worker: Callable[..., Any], *args: Any) -> None:
         return
     with _store(plan):
         if plan.in_process:  # CPU, or a single run
-            _run_rank(0, plan, worker, args)
+            try:
+                _run_rank(0, plan, worker, args)
+            except KeyboardInterrupt:  # a second Ctrl-C, or one before its watch took SIGINT: as a spawned rank's
+                raise Preempted(signal.SIGINT, saved=False) from None
         else:
             _spawn(plan, worker, args)
 

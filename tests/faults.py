@@ -122,9 +122,10 @@ class NanNet(MnistNet):
 
 
 class SignalingNet(MnistNet):
-    """MnistNet that sends its own process `signum` in training forward `at_step`, as a scheduler would;
-    with `once` (a file), only if that file does not exist yet, and it then does: the run continued is
-    not stopped again."""
+    """MnistNet that sends its own process `signum` in training forward `at_step`, as a scheduler would,
+    or with `at_step=0` as it is built (in the pre-flight's check, before any rank runs); with `once`
+    (a file), only if that file does not exist yet, and it then does: the run continued is not stopped
+    again."""
 
     def __init__(
         self, *args, at_step: int = 3, signum: int = signal.SIGTERM, once: str | None = None, **kwargs
@@ -132,6 +133,8 @@ class SignalingNet(MnistNet):
         super().__init__(*args, **kwargs)
         self.at_step, self.signum, self.once = at_step, signum, once
         self.calls = 0
+        if at_step == 0:
+            os.kill(os.getpid(), signum)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:

@@ -233,11 +233,10 @@ def test_sigusr1_to_a_ddp_run_saves_and_resume_continues_exactly(tmp_path):
     _assert_same_weights(_checkpoint(run_dir), _checkpoint(whole))
 
 
-def test_ctrl_c_saves_a_ddp_run_where_it_stopped_and_a_second_one_stops_a_hang_at_once(tmp_path):
+def test_ctrl_c_saves_a_ddp_run_where_it_stopped(tmp_path):
     """Ctrl-C, the terminal's SIGINT to every process of the job (and train.py's copy to each rank),
     ended the ranks in a KeyboardInterrupt's traceback, with what the epoch had trained lost. It is
-    now a preemption: saved where the ranks stopped, exit 130, the command that resumes it. A second
-    Ctrl-C still stops a run at once: here one hung in its forward, which no check reaches."""
+    now a preemption: saved where the ranks stopped, exit 130, the command that resumes it."""
     run_dir = tmp_path / "run"
     run = Run(run_dir, *DDP, *TINY, *SLOW)
     run.wait_for(lambda: run.logged("from epoch 1"))
@@ -247,23 +246,19 @@ def test_ctrl_c_saves_a_ddp_run_where_it_stopped_and_a_second_one_stops_a_hang_a
     assert "Traceback" not in run.output() and run.leftovers() == []
     log = (run_dir / "train.log").read_text()
     assert f"SIGINT: every rank stops after step {_checkpoint(run_dir)['step']};" in log
-    hanging = ["model._target_=tests.faults.HangingNet", "+model.hang_rank=0", f"+model.hung_file={tmp_path / 'hung'}"]
-    hung = Run(tmp_path / "hung_run", *TINY, *hanging)
-    hung.wait_for((tmp_path / "hung").exists)
-    os.killpg(hung.proc.pid, signal.SIGINT)
-    time.sleep(1.5)  # a Ctrl-C of its own, not the first one's copy
-    os.killpg(hung.proc.pid, signal.SIGINT)
-    assert hung.finish(timeout=30) == 1 and hung.output().rstrip().endswith("KeyboardInterrupt")
 
 
-def test_a_second_ctrl_c_to_a_hung_ddp_run_exits_130_in_one_line(tmp_path):
-    """The KeyboardInterrupt of a second Ctrl-C (or of one that lands as the ranks start, before
-    their watch takes SIGINT) was swallowed by torch's wrapper: the rank exited 0 and the job
-    reported its peer's broken connection, `rank 1 failed: RuntimeError: ... Connection closed by
-    peer`, exit 1 (as the ranks started: exit 0, nothing trained). It is an interruption: exit 130."""
+@pytest.mark.parametrize("job", [DDP, []], ids=["ddp", "single"])
+def test_a_second_ctrl_c_to_a_hung_run_exits_130_in_one_line(tmp_path, job):
+    """A second Ctrl-C stops a run at once: here one hung in its forward, which no check reaches. Its
+    KeyboardInterrupt (or that of one that lands as the ranks start, before their watch takes SIGINT)
+    was swallowed by torch's wrapper: the rank exited 0 and the job reported its peer's broken
+    connection, `rank 1 failed: RuntimeError: ... Connection closed by peer`, exit 1 (as the ranks
+    started: exit 0, nothing trained). A single run's, in train.py's own process, was a traceback.
+    It is an interruption: exit 130, in one line."""
     hung = tmp_path / "hung"
     hanging = ["model._target_=tests.faults.HangingNet", "+model.hang_rank=0", f"+model.hung_file={hung}"]
-    run = Run(tmp_path / "run", *DDP, *TINY, *hanging)
+    run = Run(tmp_path / "run", *job, *TINY, *hanging)
     run.wait_for(hung.exists)
     os.killpg(run.proc.pid, signal.SIGINT)
     time.sleep(1.5)  # a Ctrl-C of its own, not the first one's copy
@@ -273,6 +268,22 @@ def test_a_second_ctrl_c_to_a_hung_ddp_run_exits_130_in_one_line(tmp_path):
     said = "interrupted by Ctrl-C (SIGINT) before the ranks saved last.pt; continue from the last save, if any, with:"
     assert said in output and "failed" not in output and "Traceback" not in output, output
     assert run.leftovers() == []
+
+
+def test_ctrl_c_in_the_pre_flight_exits_130_in_one_line_and_the_dirs_record_stays(tmp_path):
+    """Ctrl-C before any rank ran (here as the pre-flight builds the model for its check) was a
+    KeyboardInterrupt's traceback, and the run dir's .hydra/ then held the command that never ran,
+    in place of the run it had finished."""
+    run_dir = tmp_path / "run"
+    assert run_train(run_dir, *TINY).returncode == 0
+    record = (run_dir / ".hydra" / "overrides.yaml").read_text()
+    ctrl_c = ["model._target_=tests.faults.SignalingNet", "+model.at_step=0", f"+model.signum={int(signal.SIGINT)}"]
+    stopped = run_train(run_dir, *TINY, "trainer.epochs=5", *ctrl_c)
+    output = stopped.stdout + stopped.stderr
+    assert stopped.returncode == 128 + signal.SIGINT and "Traceback" not in output, output
+    said = "interrupted by Ctrl-C (SIGINT) before the ranks saved last.pt; continue from the last save, if any, with:"
+    assert said in output and "trainer.resume=auto" in output, output
+    assert (run_dir / ".hydra" / "overrides.yaml").read_text() == record
 
 
 def test_a_save_that_fails_as_a_ddp_job_stops_on_sigterm_is_the_error_reported(tmp_path):
