@@ -17,7 +17,7 @@ import signal
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from errors import ConfigError
 
@@ -108,6 +108,13 @@ def parse_signals(names: List[str], key: str) -> List[signal.Signals]:
     return parsed
 
 
+def taken_signals(signals: Iterable[signal.Signals]) -> List[signal.Signals]:
+    """Those of the preemption signals this process takes: not one it started with ignored, as nohup
+    starts a run meant to outlive its terminal (SIGHUP), but SIGINT always, which a script's `... &`
+    ignores for its job by the way (and which a spawned rank gets when its launcher dies)."""
+    return [sig for sig in signals if sig == signal.SIGINT or signal.getsignal(sig) is not signal.SIG_IGN]
+
+
 def check_ranges(section: str, ranges: List[Tuple[str, Any, bool, str]]) -> None:
     """(key, value, whether it is allowed, what is): the first value not allowed, as one line."""
     for key, value, allowed, what in ranges:
@@ -184,8 +191,9 @@ class TrainerConfig:
     # Preemption: these signals make every rank finish its step and save last.pt, then exit;
     # under SLURM the requeue signals also requeue the job (SIGTERM is also scancel's: no requeue).
     # USR1: slurm/train.sbatch's --signal; USR2: hydra/launcher=submitit_slurm's (submitit's own);
-    # INT: Ctrl-C, whose run then resumes where it stopped (a second Ctrl-C stops at once).
-    preempt_signals: List[str] = field(default_factory=lambda: ["SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2"])
+    # INT: Ctrl-C, whose run then resumes where it stopped (a second Ctrl-C stops at once); HUP: the
+    # terminal closed, or its ssh session dropped (a run under nohup ignores it still: taken_signals).
+    preempt_signals: List[str] = field(default_factory=lambda: ["SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2"])
     requeue_signals: List[str] = field(default_factory=lambda: ["SIGUSR1", "SIGUSR2"])
     # Seconds from the signal to SIGKILL: SLURM's KillWait after SIGTERM, torchrun's --shutdown-timeout,
     # the lead of `--signal=USR1@90`. The ranks check for a signal a quarter of it apart.

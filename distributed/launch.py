@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from config import launcher_env
-from config.schema import Accelerator, Backend, LauncherConfig, StartMethod, TrainerConfig
+from config.schema import Accelerator, Backend, LauncherConfig, StartMethod, TrainerConfig, taken_signals
 from distributed import environment
 from distributed.context import OPTIMIZER_IMPORT, DistContext, make_context
 from distributed.environment import EnvRank
@@ -307,7 +307,7 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
             if process.is_alive():
                 os.kill(process.pid, signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in plan.forward_signals}
+    previous = {sig: signal.signal(sig, forward) for sig in taken_signals(plan.forward_signals)}
     try:
         ended = _until_one_fails(ranks)
         while not ranks.join(grace_period=_GRACE_S):

@@ -94,6 +94,7 @@ def test_cpu_ddp_plan():
     assert set(plan.forward_signals) == {
         signal.SIGINT,
         signal.SIGTERM,
+        signal.SIGHUP,
         signal.SIGUSR1,
         signal.SIGUSR2,
     }  # passed on to spawned ranks

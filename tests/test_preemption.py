@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from config.overrides import sweep_command
+from config.schema import taken_signals
 from distributed.context import DistContext, make_context
 from errors import Preempted
 from tests.configs import job_config
@@ -376,3 +377,18 @@ def test_a_time_based_save_lands_mid_epoch_through_train_py(tmp_path):
     assert result.returncode != 0 and "injected failure on rank 1" in result.stderr, result.stderr[-3000:]
     last = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     assert (last["epoch"], last["step"], last["batch"]) == (0, 2, 2)
+
+
+def test_a_signal_the_process_started_with_ignored_is_not_taken_but_sigint_always_is():
+    """nohup's SIGHUP stays ignored; a script's `... &` ignores SIGINT by the way, and a spawned
+    rank gets SIGINT when its launcher dies: that one is taken (docs/reliability.md)."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGHUP, signal.SIGINT)}
+    try:
+        signals = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+        assert taken_signals(signals) == [signal.SIGINT, signal.SIGTERM]
+        with PreemptionWatch(make_context(0, 0, 1, 1, "cpu", use_process_group=False), signals, 30.0):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, previous[signal.SIGINT])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

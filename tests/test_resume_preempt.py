@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests import train_server
-from tests.runs import run_train
+from tests.runs import FORK_RANKS, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -31,14 +31,15 @@ class Run:
     """`python train.py` in the background, leading a session of its own: every process it starts
     (ranks, a forkserver, the resource tracker) is in it, orphans included, and can be found."""
 
-    def __init__(self, run_dir: Path, *overrides: str, background: bool = False) -> None:
+    def __init__(self, run_dir: Path, *overrides: str, background: bool = False, nohup: bool = False) -> None:
         """Forked from the train server (tests/train_server.py); with `background`, started as a
-        script's `python train.py ... &` is, with SIGINT ignored."""
+        script's `python train.py ... &` is, with SIGINT ignored; with `nohup`, with SIGHUP ignored."""
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.out = open(run_dir.parent / f"{run_dir.name}-{uuid.uuid4().hex}.out", "w+")
         args = [f"hydra.run.dir={run_dir}", "trainer.progress_bar=false", *overrides]
-        self.proc = train_server.start(args, Path(self.out.name), sigint_ignored=background)
+        ignored = (signal.SIGINT,) * background + (signal.SIGHUP,) * nohup
+        self.proc = train_server.start(args, Path(self.out.name), ignored=ignored)
 
     def kill(self) -> None:
         """kill -9 the whole job at once, as a node failure or SLURM's step kill does: train.py and
@@ -246,6 +247,27 @@ def test_ctrl_c_saves_a_ddp_run_where_it_stopped(tmp_path):
     assert "Traceback" not in run.output() and run.leftovers() == []
     log = (run_dir / "train.log").read_text()
     assert f"SIGINT: every rank stops after step {_checkpoint(run_dir)['step']};" in log
+
+
+def test_a_run_whose_terminal_hangs_up_saves_where_it_stopped(tmp_path):
+    """SIGHUP, what the kernel sends a terminal's jobs when it closes or its ssh session drops,
+    killed the run at once, the epoch in progress lost."""
+    run = Run(tmp_path / "run", *TINY, *SLOW)
+    run.wait_for(lambda: run.logged("from epoch 1"))
+    os.killpg(run.proc.pid, signal.SIGHUP)
+    assert run.finish() == 128 + signal.SIGHUP, run.output()
+    assert "preempted by SIGHUP: last.pt is saved; resume with: python train.py" in run.output()
+    assert _checkpoint(tmp_path / "run")["step"] > 0
+
+
+def test_a_ddp_run_under_nohup_trains_on_when_its_terminal_hangs_up(tmp_path):
+    """nohup starts a run with SIGHUP ignored, meant to outlive its terminal: neither the launcher
+    nor its ranks take it (trainer.preempt_signals has it)."""
+    run = Run(tmp_path / "run", *DDP, FORK_RANKS, *TINY, *SLOW, nohup=True)
+    run.wait_for(lambda: run.logged("from epoch 1"))
+    os.killpg(run.proc.pid, signal.SIGHUP)
+    assert run.finish() == 0, run.output()
+    assert "SIGHUP" not in run.output() and run.leftovers() == []
 
 
 @pytest.mark.parametrize("job", [DDP, []], ids=["ddp", "single"])

@@ -100,11 +100,12 @@ class Started:
         self.send_signal(signal.SIGKILL)
 
 
-def start(args: list[str], output: Path, cwd: Path = ROOT, sigint_ignored: bool = False) -> Started:
+def start(args: list[str], output: Path, cwd: Path = ROOT, ignored: tuple[int, ...] = ()) -> Started:
     """`python train.py *args` in the background, stdout and stderr to `output`, leading a session
     of its own (as `subprocess.Popen(..., start_new_session=True)`): every process it starts is in it.
-    `sigint_ignored`: as a script's `python train.py ... &` starts, with SIGINT ignored."""
-    return Started(_start(args, cwd, output, output, new_session=True, sigint_ignored=sigint_ignored))
+    `ignored`: signals it starts with ignored, as a script's `python train.py ... &` starts with
+    SIGINT ignored, and `nohup python train.py` with SIGHUP."""
+    return Started(_start(args, cwd, output, output, new_session=True, ignored=ignored))
 
 
 def _start(
@@ -115,11 +116,11 @@ def _start(
     new_session: bool,
     script: Path = TRAIN_PY,
     module: str | None = None,
-    sigint_ignored: bool = False,
+    ignored: tuple[int, ...] = (),
 ) -> multiprocessing.Process:
     ensure_running()
     child = _context.Process(
-        target=_train_py, args=(args, cwd, dict(os.environ), out, err, new_session, script, module, sigint_ignored)
+        target=_train_py, args=(args, cwd, dict(os.environ), out, err, new_session, script, module, ignored)
     )
     child.start()
     return child
@@ -134,16 +135,17 @@ def _train_py(
     new_session: bool,
     script: Path = TRAIN_PY,
     module: str | None = None,
-    sigint_ignored: bool = False,
+    ignored: tuple[int, ...] = (),
 ) -> None:
     """The child: what the interpreter does for `python train.py *args` (or `script`, or `python -m
     module`), from the preloaded state."""
     if new_session:
         os.setsid()
-    # As a terminal's foreground starts it, Ctrl-C raising KeyboardInterrupt, whatever the test runner's
-    # own start passed on to the server (a runner started by a script's `... &` ignores SIGINT); or as
-    # a script's `... &` does: an interpreter started with SIGINT ignored keeps it so.
-    signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.default_int_handler)
+    # As a terminal's foreground starts it, Ctrl-C raising KeyboardInterrupt and SIGHUP ending it,
+    # whatever the test runner's own start passed on to the server (a runner started by a script's
+    # `... &` ignores SIGINT, one under nohup SIGHUP); an interpreter started with one ignored keeps it so.
+    signal.signal(signal.SIGINT, signal.SIG_IGN if signal.SIGINT in ignored else signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN if signal.SIGHUP in ignored else signal.SIG_DFL)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)

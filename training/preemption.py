@@ -29,6 +29,7 @@ import torch
 
 from config.overrides import sweep_command
 from config.redact import redact
+from config.schema import taken_signals
 from distributed.collectives import all_reduce_max
 from distributed.context import DistContext
 from errors import Preempted
@@ -64,7 +65,7 @@ class PreemptionWatch:
         self._sigint_at = -math.inf  # when the last SIGINT came (time.monotonic)
         self._next_check = 0  # the first step after the start: what it took sets the next check
         self._last_check: tuple[float, int | None] = (time.perf_counter(), None)  # (clock, step) of the last check
-        self._previous = {sig: signal.signal(sig, self._note) for sig in signals}
+        self._previous = {sig: signal.signal(sig, self._note) for sig in taken_signals(signals)}
         self.saves: SaveCadence | None = None
 
     def carry(self, saves: SaveCadence) -> None:

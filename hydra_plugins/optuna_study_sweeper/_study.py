@@ -41,7 +41,7 @@ from optuna.trial import Trial, TrialState
 
 from config.overrides import check_overrides, last_overrides, schema_type
 from config.redact import redact
-from config.schema import parse_signals
+from config.schema import parse_signals, taken_signals
 from errors import ConfigError, Preempted, first_line
 from hydra_plugins.optuna_study_sweeper import _optuna_private, _processes, _pruning, _storage
 from training.callbacks import Callback
@@ -715,7 +715,7 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
     # otherwise they stop the search here, which then says so once, as a run does. SIGINT raises
     # KeyboardInterrupt here, also in a search started with it ignored (a script's `... &`): its
     # trials take it all the same, and one sent between them would be lost.
-    previous = {sig: signal.signal(sig, _raise_signalled) for sig in preempt if sig != signal.SIGINT}
+    previous = {sig: signal.signal(sig, _raise_signalled) for sig in taken_signals(preempt) if sig != signal.SIGINT}
     if signal.SIGINT in preempt and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     stopping = sorted({signal.SIGINT, *previous})
