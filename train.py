@@ -83,7 +83,7 @@ def main(cfg: DictConfig) -> float | None:
     except Preempted as e:
         requeue_or_explain(e, list(plan.launch.requeue_signals), _resume_command(overrides, run_dir, sweep_dir, search))
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:  # Ctrl-C in the pre-flight: no rank ran, and the dir keeps the record it had
+    except KeyboardInterrupt:  # Ctrl-C before the launch (a rank's is Preempted): no rank ran, the dir's record stays
         restore_run_record()
         stopped = Preempted(signal.SIGINT, saved=False)
         requeue_or_explain(stopped, [], _resume_command(overrides, run_dir, sweep_dir, search))

@@ -234,16 +234,25 @@ def launch(plan: LaunchPlan, worker: Callable[..., Any], *args: Any) -> None:
             _end_with_agent()  # torchrun exported MASTER_ADDR/PORT
         elif plan.process_group:
             os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = plan.master_addr, str(plan.master_port)
-        worker(plan.context(plan.env_rank.rank, plan.env_rank.local_rank), *args)
+        with _ctrl_c_stops(is_main=plan.env_rank.rank == 0):
+            worker(plan.context(plan.env_rank.rank, plan.env_rank.local_rank), *args)
         return
     with _store(plan):
         if plan.in_process:  # CPU, or a single run
-            try:
+            with _ctrl_c_stops(is_main=True):
                 _run_rank(0, plan, worker, args)
-            except KeyboardInterrupt:  # a second Ctrl-C, or one before its watch took SIGINT: as a spawned rank's
-                raise Preempted(signal.SIGINT, saved=False) from None
         else:
             _spawn(plan, worker, args)
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops(is_main: bool) -> Iterator[None]:
+    """A rank run in this process: the KeyboardInterrupt of a second Ctrl-C, or of one before its
+    watch took SIGINT, is an interruption that saved nothing, as a spawned rank's death by SIGINT is."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Preempted(signal.SIGINT, is_main=is_main, saved=False) from None
 
 
 @contextlib.contextmanager

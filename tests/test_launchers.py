@@ -905,3 +905,18 @@ def test_each_launch_hands_its_forkserver_ranks_its_own_environment(monkeypatch,
         launch(check_and_plan(cfg).launch, _record_master_port, str(tmp_path / job))
         ports = [(tmp_path / job / f"rank{r}").read_text() for r in range(2)]
         assert ports[0] == ports[1] != "", ports  # the launch's store, not the server's empty MASTER_PORT
+
+
+def test_a_ctrl_c_in_a_rank_run_in_the_launchers_process_is_an_interruption_that_saved_nothing():
+    """A single run's rank runs in train.py's process: its KeyboardInterrupt (a second Ctrl-C, or one
+    before its watch took SIGINT) is what a spawned rank's death by SIGINT is, not a traceback, and
+    not the pre-flight's Ctrl-C, after which train.py puts the run dir's record back."""
+    plan = check_and_plan(typed_config("trainer.accelerator=cpu")).launch
+    assert plan.in_process
+
+    def ctrl_c(ctx):
+        raise KeyboardInterrupt
+
+    with pytest.raises(Preempted) as stopped:
+        launch(plan, ctrl_c)
+    assert (stopped.value.signum, stopped.value.saved, stopped.value.is_main) == (signal.SIGINT, False, True)
