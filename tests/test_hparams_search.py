@@ -449,9 +449,8 @@ def test_a_signal_while_no_trial_runs_ends_the_search_in_one_line_that_continues
     args += [f"hydra.sweeper.n_jobs={n_jobs}", "debug=limit", "trainer.epochs=1", "trainer.limit_train_batches=2"]
     args += ["hydra.sweeper.sampler._target_=tests.faults.SignalingSampler"]
     args += [f"+hydra.sweeper.sampler.at_trial={n_jobs}", f"+hydra.sweeper.sampler.signum={int(signum)}"]
-    search = Run(
-        sweep, *args, background=signum == signal.SIGINT
-    )  # a session of its own: the sampler signals its whole group
+    # A session of its own: the sampler signals its whole group.
+    search = Run(sweep, *args, background=signum == signal.SIGINT)
     assert search.finish() == 128 + signum, search.output()
     output = search.output()
     assert "Traceback" not in output and search.leftovers() == [], output

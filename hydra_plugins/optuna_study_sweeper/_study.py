@@ -712,12 +712,11 @@ def _sweep(sweeper: Any, arguments: list[str], sweep_dir: Path) -> dict[str, Any
     path = sweep_dir / RESULTS
     preempt = _signals(sweeper.config, "trainer.preempt_signals")
     # A trial's run in this process takes these signals while it trains (and says how to go on);
-    # otherwise they stop the search here, which then says so once, as a run does. SIGINT raises
-    # KeyboardInterrupt here, also in a search started with it ignored (a script's `... &`): its
-    # trials take it all the same, and one sent between them would be lost.
-    previous = {sig: signal.signal(sig, _raise_signalled) for sig in taken_signals(preempt) if sig != signal.SIGINT}
-    if signal.SIGINT in preempt and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # otherwise they stop the search here, which then says so once, as a run does: the ones a run
+    # takes (taken_signals), SIGINT as Python's KeyboardInterrupt, also in a search started with it
+    # ignored (a script's `... &`), or one sent between trials would be lost.
+    handlers = {sig: signal.default_int_handler if sig == signal.SIGINT else _raise_signalled for sig in preempt}
+    previous = {sig: signal.signal(sig, handlers[sig]) for sig in taken_signals(preempt)}
     stopping = sorted({signal.SIGINT, *previous})
     try:
         run(
