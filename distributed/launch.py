@@ -350,6 +350,10 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        # torch leaves the traceback a rank wrote in the temp dir: read (above), it would only pile up there.
+        for path in ranks.error_files:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 def _until_one_fails(ranks: mp.ProcessContext) -> dict[int, int]:

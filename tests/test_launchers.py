@@ -551,14 +551,17 @@ def _raise_on_rank_1(ctx) -> None:
         raise KeyError("val/nope")  # as a callback of one's own might, deep in the loop
 
 
-def test_a_rank_that_raised_is_named_in_one_line_and_its_traceback_kept():
+def test_a_rank_that_raised_is_named_in_one_line_and_its_traceback_kept(monkeypatch):
     # The line says what; where in the rank's code it raised only its traceback says, which a spawned
     # rank writes to a file: train.py logs it, to the console and train.log, before the line.
     plan = launching.LaunchPlan("spawn", "cpu", 2, 2, 1, False, None, None, start_method="fork")
+    start, started = launching.mp.start_processes, []
+    monkeypatch.setattr(launching.mp, "start_processes", lambda *a, **kw: started.append(start(*a, **kw)) or started[0])
     with pytest.raises(RankFailed) as error:
         launch(plan, _raise_on_rank_1)
     assert str(error.value) == "rank 1 failed: KeyError: 'val/nope'; the other ranks were stopped"
     assert error.value.traceback.startswith("Traceback") and "in _raise_on_rank_1" in error.value.traceback
+    assert not [path for path in started[0].error_files if os.path.exists(path)]  # read, then gone from the temp dir
 
 
 def _ready(ready: Path, rank: int, note_sigterm: bool) -> list[int]:

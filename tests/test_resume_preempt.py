@@ -351,8 +351,10 @@ def test_ranks_end_with_a_killed_launcher_started_in_the_background(tmp_path):
         ("+model.kill=true", "killed by SIGKILL (by hand, or by the kernel when memory ran out: `dmesg` says"),
     ],
 )
-def test_a_failing_rank_ends_the_ddp_job_naming_it_and_leaves_no_process(tmp_path, fault, reason):
-    run_dir = tmp_path / "run"
+def test_a_failing_rank_ends_the_ddp_job_naming_it_and_leaves_no_process(monkeypatch, tmp_path, fault, reason):
+    run_dir, temp = tmp_path / "run", tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # where torch has each spawned rank write its traceback
     faulty = ["model._target_=tests.faults.FailingNet", "+model.at_step=3", *([fault] if fault else [])]
     run = Run(run_dir, *DDP, *TINY, "launcher.timeout_s=20", *faulty)
     run.wait_for(lambda: run.logged("from epoch 1"))  # training starts; rank 1 fails at its 3rd step
@@ -367,6 +369,7 @@ def test_a_failing_rank_ends_the_ddp_job_naming_it_and_leaves_no_process(tmp_pat
     assert ('tests/faults.py", line' in log) == (not fault), log
     assert elapsed < 20, f"{elapsed:.0f} s from the start of training to the end of the job"
     assert run.leftovers() == []
+    assert list(temp.iterdir()) == []  # and no file: the tracebacks were read, then removed
 
 
 # The recipe's stateful parts: mixing draws, the EMA (every 2 steps), per-step warmup, repeated augmentation.

@@ -149,6 +149,7 @@ def _train_py(
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # the temp dir its environment's TMPDIR names, not the one the server found first
     os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
     os.dup2(1 if err == out else os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
     sys.argv = [module or str(script), *args]  # runpy puts the module's file in argv[0], as -m does
