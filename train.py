@@ -41,6 +41,7 @@ from training.run import run
 gc.freeze()
 gc.enable()
 setup.register()
+setup.mode_from_the_command_line()
 log = logging.getLogger("train")
 
 

@@ -14,11 +14,14 @@ from typing import Any
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
+from hydra._internal.hydra import Hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.nodes import EnumNode
 
 from config import launcher_env
 from config.schema import Config, devices_per_node
@@ -133,6 +136,39 @@ def register() -> None:
     for name, resolver in RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)
+
+
+# The one group whose files set hydra.mode (a search is a sweep: no -m needed); tests/test_config.py
+# holds conf/ to it.
+MODE_GROUP = "hparams_search"
+
+
+def mode_from_the_command_line() -> None:
+    """Before @hydra.main runs: Hydra finds whether a start is a run or a sweep (hydra.mode) by
+    composing the whole config once more, only to read that key (hydra-ecosystem/hydra#3440): a
+    tenth of a CPU-second at every start, every rank's under torchrun or SLURM. Here the command
+    line says it: -m, hydra.mode=..., or an hparams_search=... (whose file sets the key, so then
+    Hydra composes to read it, as before)."""
+    Hydra.get_mode = _mode_on_the_command_line
+
+
+_composed_mode = Hydra.get_mode
+
+
+def _mode_on_the_command_line(hydra: Hydra, config_name: str | None, overrides: list[str]) -> RunMode | None:
+    """Hydra.get_mode's answer, composed only for a search: the mode the last hydra.mode=... override
+    names, else None, which leaves it to -m. An override that does not parse, or names no mode, is
+    None too, as get_mode's failed composition was: the run's own composition then says what is wrong."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        given = [o.value() for o in parsed if o.key_or_group == "hydra.mode"]
+        if given:
+            return EnumNode.validate_and_convert_to_enum(RunMode, given[-1])
+    except Exception:
+        return None
+    if any(o.key_or_group == MODE_GROUP for o in parsed):
+        return _composed_mode(hydra, config_name, overrides)
+    return None
 
 
 def compose(*overrides: str, hydra: bool = False) -> DictConfig:

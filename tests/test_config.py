@@ -5,10 +5,14 @@ from __future__ import annotations
 import signal
 
 import pytest
+import yaml
+from hydra._internal.hydra import Hydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException
+from hydra.types import RunMode
 from omegaconf.errors import ConfigKeyError, ValidationError
 
+from config import setup
 from config.overrides import check_overrides, last_overrides
 from config.paths import make_folder
 from config.schema import (
@@ -21,6 +25,7 @@ from config.schema import (
     TrainerConfig,
     parse_signals,
 )
+from config.setup import CONF_DIR
 from errors import ConfigError
 from preflight import check_and_plan
 from tests.configs import compose_config, typed_config
@@ -515,3 +520,42 @@ def test_a_folder_to_write_to_is_made_or_refused_in_one_line_naming_the_key(tmp_
     # The reason as the system words it, not the exception's repr ([Errno 2] ...)
     with pytest.raises(ConfigError, match=r"^--png=z: cannot write there \([^\[\]]+\); give a path you can write$"):
         make_folder("/proc", "--png=z")
+
+
+def test_a_start_reads_its_mode_from_the_command_line_and_composes_for_it_only_in_a_search(monkeypatch):
+    """Hydra composed the whole config once more at every start only to read hydra.mode (hydra#3440)."""
+    composed = []
+    monkeypatch.setattr(Hydra, "get_mode", Hydra.get_mode)  # this worker's Hydra as it was, after the test
+    monkeypatch.setattr(setup, "_composed_mode", lambda hydra, name, overrides: composed.append(overrides) or "read")
+    setup.mode_from_the_command_line()
+    hydra = object.__new__(Hydra)
+    assert hydra.get_mode("config", ["hydra.mode=MULTIRUN"]) == RunMode.MULTIRUN
+    assert hydra.get_mode("config", ["hydra.mode=MULTIRUN", "trainer.epochs=2", "++hydra.mode=RUN"]) == RunMode.RUN
+    assert hydra.get_mode("config", ["trainer.epochs=2", "model=resnet18"]) is None  # -m, or its absence, decides
+    assert hydra.get_mode("config", ["hydra.mode=SOMETIMES"]) is None  # the run's own composition refuses it
+    assert composed == []
+    assert hydra.get_mode("config", ["hparams_search=digits", "trainer.epochs=2"]) == "read"  # its file's
+    assert composed == [["hparams_search=digits", "trainer.epochs=2"]]
+
+
+def test_only_a_search_sets_hydra_mode_in_a_file_and_only_the_command_line_chooses_one():
+    """train.py reads whether a start is a sweep from the command line (-m, hydra.mode=..., or
+    hparams_search=..., whose file sets hydra.mode): a hydra.mode set elsewhere, or a search chosen
+    by another file's defaults, would go unread (config.setup.mode_from_the_command_line)."""
+
+    def keys(node: object, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+        if not isinstance(node, dict):
+            return []
+        return [p for key, value in node.items() for p in [(*path, str(key)), *keys(value, (*path, str(key)))]]
+
+    setting, chosen = [], []
+    for path in sorted(CONF_DIR.rglob("*.yaml")):
+        text = path.read_text()
+        node = yaml.safe_load(text) or {}
+        package = () if text.startswith("# @package _global_") else path.relative_to(CONF_DIR).parts[:-1]
+        if any((*package, *key)[-2:] == ("hydra", "mode") for key in keys(node)):
+            setting.append(path.relative_to(CONF_DIR).as_posix())
+        if path != CONF_DIR / "config.yaml":  # whose defaults list it (as null) for the command line to choose
+            chosen += [name for entry in node.get("defaults", []) if isinstance(entry, dict) for name in entry]
+    assert setting == sorted(p.relative_to(CONF_DIR).as_posix() for p in (CONF_DIR / setup.MODE_GROUP).glob("*.yaml"))
+    assert [name for name in chosen if name.endswith(setup.MODE_GROUP)] == []

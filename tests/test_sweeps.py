@@ -226,10 +226,13 @@ def test_every_strategy_runs_under_multirun(tmp_path):
     assert all((job / "checkpoints" / "last.pt").exists() and (job / "train.log").is_file() for job in jobs)
 
 
-def test_a_value_no_job_could_use_refuses_the_sweep_before_its_first_job_trains(tmp_path):
+# hydra.mode=MULTIRUN on the command line starts a sweep as -m does (train.py reads the mode there:
+# config.setup.mode_from_the_command_line).
+@pytest.mark.parametrize("multirun", ["-m", "hydra.mode=MULTIRUN"])
+def test_a_value_no_job_could_use_refuses_the_sweep_before_its_first_job_trains(tmp_path, multirun):
     # The jobs listed before the bad one trained first (a GPU's hours), then the sweep stopped there.
     sweep = tmp_path / "sweep"
-    result = train_server.run(["-m", f"hydra.sweep.dir={sweep}", *TINY, "trainer.max_steps=2,-1"])
+    result = train_server.run([multirun, f"hydra.sweep.dir={sweep}", *TINY, "trainer.max_steps=2,-1"])
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == (
         "error: trainer.max_steps=-1: use 1 or more optimizer steps, or null for no limit but trainer.epochs "
