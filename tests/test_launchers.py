@@ -360,7 +360,7 @@ def test_a_gpu_sweep_job_runs_even_one_process_in_a_child(monkeypatch, strategy)
     spawned, in_process = [], []
 
     class Finished:
-        processes = []
+        processes, error_files = [], []
 
         def join(self, grace_period: float) -> bool:
             return True
@@ -826,7 +826,7 @@ def test_the_start_method_and_port_reach_the_ranks(monkeypatch, start_method):
     started, port = [], free_port()
 
     class Finished:
-        processes = []
+        processes, error_files = [], []
 
         def join(self, grace_period: float) -> bool:
             return True
