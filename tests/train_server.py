@@ -17,9 +17,11 @@ benchmarks that time whole processes (start-up, peers, time to accuracy).
 from __future__ import annotations
 
 import atexit
+import importlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import pkgutil
 import runpy
 import signal
 import subprocess
@@ -37,16 +39,25 @@ import torch.utils.tensorboard  # noqa: F401
 import torchvision  # noqa: F401
 from hydra.core.plugins import Plugins
 
-import distributed.launch  # noqa: F401
+import config
+import data
+import distributed
 import hydra_plugins.optuna_study_sweeper._study  # noqa: F401
-import preflight  # noqa: F401
-import training.preemption  # noqa: F401
-import training.run  # noqa: F401
-from config.setup import ROOT
+import models
+import train  # noqa: F401
+import training
+from config.setup import ROOT, compose
 
-# Hydra's scan of its plugins (it imports each public module under hydra_plugins/, submitit's
-# launcher among them), which each run's hydra.main would start with: done once, here.
+# Every module of the project, each of which some run imports as it goes (its dataset's, its
+# model's, the sharded checkpoint's), and Hydra's scan of its plugins (it imports each public module
+# under hydra_plugins/, submitit's launcher among them), which each run's hydra.main would start
+# with: done once, here. A composition too, for the grammars Hydra and OmegaConf parse overrides
+# and interpolations with, which build their tables as they first parse.
+for package in (config, data, distributed, models, training):
+    for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+        importlib.import_module(module.name)
 Plugins.instance()
+compose("model=simple_cnn", "trainer.epochs=2", hydra=True)
 
 TRAIN_PY = ROOT / "train.py"
 _context = multiprocessing.get_context("forkserver")
