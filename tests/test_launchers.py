@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -31,7 +32,6 @@ from tests import train_server
 from tests.configs import typed_config
 from tests.runs import free_port, run_train, same_weights
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 TINY = ["debug=fdr"]
 
 TORCHRUN_ENV = {
@@ -388,22 +388,26 @@ def test_a_gpu_sweep_job_runs_even_one_process_in_a_child(monkeypatch, strategy)
 
 def _torchrun(
     cwd: Path, torchrun_args: list[str], *overrides: str, env: dict[str, str] | None = None
-) -> subprocess.Popen:
+) -> train_server.Started:
     """`torchrun ... train.py` from `cwd`, so Hydra's default run dir lands in cwd/outputs; `env`: added
-    to this process's environment."""
-    cmd = [*TORCHRUN, *torchrun_args, str(ROOT / "train.py"), "strategy=ddp", *TINY, *overrides]
+    to this process's environment. The agent is forked from the train server (it imports torch, and
+    nothing of its work depends on its own start); its ranks are the interpreters it starts itself."""
+    args = [*torchrun_args, str(ROOT / "train.py"), "strategy=ddp", *TINY, *overrides]
     # One thread per rank as spawn's 2 ranks use here (torchrun sets it only for nproc_per_node > 1):
     # another thread count sums in another order, and the weights would differ in the last bits.
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    output = cwd.parent / f"{cwd.name}-torchrun-{uuid.uuid4().hex}.out"
+    return train_server.start(args, output, cwd=cwd, module="torch.distributed.run", env=env)
 
 
-def _finish(process: subprocess.Popen) -> tuple[int, str]:
+def _finish(agent: train_server.Started) -> tuple[int, str]:
+    """The agent's exit code and the end of its output (its ranks' too: they write to the agent's)."""
     try:
-        _, stderr = process.communicate(timeout=240)
+        code = agent.wait(timeout=240)
     finally:
-        process.kill()
-    return process.returncode, stderr[-3000:]
+        if agent.poll() is None:
+            agent.kill()
+    return code, agent.output.read_text()[-3000:]
 
 
 def _one_run_dir(cwd: Path) -> Path:

@@ -10,8 +10,8 @@ imports (one thread, no OpenMP pool, no CUDA), so forking it is safe; random res
 each child (os.register_at_fork).
 
 What this cannot show, a cold interpreter's imports, the tests that start `sys.executable
-train.py` themselves still do: the default job, the background launch, torchrun, SLURM and the
-benchmarks that time whole processes (start-up, peers, time to accuracy).
+train.py` themselves still do: the default job, the ranks torchrun's agent (forked from here) and
+SLURM start, and the benchmarks that time whole processes (start-up, peers, time to accuracy).
 """
 
 from __future__ import annotations
@@ -90,10 +90,11 @@ def run(
 
 
 class Started:
-    """A train.py that start() started: the part of subprocess.Popen the tests use."""
+    """A train.py that start() started: the part of subprocess.Popen the tests use, and the file its
+    output goes to."""
 
-    def __init__(self, process: multiprocessing.Process) -> None:
-        self._process, self.pid = process, process.pid
+    def __init__(self, process: multiprocessing.Process, output: Path) -> None:
+        self._process, self.pid, self.output = process, process.pid, output
 
     def poll(self) -> int | None:
         return self._process.exitcode
@@ -111,12 +112,20 @@ class Started:
         self.send_signal(signal.SIGKILL)
 
 
-def start(args: list[str], output: Path, cwd: Path = ROOT, ignored: tuple[int, ...] = ()) -> Started:
+def start(
+    args: list[str],
+    output: Path,
+    cwd: Path = ROOT,
+    ignored: tuple[int, ...] = (),
+    module: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Started:
     """`python train.py *args` in the background, stdout and stderr to `output`, leading a session
     of its own (as `subprocess.Popen(..., start_new_session=True)`): every process it starts is in it.
     `ignored`: signals it starts with ignored, as a script's `python train.py ... &` starts with
-    SIGINT ignored, and `nohup python train.py` with SIGHUP."""
-    return Started(_start(args, cwd, output, output, new_session=True, ignored=ignored))
+    SIGINT ignored, and `nohup python train.py` with SIGHUP; `module`: `python -m module *args`
+    instead (torchrun's agent); `env`: its environment, this process's by default."""
+    return Started(_start(args, cwd, output, output, True, module=module, ignored=ignored, env=env), output)
 
 
 def _start(
@@ -128,10 +137,12 @@ def _start(
     script: Path = TRAIN_PY,
     module: str | None = None,
     ignored: tuple[int, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> multiprocessing.Process:
     ensure_running()
+    environment = dict(os.environ) if env is None else env
     child = _context.Process(
-        target=_train_py, args=(args, cwd, dict(os.environ), out, err, new_session, script, module, ignored)
+        target=_train_py, args=(args, cwd, environment, out, err, new_session, script, module, ignored)
     )
     child.start()
     return child
