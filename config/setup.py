@@ -66,9 +66,12 @@ def _name(choice: object) -> str:
     return choice.name if isinstance(choice, Enum) else str(choice)
 
 
-def _spelled(value: Any) -> str:
-    """${spelled:${trainer.gpus}}: a value as a config spells it (null, true, auto), where Python
-    would print None, True, Accelerator.auto: for the values --help shows."""
+def _spelled(key: str, *, _root_: DictConfig) -> str:
+    """${spelled:trainer.gpus}: a key's value as a config spells it (null, true, auto), where Python
+    would print None, True, Accelerator.auto: for the values --help shows; a key the config lacks
+    (an optimizer without lr) is null. The key, not ${trainer.gpus}: a text without nested
+    interpolations composes without OmegaConf's parser (its regex is enough), at every start."""
+    value = OmegaConf.select(_root_, key, default=None)
     return json.dumps(value) if value is None or isinstance(value, bool) else _name(value)
 
 

@@ -37,7 +37,7 @@ def test_help_says_what_this_is_lists_every_group_and_the_keys_it_names_exist():
     for line in keys:
         key, shown[key] = re.fullmatch(r"  (\S+) +.*\(now (.*)\)", line).groups()
         value = OmegaConf.select(cfg, key, default=KeyError, throw_on_missing=True)
-        assert value is not KeyError and shown[key] == RESOLVERS["spelled"](value), line
+        assert value is not KeyError and shown[key] == RESOLVERS["spelled"](key, _root_=cfg), line
     assert [shown[k] for k in ("optimizer.lr", "trainer.gpus", "trainer.accelerator", "trainer.resume")] == [
         "0.001",
         "2",
