@@ -144,6 +144,7 @@ def register() -> None:
 # The one group whose files set hydra.mode (a search is a sweep: no -m needed); tests/test_config.py
 # holds conf/ to it.
 MODE_GROUP = "hparams_search"
+_composed_mode = Hydra.get_mode  # Hydra's own, which composes
 
 
 def mode_from_the_command_line() -> None:
@@ -153,9 +154,6 @@ def mode_from_the_command_line() -> None:
     line says it: -m, hydra.mode=..., or an hparams_search=... (whose file sets the key, so then
     Hydra composes to read it, as before)."""
     Hydra.get_mode = _mode_on_the_command_line
-
-
-_composed_mode = Hydra.get_mode
 
 
 def _mode_on_the_command_line(hydra: Hydra, config_name: str | None, overrides: list[str]) -> RunMode | None:

@@ -560,7 +560,12 @@ def test_a_rank_that_raised_is_named_in_one_line_and_its_traceback_kept(monkeypa
     # rank writes to a file: train.py logs it, to the console and train.log, before the line.
     plan = launching.LaunchPlan("spawn", "cpu", 2, 2, 1, False, None, None, start_method="fork")
     start, started = launching.mp.start_processes, []
-    monkeypatch.setattr(launching.mp, "start_processes", lambda *a, **kw: started.append(start(*a, **kw)) or started[0])
+
+    def recorded(*args, **kwargs):
+        started.append(start(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(launching.mp, "start_processes", recorded)
     with pytest.raises(RankFailed) as error:
         launch(plan, _raise_on_rank_1)
     assert str(error.value) == "rank 1 failed: KeyError: 'val/nope'; the other ranks were stopped"
