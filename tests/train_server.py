@@ -48,11 +48,12 @@ import train  # noqa: F401
 import training
 from config.setup import ROOT, compose
 
-# Every module of the project, each of which some run imports as it goes (its dataset's, its
-# model's, the sharded checkpoint's), and Hydra's scan of its plugins (it imports each public module
-# under hydra_plugins/, submitit's launcher among them), which each run's hydra.main would start
-# with: done once, here. A composition too, for the grammars Hydra and OmegaConf parse overrides
-# and interpolations with, which build their tables as they first parse.
+# train.py's imports and set-up (its resolvers, the mode read from the command line); every module of
+# the project, each of which some run imports as it goes (its dataset's, its model's, the sharded
+# checkpoint's); and Hydra's scan of its plugins (it imports each public module under hydra_plugins/,
+# submitit's launcher among them), which each run's hydra.main would start with: done once, here. A
+# composition too, for the grammars Hydra and OmegaConf parse overrides and interpolations with,
+# which build their tables as they first parse.
 for package in (config, data, distributed, models, training):
     for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
         importlib.import_module(module.name)
@@ -90,8 +91,8 @@ def run(
 
 
 class Started:
-    """A train.py that start() started: the part of subprocess.Popen the tests use, and the file its
-    output goes to."""
+    """What start() started (train.py, or the module it ran): the part of subprocess.Popen the tests
+    use, and the file its output goes to."""
 
     def __init__(self, process: multiprocessing.Process, output: Path) -> None:
         self._process, self.pid, self.output = process, process.pid, output
@@ -125,7 +126,7 @@ def start(
     `ignored`: signals it starts with ignored, as a script's `python train.py ... &` starts with
     SIGINT ignored, and `nohup python train.py` with SIGHUP; `module`: `python -m module *args`
     instead (torchrun's agent); `env`: its environment, this process's by default."""
-    return Started(_start(args, cwd, output, output, True, module=module, ignored=ignored, env=env), output)
+    return Started(_start(args, cwd, output, output, new_session=True, module=module, ignored=ignored, env=env), output)
 
 
 def _start(
