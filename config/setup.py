@@ -119,6 +119,8 @@ def _four_digits(override: Override) -> str:
 _NAME_BYTES = 200  # file systems take 255 bytes a name: room to spare
 
 
+SCHEMA = "schema"  # the ConfigStore name conf/config.yaml's defaults start with
+
 # conf/config.yaml names the run dir with run_name and rank_zero_only, so every torchrun/SLURM
 # rank picks the same dir and only rank 0 writes .hydra/ (Hydra #2070).
 RESOLVERS = {
@@ -134,8 +136,11 @@ RESOLVERS = {
 
 
 def register() -> None:
-    """Idempotent: train.py, Hydra's callback import and every tool may call it."""
-    ConfigStore.instance().store(name="schema", node=Config)
+    """Idempotent: train.py, Hydra's callback import, compose() and every tool may call it. The schema
+    is stored once a process: each store builds its whole node again."""
+    store = ConfigStore.instance()
+    if f"{SCHEMA}.yaml" not in store.repo:
+        store.store(name=SCHEMA, node=Config)
     for name, resolver in RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)

@@ -7,6 +7,7 @@ import signal
 import pytest
 import yaml
 from hydra._internal.hydra import Hydra
+from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
@@ -37,6 +38,16 @@ def test_default_config_composes_to_the_embedded_dataset():
     assert cfg.dataset.name == "digits"
     assert cfg.strategy.name.value == "single"
     assert cfg.model.in_channels == cfg.dataset.channels == 1
+
+
+def test_the_schema_is_stored_once_a_process_however_often_it_composes(monkeypatch):
+    setup.register()
+    stores = []
+    monkeypatch.setattr(ConfigStore, "store", lambda self, **node: stores.append(node["name"]))
+    for _ in range(2):
+        setup.register()
+        assert compose_config("model=simple_cnn").model._target_.endswith("SimpleCNN")
+    assert stores == []
 
 
 def test_a_typo_in_a_schema_key_fails_at_composition():
