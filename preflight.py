@@ -24,6 +24,7 @@ from config.schema import Accelerator, Config, ResumePoint, TrainerConfig, parse
 from config.setup import CONF_DIR
 from config.typed import factory, imported, model_factory, scheduler_options
 from distributed import strategies
+from distributed.context import import_optimizer_step
 from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError, first_line
 from models.summary import summarize
@@ -62,6 +63,7 @@ def check_and_plan(config: Config, run_dir: Path | None = None, multirun: bool =
     strategy.check_model(model)
     data.check(replace(config.dataset, num_classes=num_classes), config.data)
     _check_monitors(config, _check_built(config))
+    import_optimizer_step()  # else the meta forward imports it (torch._refs), the collector running
     _check_forward(config, num_classes)  # after the data's own keys, which name the fix more closely
     resume = decide_resume(
         config.trainer,

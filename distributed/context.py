@@ -6,6 +6,7 @@ import gc
 import importlib
 import os
 import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -136,10 +137,25 @@ def init(ctx: DistContext, timeout_s: float) -> None:
         except RuntimeError as e:  # torch.distributed's DistError, gloo's and NCCL's own
             raise _unreachable(ctx, e) from None
         # shutdown() collects every object not frozen. What exists now lives as long as the process:
-        # the imports, the optimizer's included (train.py froze its own; torch._dynamo's come now).
-        # Frozen, they are left out of that walk, on every rank.
-        importlib.import_module(OPTIMIZER_IMPORT)
+        # the imports, the optimizer's included. Frozen, they are left out of that walk, on every rank.
+        import_optimizer_step()
         gc.freeze()
+
+
+def import_optimizer_step() -> None:
+    """Import what an optimizer's first step imports (OPTIMIZER_IMPORT) as train.py imports its own:
+    with the collector paused, which would otherwise walk the young objects over and over as the
+    import makes them, then frozen, out of every later full collection."""
+    if OPTIMIZER_IMPORT in sys.modules:
+        return
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        importlib.import_module(OPTIMIZER_IMPORT)
+    finally:
+        gc.freeze()
+        if paused:
+            gc.enable()
 
 
 def _unreachable(ctx: DistContext, error: RuntimeError) -> Exception:

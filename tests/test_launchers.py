@@ -462,11 +462,15 @@ def test_a_rank_freezes_what_it_imported_so_leaving_the_group_walks_only_what_it
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     ctx = context.make_context(0, 0, 1, 1, "cpu", use_process_group=True)
+    imports, import_optimizer_step = [], context.import_optimizer_step
+    monkeypatch.setattr(context, "import_optimizer_step", lambda: imports.append(import_optimizer_step()))
     gc.unfreeze()  # whatever this test process froze before
     try:
         context.init(ctx, timeout_s=10)
-        # The imports, dynamo's too, frozen: more objects than the collection still walks.
-        assert context.OPTIMIZER_IMPORT in sys.modules and gc.get_freeze_count() > len(gc.get_objects())
+        # The imports, dynamo's too (with the collector paused, in a spawned rank's first import of
+        # it), frozen: more objects than the collection still walks.
+        assert imports == [None] and context.OPTIMIZER_IMPORT in sys.modules
+        assert gc.get_freeze_count() > len(gc.get_objects())
     finally:
         context.shutdown(ctx, clean=True)
         gc.unfreeze()
@@ -512,16 +516,19 @@ def test_a_process_that_leaves_through_end_process_is_not_aborted_by_a_gloo_thre
     assert (done.returncode, done.stdout) == (0, "done\n"), done.stderr[-3000:]
 
 
-def test_train_py_imports_without_a_full_collection_and_leaves_its_imports_frozen():
-    """As every rank imports it (spawned ranks as __mp_main__): what the imports make is walked by
-    no full collection, while they run or after."""
+def test_train_py_and_the_first_steps_import_run_without_a_full_collection_and_stay_frozen():
+    """As every rank imports them: train.py (spawned ranks as __mp_main__), then torch._dynamo, which
+    an optimizer's first step imports and the pre-flight's forward imports first. What the imports
+    make is walked by no full collection, while they run or after."""
     code = (
-        'import gc, runpy; runpy.run_path("train.py", run_name="__mp_main__"); '
-        'print(gc.get_stats()[2]["collections"], gc.isenabled(), gc.get_freeze_count() > 10 * len(gc.get_objects()))'
+        'import gc, runpy, sys; runpy.run_path("train.py", run_name="__mp_main__"); '
+        "from config.setup import load; from preflight import check_and_plan; check_and_plan(load()); "
+        'print(gc.get_stats()[2]["collections"], gc.isenabled(), "torch._dynamo" in sys.modules, '
+        "gc.get_freeze_count() > 10 * len(gc.get_objects()))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["0", "True", "True"]
+    assert done.stdout.split() == ["0", "True", "True", "True"]
 
 
 @pytest.mark.parametrize(
