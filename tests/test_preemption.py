@@ -144,6 +144,24 @@ def scontrol(tmp_path, monkeypatch):
     signal.signal(signal.SIGTERM, handler)
 
 
+def test_a_signal_noted_as_a_checks_all_reduce_returns_stops_the_ranks_at_the_next_check(monkeypatch):
+    """The ranks wait in a check's all-reduce together, and a signal to all of them at once (SLURM's,
+    or the kernel's when their launcher dies) runs its handler as the all-reduce returns, after the
+    flags were reduced: it counts at the next check. Lost, the ranks would train on to the
+    scheduler's SIGKILL, or, orphaned, forever."""
+    watch = PreemptionWatch(DistContext(0, 0, 2, 2, torch.device("cpu"), "gloo"), [], grace_s=30.0)
+
+    def signalled_as_it_returns(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+        reduced = tensor.clone()
+        watch._note(signal.SIGTERM, None)
+        return reduced
+
+    monkeypatch.setattr(preemption, "all_reduce_max", signalled_as_it_returns)
+    assert not watch.should_stop(1, force=True)  # every rank alike: none knew in time
+    monkeypatch.setattr(preemption, "all_reduce_max", lambda tensor, ctx: tensor.clone())
+    assert watch.should_stop(2, force=True) and watch.received == signal.SIGTERM
+
+
 def test_a_signal_after_the_last_check_still_stops_the_job_once_it_is_saved(tmp_path):
     """SIGTERM in the forward of step 20 of a run that trainer.max_steps ends there, after its last
     check: the run ends whole, then stops as preempted instead of going quiet (a sweep would start

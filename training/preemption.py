@@ -100,8 +100,10 @@ class PreemptionWatch:
             self.saves.agree(bool(save_due))
         self._next_check = step + max(1, int(_CHECK_SHARE * self._check_every_s() / max(slowest, 1e-6)))
         self._last_check = (time.perf_counter(), step)
+        if not received:  # a signal noted as the all-reduce returned, too late for it, counts at the next check
+            return False
         self.received = int(received)
-        return self._stopping(step) if self.received else False
+        return self._stopping(step)
 
     def _check_every_s(self) -> float:
         every_n_seconds = self.saves.every_n_seconds if self.saves is not None else None
