@@ -148,13 +148,13 @@ def import_optimizer_step() -> None:
     import makes them, then frozen, out of every later full collection."""
     if OPTIMIZER_IMPORT in sys.modules:
         return
-    paused = gc.isenabled()
+    collecting = gc.isenabled()
     gc.disable()
     try:
         importlib.import_module(OPTIMIZER_IMPORT)
     finally:
         gc.freeze()
-        if paused:
+        if collecting:
             gc.enable()
 
 
