@@ -176,6 +176,30 @@ class KillAt(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class SignalAsACheckReturns(Callback):
+    """Sends every rank SIGTERM as the `check`-th preemption check's all-reduce returns: where a
+    signal to all of a job's ranks at once (SLURM's, or the kernel's when their launcher dies) lands
+    when they wait there together. The handler runs right after the call, before the check reads
+    what was reduced (`+callbacks.late._target_=tests.faults.SignalAsACheckReturns`)."""
+
+    def __init__(self, check: int = 3) -> None:
+        self.check, self.checks = check, 0
+
+    def setup(self, run: RunInfo) -> None:
+        from training import preemption
+
+        reduce = preemption.all_reduce_max
+
+        def reduced_then_signalled(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+            reduced = reduce(tensor, ctx)
+            self.checks += 1
+            if self.checks == self.check:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return reduced
+
+        preemption.all_reduce_max = reduced_then_signalled
+
+
 class SlowExit(Callback):
     """Keeps rank `rank` `delay_s` in its exit handlers, as a logger that uploads its files as the
     process ends does: longer than the launcher's grace period, so that a peer's failure ends it by

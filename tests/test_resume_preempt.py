@@ -217,6 +217,17 @@ def test_a_run_stopped_at_an_epochs_last_batch_resumes_with_its_figures_and_no_m
     _assert_same_weights(_checkpoint(run_dir), _checkpoint(whole))
 
 
+def test_a_signal_to_every_rank_as_a_checks_all_reduce_returns_stops_the_job_at_the_next_check(run_dir):
+    """The rank's handler runs as the check's all-reduce returns, after the flags were reduced: the
+    job stops at the next check and saves, where it once trained on as though no signal had come."""
+    late = ["+callbacks.late._target_=tests.faults.SignalAsACheckReturns", "+callbacks.late.check=3"]
+    result = run_train(run_dir, *DDP, *TINY, *late)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    stopped = (run_dir / "train.log").read_text()
+    assert "SIGTERM: every rank stops after step" in stopped and "epoch 3/3" not in stopped
+    assert _checkpoint(run_dir)["step"] < 3 * 8  # TINY: 3 epochs of 8 batches
+
+
 def test_sigusr1_to_a_ddp_run_saves_and_resume_continues_exactly(tmp_path):
     whole, run_dir = tmp_path / "whole", tmp_path / "run"
     assert run_train(whole, *DDP, *TINY).returncode == 0
