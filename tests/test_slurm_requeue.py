@@ -34,8 +34,10 @@ LONG = [*SLOW, f"trainer.epochs={3 * REQUEUES + 2}"]
 def _signal_until_the_ranks_stop(rig, job: str, name: str, log: Path, stops: int) -> None:
     """`scancel --signal=<name>` to the job's steps until rank 0 has logged its `stops`-th stop in
     `log`. In a loaded suite SLURM twice took the signal (slurmctld logged the RPC, a second into
-    the run) and no rank ever saw it; the ranks act on one within a step or two (0.2 s each), so
-    10 s of silence means it never came, and it is sent again."""
+    the run) and no rank acted on it, as when the ranks took it as a check's all-reduce returned and
+    the reduced flags overwrote it (fixed since; tests/test_resume_preempt.py holds train.py to it).
+    The ranks act on one within a step or two (0.2 s each), so 10 s of silence means it was lost
+    some other way, and it is sent again: this file tests the requeue, not the delivery."""
     for _ in range(3):
         assert rig.on("a", ["scancel", f"--signal={name}", job]).returncode == 0
         deadline = time.monotonic() + 10
