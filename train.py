@@ -20,6 +20,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -43,6 +44,9 @@ gc.enable()
 setup.register()
 setup.mode_from_the_command_line()
 log = logging.getLogger("train")
+# The sweep this process runs, noted by each of its jobs: Hydra's code between two of them is no
+# run's, and a Ctrl-C there finds here the command that continues it.
+_sweep: dict[str, Any] = {}
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -54,6 +58,8 @@ def main(cfg: DictConfig) -> float | None:
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
     choices = dict(hydra_cfg.runtime.choices)
     search = choices.get("hydra/sweeper") == "optuna_study"
+    if multirun:
+        _sweep.update(dir=sweep_dir, search=search)
     try:
         config = typed(cfg)
         if multirun:
@@ -101,6 +107,19 @@ def _resume_command(overrides: list[str], run_dir: Path, sweep_dir: Path | None,
     return recorded_sweep_resume_command(sweep_dir, search)
 
 
+def _interrupted_outside_a_run() -> int:
+    """Ctrl-C as Hydra starts, or between a -m sweep's jobs: one line, with the command that continues
+    the sweep (its jobs that ended are kept, and a resume says so of each), and 130, as a stopped run
+    exits."""
+    stopped = Preempted(signal.SIGINT, saved=False)
+    if _sweep:
+        command = recorded_sweep_resume_command(_sweep["dir"], _sweep["search"])
+        print(f"{stopped} between the sweep's jobs; continue it with: {command}", file=sys.stderr)
+    else:
+        print(f"{stopped} before a run started", file=sys.stderr)
+    return stopped.exit_code
+
+
 if __name__ == "__main__":
     # torch.distributed.launch (seed 001's command) hands each rank --local-rank=N, which Hydra would
     # refuse as an override: the rank reads LOCAL_RANK from its environment, as under torchrun.
@@ -114,6 +133,8 @@ if __name__ == "__main__":
         main()
     except SystemExit as e:  # a refusal, a failed or preempted run: the code it chose
         end_process(e.code)
+    except KeyboardInterrupt:  # in Hydra's own code, which no run's handler covers
+        end_process(_interrupted_outside_a_run())
     except BaseException:  # the interpreter prints the traceback as it exits
         skip_collection_at_exit()
         raise

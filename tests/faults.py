@@ -14,6 +14,7 @@ import numpy as np
 import optuna
 import torch
 import torch.distributed as dist
+from hydra.experimental.callback import Callback as HydraCallback
 
 from models.mnist_net import MnistNet
 from models.simple_cnn import SimpleCNN
@@ -159,6 +160,23 @@ class SignalingSampler(optuna.samplers.TPESampler):
         super().before_trial(study, trial)
         if trial.number == self.at_trial:
             os.killpg(os.getpgrp(), self.signum)
+
+
+class CtrlCInHydra(HydraCallback):
+    """Ctrl-C in Hydra's own code, which no run's handler covers: as a -m sweep's first job ends,
+    between its jobs; with `at=on_run_start`, as a run starts, before main()
+    (`+hydra.callbacks.ctrl_c._target_=tests.faults.CtrlCInHydra`)."""
+
+    def __init__(self, at: str = "on_job_end") -> None:
+        self.at = at
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        if self.at == "on_run_start":
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        if self.at == "on_job_end":
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 class KillAt(Callback):

@@ -277,6 +277,28 @@ def test_a_stopped_job_names_the_command_that_continues_its_whole_sweep(tmp_path
     assert starts == [[("1", ""), ("1", "3")], [("1", "")]]  # after step 2, its batch 3
 
 
+def test_ctrl_c_between_a_sweeps_jobs_ends_it_in_one_line_that_continues_it(tmp_path):
+    """Between two jobs Hydra's code runs, which no run's handler covers: the KeyboardInterrupt was
+    Hydra's traceback. One line now, 130, and the command that continues the sweep."""
+    sweep, ctrl_c = tmp_path / "sweep", "+hydra.callbacks.ctrl_c._target_=tests.faults.CtrlCInHydra"
+    stopped = train_server.run(
+        ["-m", f"hydra.sweep.dir={sweep}", *TINY, "trainer.max_steps=1", ctrl_c, "trainer.seed=1,2"]
+    )
+    assert stopped.returncode == 130 and "Traceback" not in stopped.stderr, stopped.stderr
+    assert stopped.stderr.splitlines()[-1] == (
+        "interrupted by Ctrl-C (SIGINT) between the sweep's jobs; continue it with: python train.py -m "
+        f"{ctrl_c} {' '.join(TINY)} trainer.max_steps=1 trainer.seed=1,2 hydra.sweep.dir={sweep} trainer.resume=auto"
+    )
+    assert [p.name for p in sweep.glob("*/metrics.json")] == ["metrics.json"]  # the first job's, kept
+    single = train_server.run(
+        ["hydra.run.dir=" + str(tmp_path / "run"), ctrl_c, "+hydra.callbacks.ctrl_c.at=on_run_start"]
+    )
+    assert (single.returncode, single.stderr.splitlines()[-1]) == (
+        130,
+        "interrupted by Ctrl-C (SIGINT) before a run started",
+    )
+
+
 def test_the_jobs_are_typed_once_per_sweep_process_not_once_per_job(tmp_path, monkeypatch):
     # Each job typed them all again: a sweep of N jobs paid N x N typings (~0.1 s each).
     record = tmp_path / "multirun.yaml"
