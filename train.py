@@ -44,9 +44,9 @@ gc.enable()
 setup.register()
 setup.mode_from_the_command_line()
 log = logging.getLogger("train")
-# The sweep this process runs, noted by each of its jobs: Hydra's code between two of them is no
-# run's, and a Ctrl-C there finds here the command that continues it.
-_sweep: dict[str, Any] = {}
+# The job this process runs, noted as it starts: Hydra's code before, between and after jobs is no
+# run's, and a Ctrl-C there finds here what continues it (_resume_command's arguments).
+_job: dict[str, Any] = {}
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -58,8 +58,7 @@ def main(cfg: DictConfig) -> float | None:
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
     choices = dict(hydra_cfg.runtime.choices)
     search = choices.get("hydra/sweeper") == "optuna_study"
-    if multirun:
-        _sweep.update(dir=sweep_dir, search=search)
+    _job.update(overrides=overrides, run_dir=run_dir, sweep_dir=sweep_dir, search=search)
     try:
         config = typed(cfg)
         if multirun:
@@ -108,13 +107,12 @@ def _resume_command(overrides: list[str], run_dir: Path, sweep_dir: Path | None,
 
 
 def _interrupted_outside_a_run() -> int:
-    """Ctrl-C as Hydra starts, or between a -m sweep's jobs: one line, with the command that continues
-    the sweep (its jobs that ended are kept, and a resume says so of each), and 130, as a stopped run
-    exits."""
+    """Ctrl-C in Hydra's own code, as it starts, between a -m sweep's jobs or after the last: one
+    line, with the command that continues the run or the whole sweep (a job that ended says so), and
+    130, as a stopped run exits."""
     stopped = Preempted(signal.SIGINT, saved=False)
-    if _sweep:
-        command = recorded_sweep_resume_command(_sweep["dir"], _sweep["search"])
-        print(f"{stopped} between the sweep's jobs; continue it with: {command}", file=sys.stderr)
+    if _job:
+        print(f"{stopped} outside the run, in Hydra's code; continue with: {_resume_command(**_job)}", file=sys.stderr)
     else:
         print(f"{stopped} before a run started", file=sys.stderr)
     return stopped.exit_code

@@ -163,8 +163,8 @@ class SignalingSampler(optuna.samplers.TPESampler):
 
 
 class CtrlCInHydra(HydraCallback):
-    """Ctrl-C in Hydra's own code, which no run's handler covers: as a -m sweep's first job ends,
-    between its jobs; with `at=on_run_start`, as a run starts, before main()
+    """Ctrl-C in Hydra's own code, which no run's handler covers: as a job ends (a -m sweep's first,
+    before the next starts); with `at=on_run_start`, as a run starts, before main()
     (`+hydra.callbacks.ctrl_c._target_=tests.faults.CtrlCInHydra`)."""
 
     def __init__(self, at: str = "on_job_end") -> None:

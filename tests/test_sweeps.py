@@ -277,23 +277,29 @@ def test_a_stopped_job_names_the_command_that_continues_its_whole_sweep(tmp_path
     assert starts == [[("1", ""), ("1", "3")], [("1", "")]]  # after step 2, its batch 3
 
 
-def test_ctrl_c_between_a_sweeps_jobs_ends_it_in_one_line_that_continues_it(tmp_path):
-    """Between two jobs Hydra's code runs, which no run's handler covers: the KeyboardInterrupt was
-    Hydra's traceback. One line now, 130, and the command that continues the sweep."""
+def test_ctrl_c_in_hydras_code_ends_the_run_or_sweep_in_one_line_that_continues_it(tmp_path):
+    """Before, between and after jobs Hydra's code runs, which no run's handler covers: the
+    KeyboardInterrupt was Hydra's traceback. One line now, 130, and the command that continues the
+    whole sweep (or the run, which says it has ended)."""
     sweep, ctrl_c = tmp_path / "sweep", "+hydra.callbacks.ctrl_c._target_=tests.faults.CtrlCInHydra"
     stopped = train_server.run(
         ["-m", f"hydra.sweep.dir={sweep}", *TINY, "trainer.max_steps=1", ctrl_c, "trainer.seed=1,2"]
     )
     assert stopped.returncode == 130 and "Traceback" not in stopped.stderr, stopped.stderr
+    interrupted = "interrupted by Ctrl-C (SIGINT) outside the run, in Hydra's code; continue with: python train.py"
     assert stopped.stderr.splitlines()[-1] == (
-        "interrupted by Ctrl-C (SIGINT) between the sweep's jobs; continue it with: python train.py -m "
-        f"{ctrl_c} {' '.join(TINY)} trainer.max_steps=1 trainer.seed=1,2 hydra.sweep.dir={sweep} trainer.resume=auto"
+        f"{interrupted} -m {ctrl_c} {' '.join(TINY)} trainer.max_steps=1 trainer.seed=1,2 hydra.sweep.dir={sweep} "
+        "trainer.resume=auto"
     )
     assert [p.name for p in sweep.glob("*/metrics.json")] == ["metrics.json"]  # the first job's, kept
-    single = train_server.run(
-        ["hydra.run.dir=" + str(tmp_path / "run"), ctrl_c, "+hydra.callbacks.ctrl_c.at=on_run_start"]
+    run = tmp_path / "run"
+    ended = train_server.run([f"hydra.run.dir={run}", *TINY, "trainer.max_steps=1", ctrl_c])  # as the job ends
+    assert (ended.returncode, ended.stderr.splitlines()[-1]) == (
+        130,
+        f"{interrupted} {' '.join(TINY)} trainer.max_steps=1 hydra.run.dir={run} trainer.resume=auto",
     )
-    assert (single.returncode, single.stderr.splitlines()[-1]) == (
+    before = train_server.run([f"hydra.run.dir={run}", ctrl_c, "+hydra.callbacks.ctrl_c.at=on_run_start"])
+    assert (before.returncode, before.stderr.splitlines()[-1]) == (
         130,
         "interrupted by Ctrl-C (SIGINT) before a run started",
     )
