@@ -4,6 +4,7 @@ and tests/runs.py, imported where a test (or a fixture, as it runs) needs it."""
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -72,6 +73,19 @@ LONGEST_FIRST = [
     "test_strategies.py",
     "test_hung_rank.py",
 ]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session):
+    """As train.py imports: the collector off while the test modules import torch, Hydra and the
+    project, then what they made frozen out of every later full collection, each of which would
+    walk it again (BENCHMARKS.md, the test suite)."""
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

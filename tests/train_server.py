@@ -16,6 +16,12 @@ SLURM start, and the benchmarks that time whole processes (start-up, peers, time
 
 from __future__ import annotations
 
+import gc
+
+# As train.py does: the collector off while the preload imports, then all of it frozen, in the server
+# and so in every run it forks, out of their full collections.
+gc.disable()
+
 import atexit
 import importlib
 import multiprocessing
@@ -59,6 +65,8 @@ for package in (config, data, distributed, models, training):
         importlib.import_module(module.name)
 Plugins.instance()
 compose("model=simple_cnn", "trainer.epochs=2", hydra=True)
+gc.freeze()
+gc.enable()
 
 TRAIN_PY = ROOT / "train.py"
 _context = multiprocessing.get_context("forkserver")
