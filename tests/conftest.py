@@ -76,7 +76,7 @@ LONGEST_FIRST = [
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_collection(session: pytest.Session):
+def pytest_collection():
     """As train.py imports: the collector off while the test modules import torch, Hydra and the
     project, then what they made frozen out of every later full collection, each of which would
     walk it again (BENCHMARKS.md, the test suite)."""

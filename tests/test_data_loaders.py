@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from data import build_loaders, num_workers
+from data import build_loaders, imagefolder, num_workers
 from data.sampler import RepeatedAugmentationSampler
 from data.transforms import random_crop_flip
 from distributed.context import make_context
@@ -233,14 +233,19 @@ def test_a_workers_one_line_error_lets_its_worker_go_at_once(tmp_path, persisten
         "data.num_workers=1",
         f"data.persistent_workers={persistent}",
     )
+    # data.imagefolder imported with this file: importing torchvision keeps the importer's frame, and
+    # a first import inside build_loaders would keep its frame, with the loaders it makes, for good.
+    assert imagefolder
     before = set(multiprocessing.active_children())
     gc.disable()
     try:
         loaders = _loaders(cfg, batch=4)
-        try:
+        try:  # not pytest.raises, which keeps the error past the block
             list(loaders.val)
         except ConfigError:
             pass
+        else:
+            pytest.fail("the broken image raised no ConfigError")
         del loaders
         assert set(multiprocessing.active_children()) == before
     finally:
