@@ -326,3 +326,33 @@ def test_hydras_own_job_logging_choices_replace_ours_whole(run_dir, choice, to_f
     log = run_dir / "train.log"
     written = log.read_text() if log.exists() else ""
     assert ("run dir:" in written) == to_file, written
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:mlflow.*")  # MLflow's own use of SQLAlchemy
+def test_mlflow_holds_one_point_a_step_when_a_resumed_run_trains_steps_again(memory_dir, monkeypatch):
+    """Killed after logging step 6, its last.pt at step 4: the resumed process logs steps 5 and 6
+    again. MLflow cannot delete the first points, so the second are not logged: one point a step."""
+    from mlflow.tracking import MlflowClient
+
+    from training.loggers.mlflow import MlflowLogger
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    job = job_config(memory_dir / "mlflow_resumed" / "run", "logger=mlflow")
+    killed = MlflowLogger(job.logger, job)
+    for step in (2, 4, 5, 6):  # every 2 steps and at epoch 1's end (5)
+        killed.log_scalars(step, {"train/loss": 1 / step})
+    killed._opened()  # its run open, as a process that trained is; then it dies without closing it
+    resumed = MlflowLogger(job.logger, job)
+    for step in (5, 6, 8, 10):
+        resumed.log_scalars(step, {"train/loss": 1 / step + 1, **({"val/acc": 0.5} if step in (5, 10) else {})})
+    resumed.log_hparams({}, {"steps": 10, "best_val_acc": 0.5})
+    resumed.close()
+    client = MlflowClient(f"sqlite:///{job.run_dir / 'mlflow.db'}")
+    run_id = (job.run_dir / "mlflow_run_id").read_text().strip()
+    history = {
+        key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)] for key in ("train/loss", "val/acc")
+    }
+    assert history == {
+        "train/loss": [(2, 1 / 2), (4, 1 / 4), (5, 1 / 5), (6, 1 / 6), (8, 1 / 8 + 1), (10, 1 / 10 + 1)],
+        "val/acc": [(5, 0.5), (10, 0.5)],
+    }

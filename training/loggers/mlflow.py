@@ -31,6 +31,7 @@ class MlflowLogger:
         self.client: Any = None
         self.run_id = ""
         self._params: dict[str, str] = {}  # logged already
+        self._logged_through: dict[str, int] = {}  # each metric's last step in the store before this process
         # MLflow's import, and a new SQLite store's schema migrations (seconds), off the critical path.
         self._opening: Background[None] | None = Background(lambda: self._open(cfg.mlflow, job), "mlflow")
 
@@ -46,6 +47,10 @@ class MlflowLogger:
         resumed = _running_again(self.client, kept_id(kept))
         if resumed is not None:
             self.run_id, self._params = resumed.info.run_id, dict(resumed.data.params)
+            self._logged_through = {
+                key: max(point.step for point in self.client.get_metric_history(self.run_id, key))
+                for key in resumed.data.metrics
+            }
         else:
             # A fresh SQLite store's default artifact root is ./mlruns wherever train.py was started.
             artifacts = None if uri else (store / "mlartifacts").as_uri()
@@ -64,10 +69,8 @@ class MlflowLogger:
         return self.client
 
     def log_scalars(self, step: int, values: Mapping[str, float]) -> None:
-        from mlflow.entities import Metric
-
-        client, now = self._opened(), int(time.time() * 1000)
-        client.log_batch(self.run_id, metrics=[Metric(tag, float(value), now, step) for tag, value in values.items()])
+        client = self._opened()
+        client.log_batch(self.run_id, metrics=self._new_points(step, values))
 
     def log_image(self, step: int, tag: str, hwc: np.ndarray) -> None:
         self._opened().log_image(self.run_id, hwc, key=tag, step=step)
@@ -75,17 +78,14 @@ class MlflowLogger:
     def log_hparams(self, hparams: Mapping[str, Any], metrics: Mapping[str, Any]) -> None:
         """The options as params, the final figures that are numbers as metrics at the last step,
         and every figure of metrics.json (final_metrics.json) beside the run's config."""
-        from mlflow.entities import Metric
-
         client = self._opened()
         self._log_params(hparams)
-        now, step = int(time.time() * 1000), int(metrics.get("steps") or 0)
-        numbers = [
-            Metric(key, float(value), now, step)
+        numbers = {
+            key: value
             for key, value in metrics.items()
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        ]
-        client.log_batch(self.run_id, metrics=numbers)
+        }
+        client.log_batch(self.run_id, metrics=self._new_points(int(metrics.get("steps") or 0), numbers))
         # Not named metrics.json: bench.report takes each metrics.json under a sweep's dir for a job's.
         client.log_dict(self.run_id, dict(metrics), "final_metrics.json")
 
@@ -93,6 +93,20 @@ class MlflowLogger:
         self._opened()
         if self.run_id:  # not if its start failed (raised at its first use)
             self.client.set_terminated(self.run_id)
+
+    def _new_points(self, step: int, values: Mapping[str, float]) -> list[Any]:
+        """The values as MLflow's points at `step`, less those of a step this run's store holds already.
+        A resumed run trains again the steps its stopped process logged after the checkpoint, and
+        MLflow cannot delete a point (mlflow#2973), where TensorBoard's purge_step and the CSV drop them:
+        the first point of each step stays, the same value when the run is deterministic."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        return [
+            Metric(tag, float(value), now, step)
+            for tag, value in values.items()
+            if step > self._logged_through.get(tag, -1)
+        ]
 
     def _log_params(self, hparams: Mapping[str, Any]) -> None:
         """Params not logged yet: MLflow refuses a param logged again with another value."""
