@@ -58,7 +58,8 @@ def main(cfg: DictConfig) -> float | None:
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
     choices = dict(hydra_cfg.runtime.choices)
     search = choices.get("hydra/sweeper") == "optuna_study"
-    _job.update(overrides=overrides, run_dir=run_dir, sweep_dir=sweep_dir, search=search)
+    # The command that continues the run gives Hydra's overrides again too (hydra/job_logging=..., ...).
+    _job.update(overrides=[*hydra_cfg.overrides.hydra, *overrides], run_dir=run_dir, sweep_dir=sweep_dir, search=search)
     try:
         config = typed(cfg)
         if multirun:
@@ -87,12 +88,12 @@ def main(cfg: DictConfig) -> float | None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     except Preempted as e:
-        requeue_or_explain(e, list(plan.launch.requeue_signals), _resume_command(overrides, run_dir, sweep_dir, search))
+        requeue_or_explain(e, list(plan.launch.requeue_signals), _resume_command(**_job))
         sys.exit(e.exit_code)
     except KeyboardInterrupt:  # Ctrl-C before the launch (a rank's is Preempted): no rank ran, the dir's record stays
         restore_run_record()
         stopped = Preempted(signal.SIGINT, saved=False)
-        requeue_or_explain(stopped, [], _resume_command(overrides, run_dir, sweep_dir, search))
+        requeue_or_explain(stopped, [], _resume_command(**_job))
         sys.exit(stopped.exit_code)
     # A sweeper (hydra/sweeper, hparams_search) optimises what the task function returns.
     metrics = run_dir / "metrics.json"  # rank 0's; other torchrun/SLURM ranks return None

@@ -264,8 +264,17 @@ def test_under_torchrun_the_resume_command_starts_train_py_by_torchrun(monkeypat
 
 def test_the_resume_command_keeps_the_overrides_and_pins_the_run_dir(monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    command = resume_command(["strategy=ddp", "trainer.resume=/old.pt", "hydra.run.dir=x", "model.name=a b"], "/runs/r")
-    assert command == "python train.py strategy=ddp 'model.name=a b' hydra.run.dir=/runs/r trainer.resume=auto"
+    given = [
+        "hydra.run.dir=x",
+        "hydra.mode=RUN",
+        "hydra/job_logging=disabled",
+        "strategy=ddp",
+        "trainer.resume=/old.pt",
+    ]
+    command = resume_command([*given, "model.name=a b"], "/runs/r")
+    assert command == (
+        "python train.py hydra/job_logging=disabled strategy=ddp 'model.name=a b' hydra.run.dir=/runs/r trainer.resume=auto"
+    )
 
 
 RECORD = """

@@ -262,12 +262,14 @@ def test_ctrl_c_saves_a_ddp_run_where_it_stopped(tmp_path):
 
 def test_a_run_whose_terminal_hangs_up_saves_where_it_stopped(tmp_path):
     """SIGHUP, what the kernel sends a terminal's jobs when it closes or its ssh session drops,
-    killed the run at once, the epoch in progress lost."""
-    run = Run(tmp_path / "run", *TINY, *SLOW)
+    killed the run at once, the epoch in progress lost. The command that resumes it gives Hydra's own
+    overrides again too."""
+    run = Run(tmp_path / "run", "hydra/hydra_logging=disabled", *TINY, *SLOW)
     run.wait_for(lambda: run.logged("from epoch 1"))
     os.killpg(run.proc.pid, signal.SIGHUP)
     assert run.finish() == 128 + signal.SIGHUP, run.output()
-    assert "preempted by SIGHUP: last.pt is saved; resume with: python train.py" in run.output()
+    said = "preempted by SIGHUP: last.pt is saved; resume with: python train.py hydra/hydra_logging=disabled "
+    assert said in run.output(), run.output()
     assert _checkpoint(tmp_path / "run")["step"] > 0
 
 
