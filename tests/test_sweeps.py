@@ -296,7 +296,7 @@ def test_ctrl_c_in_hydras_code_ends_the_run_or_sweep_in_one_line_that_continues_
     ended = train_server.run([f"hydra.run.dir={run}", *TINY, "trainer.max_steps=1", ctrl_c])  # as the job ends
     assert (ended.returncode, ended.stderr.splitlines()[-1]) == (
         130,
-        f"{interrupted} {' '.join(TINY)} trainer.max_steps=1 hydra.run.dir={run} trainer.resume=auto",
+        f"{interrupted} {ctrl_c} {' '.join(TINY)} trainer.max_steps=1 hydra.run.dir={run} trainer.resume=auto",
     )
     before = train_server.run([f"hydra.run.dir={run}", ctrl_c, "+hydra.callbacks.ctrl_c.at=on_run_start"])
     assert (before.returncode, before.stderr.splitlines()[-1]) == (
