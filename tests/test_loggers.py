@@ -350,9 +350,11 @@ def test_mlflow_holds_one_point_a_step_when_a_resumed_run_trains_steps_again(mem
     client = MlflowClient(f"sqlite:///{job.run_dir / 'mlflow.db'}")
     run_id = (job.run_dir / "mlflow_run_id").read_text().strip()
     history = {
-        key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)] for key in ("train/loss", "val/acc")
+        key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+        for key in ("train/loss", "val/acc", "best_val_acc")
     }
     assert history == {
         "train/loss": [(2, 1 / 2), (4, 1 / 4), (5, 1 / 5), (6, 1 / 6), (8, 1 / 8 + 1), (10, 1 / 10 + 1)],
         "val/acc": [(5, 0.5), (10, 0.5)],
+        "best_val_acc": [(10, 0.5)],  # the final figures, at the last step
     }
