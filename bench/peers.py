@@ -79,50 +79,25 @@ def train_py(case: Case, steps: int, out: Path) -> list[str]:
 
 
 def lightning(case: Case, steps: int, out: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "bench.peers_lightning",
-        "--model",
-        case.model,
-        "--channels",
-        str(case.channels),
-        "--image-size",
-        str(case.size),
-        "--train-size",
-        str(TRAIN_SIZE),
-        "--val-size",
-        str(VAL_SIZE),
-        "--batch-size",
-        str(case.batch),
-        "--max-steps",
-        str(steps),
-        "--root",
-        str(out),
-    ]
+    return [sys.executable, "-m", "bench.peers_lightning", *_case_options(case, steps), "--root", str(out)]
 
 
 def plain(case: Case, steps: int, out: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "bench.plain_loop",
-        "--sliced",
-        "--model",
-        case.model,
-        "--channels",
-        str(case.channels),
-        "--image-size",
-        str(case.size),
-        "--train-size",
-        str(TRAIN_SIZE),
-        "--val-size",
-        str(VAL_SIZE),
-        "--batch-size",
-        str(case.batch),
-        "--max-steps",
-        str(steps),
-    ]
+    return [sys.executable, "-m", "bench.plain_loop", "--sliced", *_case_options(case, steps)]
+
+
+def _case_options(case: Case, steps: int) -> list[str]:
+    """The case, as the Lightning script and the hand-written loop both take it."""
+    options = {
+        "--model": case.model,
+        "--channels": case.channels,
+        "--image-size": case.size,
+        "--train-size": TRAIN_SIZE,
+        "--val-size": VAL_SIZE,
+        "--batch-size": case.batch,
+        "--max-steps": steps,
+    }
+    return [str(word) for option in options.items() for word in option]
 
 
 PLAIN = "hand-written loop"
