@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 from config import setup
 from config.callbacks import restore_run_record
 from config.hparams import hparams, varied_hparams
-from config.overrides import check_overrides, swept_overrides
+from config.overrides import check_overrides, command_overrides, swept_overrides
 from config.typed import Composition, check_sweep, run_config, typed
 from distributed.launch import end_process, launch, skip_collection_at_exit
 from errors import ConfigError, NonFiniteLoss, Preempted, RankFailed
@@ -58,8 +58,7 @@ def main(cfg: DictConfig) -> float | None:
     sweep_dir = Path(hydra_cfg.sweep.dir) if multirun else None
     choices = dict(hydra_cfg.runtime.choices)
     search = choices.get("hydra/sweeper") == "optuna_study"
-    # The command that continues the run gives Hydra's overrides again too (hydra/job_logging=..., ...).
-    _job.update(overrides=[*hydra_cfg.overrides.hydra, *overrides], run_dir=run_dir, sweep_dir=sweep_dir, search=search)
+    _job.update(overrides=command_overrides(hydra_cfg.overrides), run_dir=run_dir, sweep_dir=sweep_dir, search=search)
     try:
         config = typed(cfg)
         if multirun:

@@ -301,9 +301,14 @@ def sweep_grid(record: str) -> tuple[list[str], dict[str, list[str]]]:
     return fixed, swept
 
 
+def command_overrides(given: Any, *left_out: str) -> list[str]:
+    """The overrides a command was started with, Hydra's then the task's (`given`: the hydra.overrides
+    node of a job's HydraConfig, or of a sweep's record); less hydra.mode, and whatever starts with
+    `left_out`, which a command that continues it gives itself."""
+    return [o for o in (*given.hydra, *given.task) if not o.startswith(("hydra.mode=", *left_out))]
+
+
 def sweep_command(record: str) -> list[str]:
-    """The overrides a -m sweep was started with, from its record (multirun.yaml, given as its text):
-    Hydra's, then the task's; less hydra.mode and hydra.sweep.dir, which a command that continues the
-    sweep gives itself."""
-    given = OmegaConf.create(record).hydra.overrides
-    return [o for o in (*given.hydra, *given.task) if not o.startswith(("hydra.mode=", "hydra.sweep.dir="))]
+    """The overrides a -m sweep was started with, from its record (multirun.yaml, given as its text),
+    less its dir."""
+    return command_overrides(OmegaConf.create(record).hydra.overrides, "hydra.sweep.dir=")

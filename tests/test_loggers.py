@@ -340,8 +340,7 @@ def test_mlflow_holds_one_point_a_step_when_a_resumed_run_trains_steps_again(mem
     job = job_config(memory_dir / "mlflow_resumed" / "run", "logger=mlflow")
     killed = MlflowLogger(job.logger, job)
     for step in (2, 4, 5, 6):  # every 2 steps and at epoch 1's end (5)
-        killed.log_scalars(step, {"train/loss": 1 / step})
-    killed._opened()  # its run open, as a process that trained is; then it dies without closing it
+        killed.log_scalars(step, {"train/loss": 1 / step})  # then it dies, its run never closed
     resumed = MlflowLogger(job.logger, job)
     for step in (5, 6, 8, 10):
         resumed.log_scalars(step, {"train/loss": 1 / step + 1, **({"val/acc": 0.5} if step in (5, 10) else {})})

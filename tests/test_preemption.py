@@ -266,12 +266,12 @@ def test_the_resume_command_keeps_the_overrides_and_pins_the_run_dir(monkeypatch
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     given = [
         "hydra.run.dir=x",
-        "hydra.mode=RUN",
         "hydra/job_logging=disabled",
         "strategy=ddp",
         "trainer.resume=/old.pt",
+        "model.name=a b",
     ]
-    command = resume_command([*given, "model.name=a b"], "/runs/r")
+    command = resume_command(given, "/runs/r")
     assert command == (
         "python train.py hydra/job_logging=disabled strategy=ddp 'model.name=a b' hydra.run.dir=/runs/r trainer.resume=auto"
     )

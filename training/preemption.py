@@ -167,10 +167,10 @@ def requeue_or_explain(preempted: Preempted, requeue_on: list[signal.Signals], r
 
 
 def resume_command(overrides: list[str], run_dir: str) -> str:
-    """The command that continues this run: the same overrides (Hydra's, then the task's), this run
-    dir, resume=auto; a password among them shown as *** (it goes to the log): type it again, or give
-    it through the environment."""
-    kept = [o for o in overrides if not o.startswith(("hydra.mode=", "hydra.run.dir=", "trainer.resume="))]
+    """The command that continues this run: the same overrides (config.overrides.command_overrides),
+    this run dir, resume=auto; a password among them shown as *** (it goes to the log): type it again,
+    or give it through the environment."""
+    kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", "trainer.resume="))]
     # Under torchrun, on every node as the job started: `python train.py` would resume it as one process.
     start = "torchrun <its options, as before> train.py" if "TORCHELASTIC_RUN_ID" in os.environ else "python train.py"
     return redact(f"{start} {shlex.join([*kept, f'hydra.run.dir={run_dir}', 'trainer.resume=auto'])}")

@@ -96,9 +96,9 @@ class MlflowLogger:
 
     def _new_points(self, step: int, values: Mapping[str, float]) -> list[Any]:
         """The values as MLflow's points at `step`, less those of a step this run's store holds already.
-        A resumed run trains again the steps its stopped process logged after the checkpoint, and
-        MLflow cannot delete a point (mlflow#2973), where TensorBoard's purge_step and the CSV drop them:
-        the first point of each step stays, the same value when the run is deterministic."""
+        A resumed run trains again the steps its stopped process logged after the checkpoint. TensorBoard
+        (purge_step) and the CSV drop the old points; MLflow cannot delete one (mlflow#2973), so the first
+        point of each step stays: the same value when the run is deterministic."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
