@@ -219,6 +219,9 @@ SYNC_BN = (
     "trainer.max_steps=2",
     "trainer.limit_val_batches=1",
     "trainer.progress_bar=false",
+    # Small steps: at the default lr the second step lands where resnet18's BatchNorm on 8x8 images
+    # amplifies float32's rounding, so the tolerance below held on some CPUs and not on others.
+    "optimizer.lr=0.005",
 )
 
 
