@@ -51,14 +51,19 @@ class FailingNet(MnistNet):
 
 class SlowNet(MnistNet):
     """MnistNet that sleeps `delay_s` in every forward: the same math, slow enough for a signal to
-    land mid-training however long the job takes to start."""
+    land mid-training however long the job takes to start. With `hold`, its forwards from the
+    `hold_from`-th on wait while that file exists: a pause past a point, released by deleting it."""
 
-    def __init__(self, *args, delay_s: float = 0.2, **kwargs) -> None:
+    def __init__(self, *args, delay_s: float = 0.2, hold: str | None = None, hold_from: int = 1, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.delay_s = delay_s
+        self.delay_s, self.hold, self.hold_from = delay_s, hold, hold_from
+        self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
         time.sleep(self.delay_s)
+        while self.hold is not None and self.calls >= self.hold_from and os.path.exists(self.hold):
+            time.sleep(0.05)
         return super().forward(x)
 
 

@@ -152,17 +152,17 @@ def test_a_signal_to_trials_at_once_saves_them_and_ends_the_search_in_one_line_t
     """The terminal's SIGINT (or SLURM's USR1, to a job step's processes) to the search and its trials'
     processes: each trial saves last.pt, the search exits 128 + the signal saying once how to continue
     it, and that command ends the search from there."""
-    sweep = tmp_path / "search"
+    sweep, hold = tmp_path / "search", tmp_path / "hold"
     args = ["hparams_search=digits", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2"]
-    args += [
-        "debug=limit",
-        "trainer.limit_train_batches=20",
-        "model._target_=tests.faults.SlowNet",
-        "+model.delay_s=0.05",
-    ]
+    # Each trial waits in its second epoch (5 training and 2 validation forwards an epoch) until the
+    # signal has landed: one that started first cannot end while the other is still starting.
+    hold.touch()
+    args += ["debug=limit", "model._target_=tests.faults.SlowNet", "+model.delay_s=0", f"+model.hold={hold}"]
+    args += ["+model.hold_from=10"]
     search = Run(sweep, *args)  # a session of its own, as a terminal's job
     search.wait_for(lambda: len(list(sweep.glob("*/checkpoints/last.pt"))) == 2)  # both past their first epoch
     os.killpg(search.proc.pid, signum)
+    hold.unlink()
     assert search.finish() == 128 + signum, search.output()
     output = search.output()
     assert "Traceback" not in output and search.leftovers() == [], output
