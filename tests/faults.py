@@ -62,8 +62,8 @@ class SlowNet(MnistNet):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         time.sleep(self.delay_s)
-        while self.hold is not None and self.calls >= self.hold_from and os.path.exists(self.hold):
-            time.sleep(0.05)
+        if self.calls >= self.hold_from:
+            _held(self.hold)
         return super().forward(x)
 
 
@@ -78,9 +78,14 @@ class SlowCNN(SimpleCNN):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         time.sleep(self.delay_s)
-        while self.hold is not None and os.path.exists(self.hold):
-            time.sleep(0.05)
+        _held(self.hold)
         return super().forward(x)
+
+
+def _held(hold: str | None) -> None:
+    """Wait while the file `hold` exists: a test's pause, released by deleting the file."""
+    while hold is not None and os.path.exists(hold):
+        time.sleep(0.05)
 
 
 class HangingNet(MnistNet):
