@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -55,6 +56,49 @@ def test_ctrl_c_is_noted_with_its_launchers_copy_and_a_second_one_raises(monkeyp
         assert watch.preempted().exit_code == 130 and str(watch.preempted()) == "interrupted by Ctrl-C (SIGINT)"
     finally:
         watch.close()
+
+
+def test_the_launchers_copy_of_a_ctrl_c_landing_inside_its_handler_is_not_a_second_one():
+    """The terminal's Ctrl-C and the launcher's copy reach a rank microseconds apart, and Python may
+    run the copy's handler between any two bytecodes of the first's. Landing anywhere, the pair is
+    one Ctrl-C: noted, not a KeyboardInterrupt (which ended a loaded DDP run's rank unsaved)."""
+    point = 1
+    while _ctrl_c_and_its_copy_at(point):
+        point += 1
+    assert point > 10  # it landed after each of the handler's bytecodes
+
+
+def _ctrl_c_and_its_copy_at(point: int) -> bool:
+    """A fresh watch's handler for the terminal's Ctrl-C, with the launcher's copy run inside it
+    after its `point`-th bytecode: whether it had that many."""
+    watch = PreemptionWatch(CPU, [signal.SIGINT], grace_s=30)
+    count, landed = 0, False
+
+    def each_bytecode(frame, event, arg):
+        nonlocal count, landed
+        count += event == "opcode"
+        if count == point and not landed:
+            landed = True
+            sys.settrace(None)
+            watch._note(signal.SIGINT, None)  # the launcher's copy
+        return each_bytecode
+
+    def calls(frame, event, arg):
+        if frame.f_code is not PreemptionWatch._note.__code__:
+            return None
+        frame.f_trace_opcodes = True
+        return each_bytecode
+
+    sys.settrace(calls)
+    try:
+        watch._note(signal.SIGINT, None)  # the terminal's
+    except KeyboardInterrupt:
+        pytest.fail(f"the copy, landing after bytecode {point} of the handler, raised as a second Ctrl-C")
+    finally:
+        sys.settrace(None)
+        watch.close()
+    assert watch.received == signal.SIGINT
+    return landed
 
 
 class _AllReduceMax:

@@ -75,12 +75,17 @@ class PreemptionWatch:
     def _note(self, signum: int, frame: Any) -> None:
         # A second Ctrl-C stops at once, as Python's own handler does: past a validation or a
         # collective that takes long, or a hang (a KeyboardInterrupt from here, in the main thread).
-        # The copy a launcher passes on of either Ctrl-C is not another one.
+        # The copy a launcher passes on of either Ctrl-C is not another one. That copy can run inside
+        # this handler, between any two of its bytecodes: what was received is read before anything
+        # it sets, so that neither call takes the other for an earlier Ctrl-C.
+        received = self.received
         if signum == signal.SIGINT:
-            copy, self._sigint_at = time.monotonic() - self._sigint_at <= _SAME_CTRL_C_S, time.monotonic()
-            if self.received and not copy:
+            now = time.monotonic()
+            copy = now - self._sigint_at <= _SAME_CTRL_C_S
+            self._sigint_at = now
+            if received and not copy:
                 raise KeyboardInterrupt
-        self.received = self.received or signum  # no logging here: its locks are not signal-safe
+        self.received = received or signum  # no logging here: its locks are not signal-safe
 
     def should_stop(self, step: int, force: bool = False) -> bool:
         """Collective at the agreed check steps (or when `force`): call it on every rank, every step."""
