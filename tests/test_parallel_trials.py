@@ -160,9 +160,11 @@ def test_a_signal_to_trials_at_once_saves_them_and_ends_the_search_in_one_line_t
     args += ["debug=limit", "model._target_=tests.faults.SlowNet", "+model.delay_s=0", f"+model.hold={hold}"]
     args += ["+model.hold_from=10"]
     search = Run(sweep, *args)  # a session of its own, as a terminal's job
-    search.wait_for(lambda: len(list(sweep.glob("*/checkpoints/last.pt"))) == 2)  # both past their first epoch
-    os.killpg(search.proc.pid, signum)
-    hold.unlink()
+    try:
+        search.wait_for(lambda: len(list(sweep.glob("*/checkpoints/last.pt"))) == 2)  # both past their first epoch
+        os.killpg(search.proc.pid, signum)
+    finally:
+        hold.unlink()  # else trials left by a failure would wait forever
     assert search.finish() == 128 + signum, search.output()
     output = search.output()
     assert "Traceback" not in output and search.leftovers() == [], output
