@@ -363,12 +363,32 @@ def _until_one_fails(ranks: mp.ProcessContext) -> dict[int, int]:
     forwards too. A rank it stops was not interrupted by the preemption: a peer had failed first (a
     save that failed as the job stopped, its slow peer's watch already closed, read as "preempted
     ... before the ranks saved last.pt" and hid the disk error)."""
-    while True:
-        codes = {rank: process.exitcode for rank, process in enumerate(ranks.processes)}
-        running = [ranks.processes[rank].sentinel for rank, code in codes.items() if code is None]
-        if not running or any(code for code in codes.values()):  # None: running, 0: done
-            return {rank: code for rank, code in codes.items() if code is not None}
-        multiprocessing.connection.wait(running)
+    with _signal_wakes() as signalled:
+        while True:
+            codes = {rank: process.exitcode for rank, process in enumerate(ranks.processes)}
+            running = [ranks.processes[rank].sentinel for rank, code in codes.items() if code is None]
+            if not running or any(code for code in codes.values()):  # None: running, 0: done
+                return {rank: code for rank, code in codes.items() if code is not None}
+            if signalled in multiprocessing.connection.wait([*running, signalled]):
+                os.read(signalled, 512)
+
+
+@contextlib.contextmanager
+def _signal_wakes() -> Iterator[int]:
+    """A pipe that every signal this process takes writes a byte to, to wait on beside the ranks.
+    The kernel may hand a signal to any thread (the TCPStore server's, here), and Python runs its
+    handler in the main thread only once that thread's wait returns: here, once a rank had ended.
+    A Ctrl-C, which reaches the ranks only as this process's copy, waited for the end of training."""
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    try:
+        yield read
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(read)
+        os.close(write)
 
 
 def _raise_if_interrupted(ended: dict[int, int], forwarded: list[int]) -> None:

@@ -616,8 +616,14 @@ def _killed_as_it_starts_and_its_peer_echoes(ctx, ready: Path) -> None:
     raise RuntimeError("Connection closed by peer")  # its collective with the rank that died
 
 
-def _launch_sent_sigterm(monkeypatch, tmp_path: Path, worker) -> None:
-    """Launch 2 ranks of `worker`; once both are ready, SIGTERM to this launcher, as a preemption's."""
+def _notes_the_forwarded_sigterm(ctx, ready: Path) -> None:
+    noted = _ready(ready, ctx.rank, note_sigterm=True)
+    _until(lambda: noted, timeout_s=10)
+
+
+def _launch_sent_sigterm(monkeypatch, tmp_path: Path, worker, to_a_thread: bool = False) -> None:
+    """Launch 2 ranks of `worker`; once both are ready, SIGTERM to this launcher, as a preemption's;
+    `to_a_thread`: to the sender's thread alone, as the kernel may hand it to any thread."""
     monkeypatch.setattr(launching, "_GRACE_S", 0.5)
     plan = launching.LaunchPlan(
         "spawn", "cpu", 2, 2, 1, False, None, None, forward_signals=(signal.SIGTERM,), start_method="fork"
@@ -629,7 +635,10 @@ def _launch_sent_sigterm(monkeypatch, tmp_path: Path, worker) -> None:
     def sigterm_once_forwarded() -> None:
         ranks_ready = [tmp_path / "0", tmp_path / "1"]
         _until(lambda: signal.getsignal(signal.SIGTERM) is not unforwarded and all(map(Path.exists, ranks_ready)))
-        os.kill(os.getpid(), signal.SIGTERM)
+        if to_a_thread:
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     before = signal.signal(signal.SIGTERM, unforwarded)
     sender = threading.Thread(target=sigterm_once_forwarded, daemon=True)
@@ -656,6 +665,14 @@ def test_a_rank_killed_by_the_forwarded_signal_makes_its_peers_error_an_echo(mon
     with pytest.raises(Preempted) as interrupted:
         _launch_sent_sigterm(monkeypatch, tmp_path, _killed_as_it_starts_and_its_peer_echoes)
     assert (interrupted.value.signum, interrupted.value.saved) == (signal.SIGTERM, False)
+
+
+def test_a_signal_that_another_thread_of_the_launcher_takes_reaches_its_ranks(monkeypatch, tmp_path):
+    """The kernel hands a signal sent to the launcher to any of its threads (its TCPStore server's
+    too), and Python runs the handler that passes it on in the main thread only, once that thread's
+    wait for the ranks returned: when a rank had ended. A Ctrl-C, which reaches spawned ranks only
+    as the launcher's copy, waited for the end of training."""
+    _launch_sent_sigterm(monkeypatch, tmp_path, _notes_the_forwarded_sigterm, to_a_thread=True)
 
 
 def _meet(ctx) -> None:
