@@ -446,6 +446,11 @@ def _spawned_rank(
     if os.environ != environ:
         os.environ.clear()
         os.environ.update(environ)
+    # The terminal's Ctrl-C goes to every process of its foreground group. In a group of its own (as
+    # torchrun's agent starts its workers in a session of their own) a rank gets it once, as the copy
+    # its launcher passes on (_spawn), and never takes that copy for a second Ctrl-C however late a
+    # busy machine delivers it: a second Ctrl-C stops a rank at once, unsaved.
+    os.setpgid(0, 0)
     # torch.multiprocessing asks the kernel to send a rank SIGINT when its launcher dies
     # (PR_SET_PDEATHSIG), but a launcher started in the background (`python train.py &` in a
     # script, a test runner) passes SIGINT on ignored: the orphaned ranks would train on and keep

@@ -83,7 +83,10 @@ class SlowCNN(SimpleCNN):
 
 
 def _held(hold: str | None) -> None:
-    """Wait while the file `hold` exists: a test's pause, released by deleting the file."""
+    """Wait while the file `hold` exists: a test's pause, released by deleting the file. A forward
+    that gets there creates `<hold>.reached`, for the test to know."""
+    if hold is not None and os.path.exists(hold):
+        Path(f"{hold}.reached").touch()
     while hold is not None and os.path.exists(hold):
         time.sleep(0.05)
 

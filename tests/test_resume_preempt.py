@@ -246,13 +246,25 @@ def test_sigusr1_to_a_ddp_run_saves_and_resume_continues_exactly(tmp_path):
 
 
 def test_ctrl_c_saves_a_ddp_run_where_it_stopped(tmp_path):
-    """Ctrl-C, the terminal's SIGINT to every process of the job (and train.py's copy to each rank),
-    ended the ranks in a KeyboardInterrupt's traceback, with what the epoch had trained lost. It is
-    now a preemption: saved where the ranks stopped, exit 130, the command that resumes it."""
-    run_dir = tmp_path / "run"
-    run = Run(run_dir, *DDP, *TINY, *SLOW)
-    run.wait_for(lambda: run.logged("from epoch 1"))
-    os.killpg(run.proc.pid, signal.SIGINT)
+    """Ctrl-C, the terminal's SIGINT to every process of its foreground group, ended the ranks in a
+    KeyboardInterrupt's traceback, with what the epoch had trained lost. It is now a preemption: saved
+    where the ranks stopped, exit 130, the command that resumes it. Here train.py passes it on to its
+    ranks 1.5 s late, as a busy machine can: the ranks took that copy for a second Ctrl-C, which
+    stops at once, and the job ended unsaved."""
+    run_dir, hold = tmp_path / "run", tmp_path / "hold"
+    # The ranks wait in their third forward (the pre-flight's model makes two), their first checks
+    # past, until the copy has landed; they stop at the next check, at the epoch's end.
+    hold.touch()
+    run = Run(run_dir, *DDP, *TINY, *SLOW, f"+model.hold={hold}", "+model.hold_from=3")
+    try:
+        run.wait_for(Path(f"{hold}.reached").exists)
+        os.kill(run.proc.pid, signal.SIGSTOP)
+        os.killpg(run.proc.pid, signal.SIGINT)
+        time.sleep(1.5)
+        os.kill(run.proc.pid, signal.SIGCONT)
+        time.sleep(1)
+    finally:
+        hold.unlink()
     assert run.finish() == 128 + signal.SIGINT, run.output()
     assert "interrupted by Ctrl-C (SIGINT): last.pt is saved; resume with: python train.py" in run.output()
     assert "Traceback" not in run.output() and run.leftovers() == []

@@ -39,8 +39,10 @@ log = logging.getLogger("train")
 
 # The part of trainer.preempt_grace_s that a signal may wait for the next agreed check.
 _CHECK_SHARE = 0.25
-# Ctrl-C reaches every process of the terminal's job, and a launcher passes its own copy on to its
-# ranks: a SIGINT within this many seconds of the last is that copy, a later one another Ctrl-C.
+# A SIGINT sent to every process of a job at once (`pkill -INT -f train.py`; SLURM's to a job step's)
+# reaches a spawned rank twice, itself and as the copy its launcher passes on (the terminal's
+# Ctrl-C reaches the launcher alone: distributed/launch.py). A SIGINT within this many seconds of
+# the last is that copy, a later one another Ctrl-C.
 _SAME_CTRL_C_S = 1.0
 # True in a search's trial that runs in a process of its own (the sweeper's _processes.py): Ctrl-C,
 # or SLURM's signal to all of a job step's processes, reaches the search and all its trials at once,
