@@ -40,11 +40,13 @@ def test_a_signal_is_noted_and_a_single_process_stops_at_its_next_step(caplog):
 
 
 def test_ctrl_c_is_noted_with_its_launchers_copy_and_a_second_one_raises(monkeypatch):
+    """A SIGINT sent to every process of a job (`pkill -INT -f train.py`) reaches a spawned rank
+    itself and as its launcher's copy: one Ctrl-C."""
     clock = [100.0]
     monkeypatch.setattr(preemption.time, "monotonic", lambda: clock[0])
     watch = PreemptionWatch(CPU, [signal.SIGINT], grace_s=30)
     try:
-        os.kill(os.getpid(), signal.SIGINT)  # the terminal's
+        os.kill(os.getpid(), signal.SIGINT)  # pkill's
         clock[0] += 0.01
         os.kill(os.getpid(), signal.SIGINT)  # the launcher's copy of the same Ctrl-C
         assert watch.received == signal.SIGINT
@@ -59,7 +61,7 @@ def test_ctrl_c_is_noted_with_its_launchers_copy_and_a_second_one_raises(monkeyp
 
 
 def test_the_launchers_copy_of_a_ctrl_c_landing_inside_its_handler_is_not_a_second_one():
-    """The terminal's Ctrl-C and the launcher's copy reach a rank microseconds apart, and Python may
+    """pkill's SIGINT and the launcher's copy reach a rank microseconds apart, and Python may
     run the copy's handler between any two bytecodes of the first's. Landing anywhere, the pair is
     one Ctrl-C: noted, not a KeyboardInterrupt (which ended a loaded DDP run's rank unsaved)."""
     point = 1
@@ -69,7 +71,7 @@ def test_the_launchers_copy_of_a_ctrl_c_landing_inside_its_handler_is_not_a_seco
 
 
 def _ctrl_c_and_its_copy_at(point: int) -> bool:
-    """A fresh watch's handler for the terminal's Ctrl-C, with the launcher's copy run inside it
+    """A fresh watch's handler for pkill's SIGINT, with the launcher's copy run inside it
     after its `point`-th bytecode: whether it had that many."""
     watch = PreemptionWatch(CPU, [signal.SIGINT], grace_s=30)
     count, landed = 0, False
@@ -91,7 +93,7 @@ def _ctrl_c_and_its_copy_at(point: int) -> bool:
 
     sys.settrace(calls)
     try:
-        watch._note(signal.SIGINT, None)  # the terminal's
+        watch._note(signal.SIGINT, None)  # pkill's
     except KeyboardInterrupt:
         pytest.fail(f"the copy, landing after bytecode {point} of the handler, raised as a second Ctrl-C")
     finally:
