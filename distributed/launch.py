@@ -380,8 +380,7 @@ def _signal_wakes() -> Iterator[int]:
     handler in the main thread only once that thread's wait returns: here, once a rank had ended.
     A Ctrl-C, which reaches the ranks only as this process's copy, waited for the end of training."""
     read, write = os.pipe()
-    os.set_blocking(read, False)
-    os.set_blocking(write, False)
+    os.set_blocking(write, False)  # as set_wakeup_fd requires; the read end is read only once ready
     previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     try:
         yield read

@@ -671,8 +671,10 @@ def test_a_signal_that_another_thread_of_the_launcher_takes_reaches_its_ranks(mo
     """The kernel hands a signal sent to the launcher to any of its threads (its TCPStore server's
     too), and Python runs the handler that passes it on in the main thread only, once that thread's
     wait for the ranks returned: when a rank had ended. A Ctrl-C, which reaches spawned ranks only
-    as the launcher's copy, waited for the end of training."""
+    as the launcher's copy, waited for the end of training. The pipe it now wakes on is given back:
+    left set, its closed descriptor, or whatever file reuses the number, would take a byte a signal."""
     _launch_sent_sigterm(monkeypatch, tmp_path, _notes_the_forwarded_sigterm, to_a_thread=True)
+    assert signal.set_wakeup_fd(-1) == -1
 
 
 def _meet(ctx) -> None:
