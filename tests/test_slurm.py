@@ -103,6 +103,15 @@ class Rig:
     def idle(self) -> bool:
         return self.on("a", ["sinfo", "-h", "-o", "%T"]).stdout.split() == ["idle"]
 
+    def said(self, logs: list[Path]) -> str:
+        """For a test that waited in vain: what SLURM says of its nodes and jobs, its controller's
+        log, and the end of each of `logs`."""
+        asked = [["sinfo", "-N", "-h", "-o", "%N %T %E"], ["scontrol", "show", "job", "-o"]]
+        parts = [self.on("a", cmd, timeout=30).stdout for cmd in asked]
+        for log in [self.dir / "slurm" / "slurmctld.log", *logs]:
+            parts.append(f"--- {log}:\n" + log.read_text(errors="replace")[-2000:])
+        return "\n".join(parts)
+
 
 @contextmanager
 def rig_up(state: Path, *options: str, env: dict[str, str] | None = None) -> Iterator[str]:
@@ -378,18 +387,22 @@ def test_search_runs_two_trials_at_once_as_slurm_jobs(rig):
         "trainer.limit_val_batches=1",
         "trainer.progress_bar=false",
     ]
-    result = rig.on("a", cmd)
+    shared = rig.shared / "search"
+    try:  # a few seconds' work: well inside pytest's timeout, so that a stuck search says where it stuck
+        result = rig.on("a", cmd, timeout=180)
+    except subprocess.TimeoutExpired as e:
+        said = (e.stderr or b"")[-3000:].decode(errors="replace")  # bytes: run() read them undecoded
+        pytest.fail(f"the search did not end:\n{said}\n{rig.said(sorted(shared.glob('.submitit/*/*_log.*')))}")
     assert result.returncode == 0, result.stderr[-3000:]
     import optuna
 
-    sweep = rig.shared / "search"
-    study = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}")
+    study = optuna.load_study(study_name="digits", storage=f"sqlite:///{shared / 'optuna.db'}")
     trials = study.get_trials()
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
-    jobs = [sweep / t.user_attrs["job"] for t in trials]
+    jobs = [shared / t.user_attrs["job"] for t in trials]
     assert [json.loads((job / "metrics.json").read_text())["best_val_acc"] for job in jobs] == [t.value for t in trials]
     # Both in flight at once: asked together, each a SLURM job of its own (a job killed for memory or
     # time fails its trial alone), told as each ends. (When SLURM starts each is its scheduler's
     # business: on a loaded node a 3-step job may end before the other starts.)
     assert max(t.datetime_start for t in trials) < min(t.datetime_complete for t in trials)
-    assert len([p for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)]) == 2
+    assert len([p for p in (shared / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)]) == 2
