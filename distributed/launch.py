@@ -318,7 +318,8 @@ def _spawn(plan: LaunchPlan, worker: Callable[..., Any], args: tuple) -> None:
 
     previous = {sig: signal.signal(sig, forward) for sig in taken_signals(plan.forward_signals)}
     try:
-        ended = _until_one_fails(ranks)
+        with _job_control(ranks):
+            ended = _until_one_fails(ranks)
         while not ranks.join(grace_period=_GRACE_S):
             pass
     except ProcessExitedException as e:
@@ -371,6 +372,40 @@ def _until_one_fails(ranks: mp.ProcessContext) -> dict[int, int]:
                 return {rank: code for rank, code in codes.items() if code is not None}
             if signalled in multiprocessing.connection.wait([*running, signalled]):
                 os.read(signalled, 512)
+
+
+@contextlib.contextmanager
+def _job_control(ranks: mp.ProcessContext) -> Iterator[None]:
+    """Ctrl-Z (SIGTSTP) stops the ranks, then this process; SIGCONT (`fg`, `bg`) resumes them. The
+    terminal's signals reach this process's group alone (_spawned_rank): stopped alone, it would
+    leave the ranks training on, holding the CPUs and the GPUs, and writing to the terminal."""
+
+    def stop(signum: int, frame: Any) -> None:
+        _to_each_rank(ranks, signal.SIGSTOP)  # SIGSTOP, not SIGTSTP, which a handler could take
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stops here; returns once continued
+        signal.signal(signal.SIGTSTP, stop)
+
+    previous = {
+        signal.SIGTSTP: signal.signal(signal.SIGTSTP, stop),
+        signal.SIGCONT: signal.signal(signal.SIGCONT, lambda signum, frame: _to_each_rank(ranks, signal.SIGCONT)),
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _to_each_rank(ranks: mp.ProcessContext, signum: int) -> None:
+    """`signum` to each rank still running and to its group: its loader workers too."""
+    for process in ranks.processes:
+        if process.is_alive():
+            try:
+                os.killpg(process.pid, signum)
+            except ProcessLookupError:  # not yet in a group of its own; or it has just ended
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signum)
 
 
 @contextlib.contextmanager

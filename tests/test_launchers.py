@@ -5,6 +5,7 @@ from __future__ import annotations
 import faulthandler
 import gc
 import json
+import multiprocessing
 import os
 import re
 import resource
@@ -597,6 +598,11 @@ def _until(done, timeout_s: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+def _state(pid: int) -> str:
+    """The process's state letter: R, S, T (stopped), Z (ended, not yet reaped), ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def _save_fails_as_the_job_stops(ctx, ready: Path) -> None:
     noted = _ready(ready, ctx.rank, note_sigterm=True)
     _until(lambda: noted)  # the launcher's copy of the preemption's SIGTERM
@@ -611,8 +617,8 @@ def _killed_as_it_starts_and_its_peer_echoes(ctx, ready: Path) -> None:
     if ctx.rank == 0:
         time.sleep(60)  # no watch yet: the forwarded SIGTERM ends it
     _until(lambda: noted)
-    peer = Path("/proc") / (ready / "0").read_text() / "stat"
-    _until(lambda: not peer.exists() or peer.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+    peer = int((ready / "0").read_text())
+    _until(lambda: not Path(f"/proc/{peer}").exists() or _state(peer) == "Z")
     raise RuntimeError("Connection closed by peer")  # its collective with the rank that died
 
 
@@ -675,6 +681,43 @@ def test_a_signal_that_another_thread_of_the_launcher_takes_reaches_its_ranks(mo
     left set, its closed descriptor, or whatever file reuses the number, would take a byte a signal."""
     _launch_sent_sigterm(monkeypatch, tmp_path, _notes_the_forwarded_sigterm, to_a_thread=True)
     assert signal.set_wakeup_fd(-1) == -1
+
+
+def _stays_until_told(ctx, ready: Path) -> None:
+    _ready(ready, ctx.rank, note_sigterm=False)
+    _until(lambda: (ready / "end").exists(), timeout_s=60)
+
+
+def _launches_two_that_stay(ready: Path) -> None:
+    plan = launching.LaunchPlan("spawn", "cpu", 2, 2, 1, False, None, None, start_method="fork")
+    launch(plan, _stays_until_told, ready)
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for `signum` (its status's SigCgt mask)."""
+    caught = re.search(r"SigCgt:\s*(\w+)", Path(f"/proc/{pid}/status").read_text())[1]
+    return bool(int(caught, 16) >> (signum - 1) & 1)
+
+
+def test_ctrl_z_stops_the_ranks_with_their_launcher_and_fg_resumes_them(tmp_path):
+    """Spawned ranks run in process groups of their own: the terminal's SIGTSTP and the shell's
+    SIGCONT reach the launcher alone, which passes them on, as it does Ctrl-C."""
+    launcher = multiprocessing.get_context("fork").Process(target=_launches_two_that_stay, args=(tmp_path,))
+    launcher.start()
+    try:
+        _until(
+            lambda: (tmp_path / "0").exists() and (tmp_path / "1").exists() and _catches(launcher.pid, signal.SIGTSTP)
+        )
+        job = [launcher.pid, *(int((tmp_path / str(rank)).read_text()) for rank in (0, 1))]
+        os.kill(launcher.pid, signal.SIGTSTP)
+        _until(lambda: [_state(pid) for pid in job] == ["T"] * 3, timeout_s=10)
+        os.kill(launcher.pid, signal.SIGCONT)
+        _until(lambda: "T" not in [_state(pid) for pid in job], timeout_s=10)
+        (tmp_path / "end").touch()
+        launcher.join(timeout=30)
+        assert launcher.exitcode == 0
+    finally:
+        launcher.kill()  # and with it its ranks: forked, they take SIGINT when it dies
 
 
 def _meet(ctx) -> None:
