@@ -2,7 +2,7 @@
 to fail in one line and to leave an earlier run's record as it was (a secret the config shows is
 refused before Hydra writes the record); and a sweep (`-m`, or an
 hparams_search) saying where it writes, as it starts and as it ends, with the command that compares
-its jobs."""
+its jobs; on a SLURM cluster that keeps no accounting, watching its jobs with squeue."""
 
 from __future__ import annotations
 
@@ -85,6 +85,22 @@ def _exit_unless_writable(key: str, directory: str) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+
+
+class SlurmJobs(Callback):
+    """A sweep's SLURM jobs, on a cluster that keeps no accounting, watched with squeue
+    (config/slurm_jobs.py): with sacct's errors alone, a job that ended without a result hung it."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.launcher.get("_target_") != SLURM_LAUNCHER:
+            return
+        from config.slurm_jobs import watch_with_squeue_where_no_accounting  # imports submitit
+
+        if watch_with_squeue_where_no_accounting():
+            log.info("This SLURM cluster keeps no accounting (sacct): the sweep asks squeue how its jobs ended")
 
 
 def report_command(sweep_dir: str) -> str:

@@ -897,6 +897,29 @@ def test_submitit_local_sweep_runs_two_jobs(tmp_path):
     assert losses[0] != losses[1]  # two jobs, two seeds: really two trainings
 
 
+def test_without_accounting_squeue_tells_how_a_slurm_job_ended(monkeypatch):
+    """sacct fails where SLURM keeps no accounting, and submitit waited forever for a job that ended
+    without a result. squeue's answer in its place (the real one: test_slurm.py): a job it lists as
+    ended is done, and so is one it lists no more, however it ended (MinJobAge after its end)."""
+    from submitit.core import core
+
+    from config.slurm_jobs import FORGOTTEN, SqueueWatcher
+
+    asked = []
+    monkeypatch.setattr(
+        core.subprocess,
+        "check_output",
+        lambda command, **kwargs: asked.append(command) or b"7|CANCELLED|rig-a\n8|RUNNING|rig-b\n",
+    )
+    watcher = SqueueWatcher()
+    assert watcher._make_command() is None  # nothing to ask while no job runs
+    for job in ("7", "8", "9_0"):
+        watcher.register_job(job)
+    assert [watcher.is_done(job, mode="force") for job in ("7", "8", "9_0")] == [True, False, True]
+    assert [watcher.get_state(job, mode="cache") for job in ("7", "9_0")] == ["CANCELLED", FORGOTTEN]
+    assert asked[0][0] == "squeue"
+
+
 @pytest.mark.parametrize("start_method", ["spawn", "forkserver", "fork"])
 def test_the_start_method_and_port_reach_the_ranks(monkeypatch, start_method):
     monkeypatch.setenv("MASTER_ADDR", "")  # launch sets them for ddp; monkeypatch puts them back

@@ -370,8 +370,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_search_runs_two_trials_at_once_as_slurm_jobs(rig):
-    sweep = rig.runs / "search"
+def test_search_runs_two_trials_at_once_as_slurm_jobs_and_one_killed_fails_alone(rig):
+    """Each trial a SLURM job of its own, both held at their first step: in flight at once. One is
+    cancelled, its batch script killed at once: as a job killed for memory or on a lost node, it
+    ends without a result. This cluster keeps no accounting, so sacct cannot say so, and submitit
+    waited for it forever; squeue does. Its trial fails alone, a third takes its place, the search ends."""
+    sweep, shared, held = rig.runs / "search", rig.shared / "search", rig.dir / "held"
+    held.mkdir()
+    (held / "hold").touch()
     cmd = [
         sys.executable,
         "train.py",
@@ -386,23 +392,34 @@ def test_search_runs_two_trials_at_once_as_slurm_jobs(rig):
         "trainer.limit_train_batches=3",
         "trainer.limit_val_batches=1",
         "trainer.progress_bar=false",
+        "+callbacks.held._target_=tests.faults.Held",
     ]
-    shared = rig.shared / "search"
-    try:  # a few seconds' work: well inside pytest's timeout, so that a stuck search says where it stuck
-        result = rig.on("a", cmd, timeout=180)
-    except subprocess.TimeoutExpired as e:
-        said = (e.stderr or b"")[-3000:].decode(errors="replace")  # bytes: run() read them undecoded
-        pytest.fail(f"the search did not end:\n{said}\n{rig.said(sorted(shared.glob('.submitit/*/*_log.*')))}")
-    assert result.returncode == 0, result.stderr[-3000:]
+    out = rig.shared / "search.out"
+    search = rig.start("a", cmd, out, env={**rig.env, "HELD_DIR": str(held)})
+    try:
+        _wait("both trials started", lambda: len(list((held / "arrived").glob("*"))) == 2, out)
+        killed = min(rig.on("a", ["squeue", "-h", "-o", "%i"]).stdout.split(), key=int)
+        assert rig.on("a", ["scancel", "--signal=KILL", "--full", killed]).returncode == 0
+        (held / "hold").unlink()
+        try:  # a few seconds' work: well inside pytest's timeout, so that a stuck search says where it stuck
+            search.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            logs = sorted(shared.glob(".submitit/*/*_log.*"))
+            pytest.fail(f"the search did not end:\n{out.read_text()[-3000:]}\n{rig.said(logs)}")
+    finally:
+        search.kill()
+    log = out.read_text()
+    assert search.returncode == 0, log[-3000:]
+    said = (
+        rf"trial [01] failed: UncompletedJobError: Job {killed} \(task: 0\) with path \S+\s+has not produced any output"
+    )
+    assert re.search(said, log), log[-3000:]
     import optuna
 
     study = optuna.load_study(study_name="digits", storage=f"sqlite:///{shared / 'optuna.db'}")
     trials = study.get_trials()
-    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
-    jobs = [shared / t.user_attrs["job"] for t in trials]
-    assert [json.loads((job / "metrics.json").read_text())["best_val_acc"] for job in jobs] == [t.value for t in trials]
-    # Both in flight at once: asked together, each a SLURM job of its own (a job killed for memory or
-    # time fails its trial alone), told as each ends. (When SLURM starts each is its scheduler's
-    # business: on a loaded node a 3-step job may end before the other starts.)
-    assert max(t.datetime_start for t in trials) < min(t.datetime_complete for t in trials)
-    assert len([p for p in (shared / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)]) == 2
+    assert sorted(t.state.name for t in trials[:2]) == ["COMPLETE", "FAIL"] and trials[2].state.name == "COMPLETE"
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    jobs = [shared / t.user_attrs["job"] for t in done]
+    assert [json.loads((job / "metrics.json").read_text())["best_val_acc"] for job in jobs] == [t.value for t in done]
+    assert len([p for p in (shared / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)]) == 3
