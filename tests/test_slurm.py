@@ -398,7 +398,8 @@ def test_search_runs_two_trials_at_once_as_slurm_jobs_and_one_killed_fails_alone
     search = rig.start("a", cmd, out, env={**rig.env, "HELD_DIR": str(held)})
     try:
         _wait("both trials started", lambda: len(list((held / "arrived").glob("*"))) == 2, out)
-        killed = min(rig.on("a", ["squeue", "-h", "-o", "%i"]).stdout.split(), key=int)
+        # This search's jobs, by their dirs: squeue would also list an earlier test's job still completing.
+        killed = min((p.name for p in (shared / ".submitit").iterdir() if p.name.isdigit()), key=int)
         assert rig.on("a", ["scancel", "--signal=KILL", "--full", killed]).returncode == 0
         (held / "hold").unlink()
         try:  # a few seconds' work: well inside pytest's timeout, so that a stuck search says where it stuck
@@ -422,4 +423,4 @@ def test_search_runs_two_trials_at_once_as_slurm_jobs_and_one_killed_fails_alone
     done = [t for t in trials if t.state.name == "COMPLETE"]
     jobs = [shared / t.user_attrs["job"] for t in done]
     assert [json.loads((job / "metrics.json").read_text())["best_val_acc"] for job in jobs] == [t.value for t in done]
-    assert len([p for p in (shared / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)]) == 3
+    assert len([p for p in (shared / ".submitit").iterdir() if p.name.isdigit()]) == 3
