@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -103,14 +104,18 @@ class Rig:
     def idle(self) -> bool:
         return self.on("a", ["sinfo", "-h", "-o", "%T"]).stdout.split() == ["idle"]
 
-    def said(self, logs: list[Path]) -> str:
-        """For a test that waited in vain: what SLURM says of its nodes and jobs, its controller's
-        log, and the end of each of `logs`."""
-        asked = [["sinfo", "-N", "-h", "-o", "%N %T %E"], ["scontrol", "show", "job", "-o"]]
-        parts = [self.on("a", cmd, timeout=30).stdout for cmd in asked]
-        for log in [self.dir / "slurm" / "slurmctld.log", *logs]:
-            parts.append(f"--- {log}:\n" + log.read_text(errors="replace")[-2000:])
-        return "\n".join(parts)
+    def ended(self, process: subprocess.Popen, out: Path, timeout: float = 180) -> int:
+        """The exit code of `process` (from `start`, writing to `out`). One that has not ended in
+        `timeout` fails the test inside pytest's own timeout, saying where it stuck: its output, what
+        SLURM says of its nodes and jobs, its controller's log, and submitit's logs of each job."""
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            asked = [["sinfo", "-N", "-h", "-o", "%N %T %E"], ["scontrol", "show", "job", "-o"]]
+            parts = [out.read_text()[-3000:], *(self.on("a", cmd, timeout=30).stdout for cmd in asked)]
+            for log in [self.dir / "slurm" / "slurmctld.log", *sorted(self.shared.glob("**/.submitit/*/*_log.*"))]:
+                parts.append(f"--- {log}:\n" + log.read_text(errors="replace")[-2000:])
+            pytest.fail(f"{shlex.join(process.args[5:])} did not end in {timeout:.0f} s:\n" + "\n".join(parts))
 
 
 @contextmanager
@@ -402,15 +407,10 @@ def test_search_runs_two_trials_at_once_as_slurm_jobs_and_one_killed_fails_alone
         killed = min((p.name for p in (shared / ".submitit").iterdir() if p.name.isdigit()), key=int)
         assert rig.on("a", ["scancel", "--signal=KILL", "--full", killed]).returncode == 0
         (held / "hold").unlink()
-        try:  # a few seconds' work: well inside pytest's timeout, so that a stuck search says where it stuck
-            search.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            logs = sorted(shared.glob(".submitit/*/*_log.*"))
-            pytest.fail(f"the search did not end:\n{out.read_text()[-3000:]}\n{rig.said(logs)}")
+        assert rig.ended(search, out) == 0, out.read_text()[-3000:]
     finally:
         search.kill()
     log = out.read_text()
-    assert search.returncode == 0, log[-3000:]
     said = (
         rf"trial [01] failed: UncompletedJobError: Job {killed} \(task: 0\) with path \S+\s+has not produced any output"
     )

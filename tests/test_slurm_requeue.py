@@ -145,7 +145,7 @@ def test_a_preempted_submitit_job_requeues_and_resumes_exactly(rig, slow_whole):
         _wait("requeue", lambda: rig.requeued(job, 1), out, every=ASK_SLURM_S)
         _wait("nodes idle", rig.idle, out, every=ASK_SLURM_S)
         assert rig.on("a", ["scontrol", "update", f"JobId={job}", "StartTime=now+2"]).returncode == 0
-        assert sweeping.wait(timeout=240) == 0, out.read_text()[-3000:]
+        assert rig.ended(sweeping, out, timeout=240) == 0, out.read_text()[-3000:]
     finally:
         sweeping.kill()
     (run_dir,) = (rig.shared / "submitit").glob("0_*")  # named by its overrides
