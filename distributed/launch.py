@@ -398,7 +398,9 @@ def _job_control(ranks: mp.ProcessContext) -> Iterator[None]:
 
 
 def _to_each_rank(ranks: mp.ProcessContext, signum: int) -> None:
-    """`signum` to each rank still running and to its group: its loader workers too."""
+    """`signum` to each rank still running and to its group: its loader workers stop and go on with
+    it. Not so a preemption's signal (`forward`): it goes to the rank alone, since a loader worker
+    that took it would end, and its rank fail on the lost worker instead of saving."""
     for process in ranks.processes:
         if process.is_alive():
             try:
