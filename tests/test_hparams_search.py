@@ -300,10 +300,11 @@ def test_ctrl_c_keeps_the_trials_that_ended_before_it(tmp_path):
     assert _states(study) == ["COMPLETE", "FAIL", "WAITING"]  # trial 1 queued again; trial 0's value kept
 
 
-def test_ctrl_c_while_trials_run_elsewhere_ends_the_search_at_once(tmp_path):
+def test_ctrl_c_while_trials_run_elsewhere_ends_the_search_at_once(tmp_path, monkeypatch):
     # A parallel launcher's jobs (SLURM's) run on: the search stops waiting for them, keeps what ended.
     study, storage = _open(tmp_path)
-    released = threading.Event()
+    released, first_told = threading.Event(), threading.Event()
+    pressed: list[float] = []
     launch = FakeLauncher(tmp_path)
     finish = launch.__call__
 
@@ -312,17 +313,33 @@ def test_ctrl_c_while_trials_run_elsewhere_ends_the_search_at_once(tmp_path):
             released.wait(30)
         return finish(batch, first)
 
+    tell = _study._tell
+
+    def told(study, trial, ret, sweep_dir):
+        error = tell(study, trial, ret, sweep_dir)
+        if trial.number == 0:
+            first_told.set()
+        return error
+
+    monkeypatch.setattr(_study, "_tell", told)
+
     def ctrl_c(signum, frame):
         raise KeyboardInterrupt
 
+    def press_ctrl_c():
+        # Once trial 0 has ended, however slow this machine: the search then waits on trial 1 alone.
+        if first_told.wait(30):
+            time.sleep(0.5)
+        pressed.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGUSR2)
+
     # A real signal, as Ctrl-C is: it wakes the main thread where it waits for the trials.
     previous = signal.signal(signal.SIGUSR2, ctrl_c)
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR2)).start()
-    started = time.monotonic()
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt):
             _study.run(study, SPACE, [], slow_second, tmp_path, n_trials=2, n_jobs=2, heartbeat=storage, parallel=True)
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - pressed[0] < 10  # not the 30 s trial 1 still runs
         assert _states(study) == ["COMPLETE", "FAIL", "WAITING"]
     finally:
         released.set()
