@@ -176,9 +176,9 @@ def test_a_trial_whose_sweeper_died_before_its_first_heartbeat_runs_again(tmp_pa
 
 
 def test_a_live_trial_of_another_sweeper_is_waited_for_not_repeated(tmp_path, caplog):
-    study, storage = _open(tmp_path, heartbeat_interval=1)
+    study, storage = _open(tmp_path, heartbeat_interval=1, grace_period=60)
     other = study.ask(SPACE)
-    storage.record_heartbeat(other._trial_id)  # grace period 2 s: alive throughout
+    storage.record_heartbeat(other._trial_id)  # alive throughout, however slow this machine
     threading.Timer(1.5, study.tell, (other, 0.5)).start()  # the other sweeper's job ends while we wait
     launch = FakeLauncher(tmp_path)
     with caplog.at_level(logging.INFO):
