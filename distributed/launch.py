@@ -376,25 +376,25 @@ def _until_one_fails(ranks: mp.ProcessContext) -> dict[int, int]:
 
 @contextlib.contextmanager
 def _job_control(ranks: mp.ProcessContext) -> Iterator[None]:
-    """Ctrl-Z (SIGTSTP) stops the ranks, then this process; SIGCONT (`fg`, `bg`) resumes them. The
-    terminal's signals reach this process's group alone (_spawned_rank): stopped alone, it would
-    leave the ranks training on, holding the CPUs and the GPUs, and writing to the terminal."""
+    """Ctrl-Z (SIGTSTP) stops the ranks, then this process; SIGCONT (`fg`, `bg`) resumes it, and it
+    them. The terminal's signals reach this process's group alone (_spawned_rank): stopped alone, it
+    would leave the ranks training on, holding the CPUs and the GPUs, and writing to the terminal."""
 
     def stop(signum: int, frame: Any) -> None:
         _to_each_rank(ranks, signal.SIGSTOP)  # SIGSTOP, not SIGTSTP, which a handler could take
         signal.signal(signal.SIGTSTP, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTSTP)  # stops here; returns once continued
         signal.signal(signal.SIGTSTP, stop)
+        # Continued, or never stopped: the kernel drops a SIGTSTP to an orphaned process group (one
+        # that no shell in its session can `fg`: started with setsid, or its shell gone), and the
+        # ranks, stopped all the same, would wait for a SIGCONT that never comes.
+        _to_each_rank(ranks, signal.SIGCONT)
 
-    previous = {
-        signal.SIGTSTP: signal.signal(signal.SIGTSTP, stop),
-        signal.SIGCONT: signal.signal(signal.SIGCONT, lambda signum, frame: _to_each_rank(ranks, signal.SIGCONT)),
-    }
+    previous = signal.signal(signal.SIGTSTP, stop)
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signal.signal(signal.SIGTSTP, previous)
 
 
 def _to_each_rank(ranks: mp.ProcessContext, signum: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import gc
 import json
@@ -16,8 +17,10 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -684,11 +687,14 @@ def test_a_signal_that_another_thread_of_the_launcher_takes_reaches_its_ranks(mo
 
 
 def _stays_until_told(ctx, ready: Path) -> None:
+    # Says each SIGCONT it takes: a rank stopped by SIGSTOP has no other way to tell it went on.
+    signal.signal(signal.SIGCONT, lambda signum, frame: (ready / f"continued-{ctx.rank}").touch())
     _ready(ready, ctx.rank, note_sigterm=False)
     _until(lambda: (ready / "end").exists(), timeout_s=60)
 
 
-def _launches_two_that_stay(ready: Path) -> None:
+def _launches_two_that_stay(ready: Path, group: Callable[[], Any]) -> None:
+    group()
     plan = launching.LaunchPlan("spawn", "cpu", 2, 2, 1, False, None, None, start_method="fork")
     launch(plan, _stays_until_told, ready)
 
@@ -699,25 +705,41 @@ def _catches(pid: int, signum: int) -> bool:
     return bool(int(caught, 16) >> (signum - 1) & 1)
 
 
-def test_ctrl_z_stops_the_ranks_with_their_launcher_and_fg_resumes_them(tmp_path):
-    """Spawned ranks run in process groups of their own: the terminal's SIGTSTP and the shell's
-    SIGCONT reach the launcher alone, which passes them on, as it does Ctrl-C."""
-    launcher = multiprocessing.get_context("fork").Process(target=_launches_two_that_stay, args=(tmp_path,))
+@contextlib.contextmanager
+def _two_ranks_staying(ready: Path, group: Callable[[], Any]) -> Iterator[tuple[int, list[int]]]:
+    """A launcher, forked into `group`, and its two ranks, each waiting until `ready`/end appears;
+    (the launcher's pid, its ranks'), once it takes Ctrl-Z. The launcher must then end well."""
+    launcher = multiprocessing.get_context("fork").Process(target=_launches_two_that_stay, args=(ready, group))
     launcher.start()
     try:
-        _until(
-            lambda: (tmp_path / "0").exists() and (tmp_path / "1").exists() and _catches(launcher.pid, signal.SIGTSTP)
-        )
-        job = [launcher.pid, *(int((tmp_path / str(rank)).read_text()) for rank in (0, 1))]
-        os.kill(launcher.pid, signal.SIGTSTP)
-        _until(lambda: [_state(pid) for pid in job] == ["T"] * 3, timeout_s=10)
-        os.kill(launcher.pid, signal.SIGCONT)
-        _until(lambda: "T" not in [_state(pid) for pid in job], timeout_s=10)
-        (tmp_path / "end").touch()
+        _until(lambda: (ready / "0").exists() and (ready / "1").exists() and _catches(launcher.pid, signal.SIGTSTP))
+        yield launcher.pid, [int((ready / str(rank)).read_text()) for rank in (0, 1)]
+        (ready / "end").touch()
         launcher.join(timeout=30)
         assert launcher.exitcode == 0
     finally:
         launcher.kill()  # and with it its ranks: forked, they take SIGINT when it dies
+
+
+def test_ctrl_z_stops_the_ranks_with_their_launcher_and_fg_resumes_them(tmp_path):
+    """Spawned ranks run in process groups of their own: the terminal's SIGTSTP and the shell's
+    SIGCONT reach the launcher alone, which passes them on, as it does Ctrl-C. The launcher runs in a
+    group of its own, as a shell's job does: the kernel drops a SIGTSTP to an orphaned one (below)."""
+    with _two_ranks_staying(tmp_path, lambda: os.setpgid(0, 0)) as (launcher, ranks):
+        job = [launcher, *ranks]
+        os.kill(launcher, signal.SIGTSTP)
+        _until(lambda: [_state(pid) for pid in job] == ["T"] * 3, timeout_s=10)
+        os.kill(launcher, signal.SIGCONT)
+        _until(lambda: "T" not in [_state(pid) for pid in job], timeout_s=10)
+
+
+def test_ctrl_z_that_cannot_stop_the_launcher_leaves_its_ranks_running(tmp_path):
+    """A launcher started with setsid (a daemon, a CI job) is an orphaned process group: the kernel
+    drops its SIGTSTP, no shell could `fg` it. Its ranks, stopped as it took the signal, go on."""
+    with _two_ranks_staying(tmp_path, os.setsid) as (launcher, _):
+        os.kill(launcher, signal.SIGTSTP)
+        _until(lambda: (tmp_path / "continued-0").exists() and (tmp_path / "continued-1").exists(), timeout_s=10)
+        assert _state(launcher) != "T"
 
 
 def _meet(ctx) -> None:
