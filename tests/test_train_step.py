@@ -9,7 +9,7 @@ import math
 import os
 import re
 import sys
-import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -230,17 +230,21 @@ def test_a_checkpoint_saved_under_any_strategy_loads_under_any_other(process_gro
                 assert torch.equal(value, saved[key]), (saved_by, loaded_by, name)
 
 
-def test_an_epochs_wait_for_its_batches_is_measured_and_the_steps_are_not(tmp_path):
-    # The ImageNet example's data time: what the loader costs the steps, apart from the steps.
+def test_an_epochs_wait_for_its_batches_is_measured_and_the_steps_are_not(monkeypatch):
+    # The ImageNet example's data time: what the loader costs the steps, apart from the steps. On a
+    # clock of the test's own, which a loaded machine's late wake-ups cannot stretch.
+    now = [0.0]
+    monkeypatch.setattr("training.batches.time", SimpleNamespace(perf_counter=lambda: now[0]))
+
     def slow_loader():
         for _ in range(3):
-            time.sleep(0.05)
+            now[0] += 0.05
             yield _batch()
 
     batches = Batches(CPU, None)
     for _ in batches.take(slow_loader()):
-        time.sleep(0.1)  # a step: not a wait for data
-    assert 0.15 <= batches.waited < 0.35  # the steps' 0.3 s would make it 0.45
+        now[0] += 0.1  # a step: not a wait for data
+    assert batches.waited == pytest.approx(0.15)  # the steps' 0.3 s would make it 0.45
 
 
 def test_deterministic_turns_on_deterministic_kernels_and_off_cudnn_benchmark(monkeypatch):
