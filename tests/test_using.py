@@ -23,8 +23,9 @@ from errors import ConfigError
 from tests import train_server
 from tests.dataset_files import write_image_folder, write_mac_leftovers
 from tests.runs import PASSWORD, SECRET_ROOT, last_weights, run_train
-from trained import Trained, best_weights, checkpoint_path, load
+from trained import Trained, load
 from training.checkpoint import sharded
+from training.checkpoint.weights import best_weights, checkpoint_path
 from training.precision import Precision
 
 DIGITS = DatasetConfig(name="digits", channels=1, image_size=8, num_classes=10, mean=[0.3053], std=[0.3760])

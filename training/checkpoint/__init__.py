@@ -8,4 +8,5 @@ primitives only, loadable with weights_only=True.
 - `checkpointer`: saving and restoring a run (`Checkpointer`);
 - `sharded`: strategy=fsdp's form of last.pt, through torch.distributed.checkpoint: written, read, described;
 - `sharded_checkpointer`: strategy=fsdp's saving and restoring (`ShardedCheckpointer`), on that form.
+- `weights`: a trained run's weights, read to use them (predict.py, export.py, trainer.init_from).
 """
