@@ -29,6 +29,7 @@ from distributed.launch import LaunchPlan, plan_launch
 from errors import ConfigError, first_line
 from models.summary import summarize
 from training.checkpoint.resume import decide_resume
+from training.checkpoint.weights import start_from
 from training.loggers.packages import check_installed
 from training.monitor import Monitor, better_way
 from training.profiling import WAIT, WARMUP
@@ -59,6 +60,11 @@ def check_and_plan(config: Config, run_dir: Path | None = None, multirun: bool =
     # The checks that build the model (and may read a weights file) after the cheap ones.
     num_classes = config.dataset.num_classes or data.num_classes(config.dataset)
     model = model_factory(config, num_classes)
+    if config.trainer.init_from is not None and config.model.get("weights") is not None:
+        raise ConfigError(
+            f"model.weights={config.model.get('weights')} and trainer.init_from={config.trainer.init_from} both "
+            "name the weights to start from; keep one"
+        )
     _check_model(config.model)
     strategy.check_model(model)
     data.check(replace(config.dataset, num_classes=num_classes), config.data)
@@ -75,6 +81,8 @@ def check_and_plan(config: Config, run_dir: Path | None = None, multirun: bool =
         restores_here=launch.in_process,
         sweep_job=multirun,
     )
+    if config.trainer.init_from is not None and resume is None:  # a resume's own weights win
+        start_from(model(), config.trainer.init_from)  # a run whose weights fit this model
     preempt = parse_signals(config.trainer.preempt_signals, "trainer.preempt_signals")
     requeue = parse_signals(config.trainer.requeue_signals, "trainer.requeue_signals")
     launch = replace(launch, forward_signals=tuple(preempt), requeue_signals=tuple(requeue))

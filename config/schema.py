@@ -183,6 +183,10 @@ class TrainerConfig:
     # a last.pt/best.pt path, a run dir or its checkpoints/ folder (its last.pt), or auto: this run dir's
     # last.pt if there is one (null: auto in a requeued SLURM or restarted torchrun job)
     resume: Optional[str] = None
+    # Fine-tuning: start from a trained run's weights (a run dir, or its best.pt, last.pt or strategy=fsdp's
+    # sharded last.pt; the best of its model's and EMA's, as predict.py takes), with a fresh optimizer,
+    # schedule and epoch count; a tensor shaped otherwise (a head for other classes) stays fresh. A resume wins.
+    init_from: Optional[str] = None
     checkpoint_every_n_steps: Optional[int] = None  # also save last.pt every N steps (mid-epoch)
     # also save last.pt once N seconds have passed since the last save, by rank 0's clock, at the
     # preemption watch's checks (training/checkpoint/cadence.py)
@@ -204,7 +208,8 @@ class TrainerConfig:
     cutmix_alpha: float = 0.0  # > 0: CutMix; with mixup_alpha too, each batch gets one of the two
     ema_decay: Optional[float] = None  # EMA of weights and buffers, evaluated beside the model; None: off
     ema_every_n_steps: int = 1  # update the EMA every N optimizer steps (the decay is adjusted for N)
-    test_only: bool = False  # evaluate trainer.resume's (or model.weights') weights on the validation set; no training
+    # evaluate trained weights (trainer.resume's, trainer.init_from's or model.weights') on the validation set; no training
+    test_only: bool = False
     # torch.profiler over N optimizer steps after a warm-up (training.profiling): <run dir>/profile/trace.json
     # for Perfetto or chrome://tracing, the top operators in the log; on CUDA, kernels and memory too.
     profile: Optional[int] = None

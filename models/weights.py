@@ -34,19 +34,25 @@ def check_fits(model: nn.Module, path: str, unused: tuple[str, ...] = ()) -> Non
     _fitting(model, path, unused)
 
 
-def _fitting(model: nn.Module, path: str, unused: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """The file's tensors that fit `model`, and the keys of those that keep their fresh initialisation."""
-    saved = {key: tensor for key, tensor in _read(path).items() if not key.startswith(unused)}
+def fitting(model: nn.Module, saved: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The tensors of `saved` that fit `model`, and the keys of those shaped otherwise, which keep
+    their fresh initialisation. Raises ValueError naming the first key that one has and the other lacks."""
     own = model.state_dict()
     if set(saved) != set(own):
         missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
-        raise ConfigError(
-            f"model.weights={path} is not a state_dict of this architecture ("
-            + (f"lacks {missing[0]}" if missing else f"has {extra[0]}, which it lacks")
-            + "); give the file of the model.arch it was saved from"
-        )
+        raise ValueError(f"lacks {missing[0]}" if missing else f"has {extra[0]}, which it lacks")
     fresh = [key for key, tensor in saved.items() if tensor.shape != own[key].shape]
     return {key: tensor for key, tensor in saved.items() if key not in fresh}, fresh
+
+
+def _fitting(model: nn.Module, path: str, unused: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], list[str]]:
+    try:
+        return fitting(model, {key: tensor for key, tensor in _read(path).items() if not key.startswith(unused)})
+    except ValueError as e:
+        raise ConfigError(
+            f"model.weights={path} is not a state_dict of this architecture ({e}); give the file of the model.arch "
+            "it was saved from"
+        ) from None
 
 
 def _read(path: str) -> dict[str, torch.Tensor]:
@@ -58,8 +64,8 @@ def _read(path: str) -> dict[str, torch.Tensor]:
         ) from None
     if isinstance(saved, dict) and isinstance(saved.get("model"), dict):
         raise ConfigError(
-            f"model.weights={path} is a train.py checkpoint, not a state_dict; evaluate or continue it with "
-            f"trainer.resume={path}, or fine-tune from its ['model'] saved alone with torch.save"
+            f"model.weights={path} is a train.py checkpoint, not a state_dict; start a run from its weights with "
+            f"trainer.init_from={path} instead, or continue it with trainer.resume={path}"
         )
     if not isinstance(saved, dict) or not all(isinstance(tensor, torch.Tensor) for tensor in saved.values()):
         raise ConfigError(f"model.weights={path} holds a {type(saved).__name__}, not a state_dict; {_FIX}")

@@ -172,7 +172,7 @@ def test_the_pre_flights_check_of_a_weights_file_refuses_as_the_build_does_and_s
         (lambda: torchvision.models.resnet34().state_dict(), "not a state_dict of this architecture .*has layer1.2"),
         (
             lambda: {"model": resnet("resnet18", 3, 10).state_dict(), "epoch": 1},
-            r"train.py checkpoint.*trainer.resume=",
+            r"train.py checkpoint.*trainer.init_from=.*trainer.resume=",
         ),
         (lambda: torch.nn.Linear(2, 2), r"cannot read it \(UnpicklingError\); give a state_dict"),
     ],

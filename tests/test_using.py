@@ -20,12 +20,14 @@ from config.setup import ROOT
 from data.digits import arrays
 from data.image_paths import image_files_under, image_paths, is_image, validation_image
 from errors import ConfigError
+from preflight import check_and_plan
 from tests import train_server
+from tests.configs import typed_config
 from tests.dataset_files import write_image_folder, write_mac_leftovers
 from tests.runs import PASSWORD, SECRET_ROOT, last_weights, run_train
 from trained import Trained, load
 from training.checkpoint import sharded
-from training.checkpoint.weights import best_weights, checkpoint_path
+from training.checkpoint.weights import best_weights, checkpoint_path, start_from
 from training.precision import Precision
 
 DIGITS = DatasetConfig(name="digits", channels=1, image_size=8, num_classes=10, mean=[0.3053], std=[0.3760])
@@ -119,14 +121,18 @@ def test_predict_classifies_the_images_of_a_folder_copied_from_a_mac_alone(singl
     assert "5 of 5 image(s) classified" in result.stdout
 
 
+def _ema_weights(ema: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The averaged model's own, out of AveragedModel's state."""
+    return {k.removeprefix("module."): v for k, v in ema.items() if k != "n_averaged"}
+
+
 @pytest.mark.slow
 def test_predict_takes_the_ema_weights_ddps_best_pt_and_fsdps_sharded_last_pt(
     single_run, ddp_reference, fsdp_reference, images, tmp_path
 ):
     files = sorted(images.glob("digit*.png"))
     sharded = fsdp_reference / "checkpoints" / "last.pt"
-    ema = torch.load(single_run / "checkpoints" / "last.pt", weights_only=True)["ema"]
-    ema_model = {k.removeprefix("module."): v for k, v in ema.items() if k != "n_averaged"}
+    ema_model = _ema_weights(torch.load(single_run / "checkpoints" / "last.pt", weights_only=True)["ema"])
     cases = [
         ([str(single_run / "checkpoints" / "last.pt"), "--weights", "ema"], ema_model),
         ([str(ddp_reference)], torch.load(ddp_reference / "checkpoints" / "best.pt", weights_only=True)["model"]),
@@ -557,3 +563,95 @@ def test_a_model_torch_export_cannot_trace_is_one_line_and_exit_1(single_run, tm
         f"error: torch.export cannot trace {single_run / 'checkpoints' / 'best.pt'}'s model with a dynamic batch "
         "(Constraints violated (batch)!)\n"
     )
+
+
+# Fine-tuning from a run: trainer.init_from (docs/using.md).
+SYNTHETIC_DIGITS = ["dataset=synthetic", "dataset.channels=1", "dataset.image_size=8", "dataset.num_classes=4"]
+
+
+def test_init_from_loads_a_runs_best_weights_and_keeps_a_head_for_other_classes_fresh(single_run):
+    from models.mnist_net import MnistNet
+
+    best = single_run / "checkpoints" / "best.pt"
+    checkpoint = torch.load(best, weights_only=True)
+    chosen = best_weights(checkpoint)
+    state = checkpoint["model"] if chosen == "model" else _ema_weights(checkpoint["ema"])
+    net = MnistNet(in_channels=1, num_classes=10, image_size=8)
+    assert start_from(net, str(single_run)) == (best, chosen, [])
+    assert all(torch.equal(net.state_dict()[key], tensor) for key, tensor in state.items())
+    torch.manual_seed(0)
+    four = MnistNet(in_channels=1, num_classes=4, image_size=8)
+    fresh = {key: tensor.clone() for key, tensor in four.state_dict().items()}
+    _, _, kept = start_from(four, str(best))
+    assert kept == ["fc2.weight", "fc2.bias"]
+    for key, tensor in four.state_dict().items():
+        assert torch.equal(tensor, fresh[key] if key in kept else state[key]), key
+
+
+@pytest.mark.slow
+def test_a_ddp_run_fine_tunes_from_an_fsdp_runs_sharded_last_pt_and_its_resume_reads_it_not(fsdp_reference, tmp_path):
+    sharded_last = fsdp_reference / "checkpoints" / "last.pt"
+    job = ["debug=ddp_cpu", *SYNTHETIC_DIGITS, f"trainer.init_from={sharded_last}"]
+    result = run_train(tmp_path / "run", *job)
+    assert result.returncode == 0, result.stderr
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert f"weights from {sharded_last} (its model's)" in log
+    assert "trainer.init_from: fc2.weight, fc2.bias kept fresh" in log
+    again = run_train(tmp_path / "run", *job, "trainer.resume=auto")
+    assert again.returncode == 0, again.stderr
+    log = (tmp_path / "run" / "train.log").read_text()
+    said = f"trainer.init_from={sharded_last} not read: the run continues from {tmp_path / 'run' / 'checkpoints' / 'last.pt'}"
+    assert said in log and log.count("weights from") == 1
+
+
+@pytest.mark.slow
+def test_test_only_scores_init_froms_weights_as_a_resume_of_the_same_checkpoint_scores_them(
+    single_run, fsdp_reference, tmp_path
+):
+    """Single's best.pt (its best weights the EMA's or the model's) and FSDP's sharded last.pt."""
+    for source in (single_run / "checkpoints" / "best.pt", fsdp_reference / "checkpoints" / "last.pt"):
+        scored = {}
+        for key in ("init_from", "resume"):
+            run_dir = tmp_path / source.parent.parent.name / key
+            result = run_train(run_dir, "debug=fdr", "trainer.test_only=true", f"trainer.{key}={source}")
+            assert result.returncode == 0, result.stderr
+            scored[key] = json.loads((run_dir / "metrics.json").read_text())
+        chosen = "ema" if scored["init_from"]["weights"].endswith("its ema's") else "model"
+        assert scored["init_from"]["weights"] == f"{source}, its {chosen}'s"
+        own = "val_ema_acc" if chosen == "ema" else "val_acc"
+        assert scored["init_from"]["val_acc"] == scored["resume"][own], source
+
+
+INIT_FROM_REFUSED = {
+    "no such run": (["trainer.init_from={tmp}/nope"], ["trainer.init_from: ", "nope: no such file or run dir"]),
+    "another model's run": (
+        ["trainer.init_from={tmp}/other"],
+        ["trainer.init_from=", "another model's (lacks fc1.bias)"],
+    ),
+    "model.weights beside it": (
+        ["model=resnet18", "model.weights={tmp}/w.pth", "trainer.init_from={tmp}/other"],
+        ["model.weights=", "trainer.init_from=", "keep one"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", INIT_FROM_REFUSED)
+def test_an_init_from_that_cannot_start_the_run_is_one_line_before_launch(case, tmp_path):
+    from training.checkpoint.files import save_checkpoint
+
+    save_checkpoint({"model": {"renamed.weight": torch.zeros(1)}}, tmp_path / "other" / "checkpoints" / "last.pt")
+    overrides, words = INIT_FROM_REFUSED[case]
+    with pytest.raises(ConfigError) as error:
+        check_and_plan(typed_config("debug=fdr", *(o.format(tmp=tmp_path) for o in overrides)), tmp_path / "run")
+    assert "\n" not in str(error.value)
+    for word in words:
+        assert word.format(tmp=tmp_path) in str(error.value), str(error.value)
+
+
+@pytest.mark.slow
+def test_train_py_with_an_init_from_that_is_not_there_is_one_line_and_exit_2(tmp_path):
+    result = run_train(tmp_path / "run", "debug=fdr", f"trainer.init_from={tmp_path}/nope")
+    assert result.returncode == 2 and result.stderr.strip() == (
+        f"error: trainer.init_from: {tmp_path}/nope: no such file or run dir; give a run dir, or a checkpoint "
+        "train.py wrote (<run dir>/checkpoints/best.pt or last.pt)"
+    ), result.stderr

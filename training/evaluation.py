@@ -1,5 +1,6 @@
-"""trainer.test_only: evaluate a checkpoint's (or model.weights') weights on the validation set,
-every rank its shard, the figures summed over ranks; nothing is trained or saved but metrics.json."""
+"""trainer.test_only: evaluate trained weights (trainer.resume's, trainer.init_from's or model.weights')
+on the validation set, every rank its shard, the figures summed over ranks; nothing is trained or
+saved but metrics.json."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from training.batch_layout import BatchLayout
 from training.batches import Batches
 from training.callbacks import RunInfo, end_validation, handling
 from training.checkpoint.resume import open_resume
+from training.checkpoint.weights import start_from
 from training.reporting import write_metrics
 from training.validation import evaluate
 
@@ -44,6 +46,9 @@ def test(ctx: DistContext, job: RunConfig) -> dict:
         if checkpoint.get("ema") is not None:
             ema = AveragedModel(net, use_buffers=True)
             ema.load_state_dict(checkpoint["ema"])
+    elif settings.init_from is not None:  # the run's best weights alone, as predict.py takes them
+        path, chosen, _ = start_from(net, settings.init_from)
+        source = f"{path}, its {chosen}'s"
     callbacks = [build() for build in job.callbacks.values()]  # what they add reaches metrics.json
     for callback in callbacks:
         callback.setup(RunInfo(ctx, (), class_names(job.dataset), job.run_dir))

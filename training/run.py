@@ -22,6 +22,7 @@ from training.batch_layout import BatchLayout, carry_over
 from training.callbacks import RunInfo
 from training.checkpoint.best import BestCheckpoints
 from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.weights import start_from
 from training.ema import EMA
 from training.evaluation import test
 from training.loggers import build_loggers, takes_images
@@ -114,6 +115,22 @@ def train(ctx: DistContext, job: RunConfig) -> nn.Module:
     return model
 
 
+def _started(net: nn.Module, job: RunConfig) -> nn.Module:
+    """The model as built, or with trainer.init_from's weights: on every rank, before a wrapper shares
+    or shards it; the resume's weights replace both."""
+    source = job.trainer.init_from
+    if source is not None and job.resume is not None:
+        log.info("trainer.init_from=%s not read: the run continues from %s", source, job.resume.path)
+    elif source is not None:
+        path, chosen, fresh = start_from(net, source)
+        log.info("weights from %s (its %s's)", path, chosen)
+        if fresh:
+            log.warning(
+                "trainer.init_from: %s kept fresh (shaped for another number of classes or channels)", ", ".join(fresh)
+            )
+    return net
+
+
 def _build_and_fit(ctx: DistContext, job: RunConfig, preemption: PreemptionWatch) -> nn.Module:
     start = time.perf_counter()
     settings = job.trainer
@@ -136,7 +153,7 @@ def _build_and_fit(ctx: DistContext, job: RunConfig, preemption: PreemptionWatch
     )
     if settings.overfit_batches:  # validate on the very batches it trains on: they must be learnt
         loaders = replace(loaders, val=loaders.train)
-    net = job.model().to(ctx.device)
+    net = _started(job.model(), job).to(ctx.device)
     model_figures = summarized(net, job.dataset) if ctx.is_main else {}  # as built: before a wrapper shards it
     if ctx.is_main:
         write_hparams(job.run_dir, {**job.hparams, **model_figures})

@@ -124,10 +124,10 @@ def decide_resume(
         point = ResumePoint(path, int(checkpoint["step"]), _size(path))
         if restores_here and not path.is_dir():
             _opened[path] = (point, checkpoint)
-    elif test_only and weights is None:
+    elif test_only and weights is None and settings.init_from is None:
         raise ConfigError(
             f"trainer.test_only=true evaluates trained weights, but trainer.resume={resume} names no checkpoint; "
-            "give trainer.resume=<checkpoint> or model.weights=<file>"
+            "give trainer.resume=<checkpoint>, trainer.init_from=<run dir> or model.weights=<file>"
         )
     last = run_dir / "checkpoints" / "last.pt" if run_dir is not None else None
     if not test_only and last is not None and last.exists() and (path is None or path.resolve() != last.resolve()):

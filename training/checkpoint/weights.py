@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from config import setup
 from errors import ConfigError
+from models.weights import fitting
 from training.checkpoint.files import run_dir_of
 
 WEIGHTS = ("best", "model", "ema")  # best: best_weights(checkpoint)
@@ -107,3 +109,24 @@ def read(path: Path) -> dict[str, Any]:
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict):
         raise ConfigError(f"{path}: not a checkpoint train.py wrote (no model weights); {FIX}")
     return checkpoint
+
+
+def start_from(model: nn.Module, source: str) -> tuple[Path, str, list[str]]:
+    """trainer.init_from: load into `model` the best weights (best_weights) of the run or checkpoint
+    `source` names; (the checkpoint read, whose weights: model or ema, the keys kept fresh). A tensor
+    shaped otherwise (a head for another number of classes) keeps its fresh initialisation."""
+    try:
+        path = checkpoint_path(source)
+        checkpoint = read(path)
+    except ConfigError as e:
+        raise ConfigError(f"trainer.init_from: {e}") from None
+    chosen, state = chosen_weights(checkpoint, path)
+    try:
+        loaded, fresh = fitting(model, state)
+    except ValueError as e:
+        raise ConfigError(
+            f"trainer.init_from={source}: the weights in {path} are another model's ({e}); give a run of this "
+            "model, or the model it trained (its .hydra/config.yaml's model)"
+        ) from None
+    model.load_state_dict(loaded, strict=False)
+    return path, chosen, fresh
