@@ -176,7 +176,7 @@ def test_trainer_profile_fits_the_steps_after_the_profilers_warm_up(composed, st
         assert _refusal_of(cfg).endswith(fix)
 
 
-def test_a_test_only_run_without_weights_names_both_ways_to_give_them():
+def test_a_test_only_run_without_weights_names_the_ways_to_give_them():
     assert _refusal("trainer.test_only=true").endswith(
         "give trainer.resume=<checkpoint>, trainer.init_from=<run dir> or model.weights=<file>"
     )
