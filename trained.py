@@ -39,7 +39,9 @@ def load(source: str | Path, weights: str = "best") -> Trained:
     path = checkpoint_path(source)
     checkpoint = read(path)
     saved = _saved_config(checkpoint, path)
-    chosen, state = chosen_weights(checkpoint, path, weights)
+    if weights == "ema" and checkpoint.get("ema") is None:
+        raise ConfigError(f"{path}: holds no EMA weights (trained without trainer.ema_decay); use --weights model")
+    chosen, state = chosen_weights(checkpoint, weights)
     dataset = _typed(DatasetConfig, saved.get("dataset"), path, "dataset")
     model = _model(saved.get("model"), path)
     try:

@@ -19,7 +19,7 @@ _FIX = "give a state_dict file saved with torch.save(model.state_dict(), path)"
 def load_matching(model: nn.Module, path: str, unused: tuple[str, ...] = ()) -> None:
     """Every tensor whose shape fits is loaded; one shaped for another number of classes or channels
     (a head, a stem) keeps its fresh initialisation, with a warning. Refused as `check_fits` refuses."""
-    loaded, fresh = _fitting(model, path, unused)
+    loaded, fresh = _fitting_file(model, path, unused)
     if fresh:
         log.warning(
             "model.weights: %s kept fresh (shaped for another number of classes, channels or stem)", ", ".join(fresh)
@@ -31,7 +31,7 @@ def check_fits(model: nn.Module, path: str, unused: tuple[str, ...] = ()) -> Non
     """Before launch: the file is a state_dict of this architecture. A key this architecture lacks, or
     lacking one it has, is an error. Keys starting with `unused` are dropped from the file unread.
     Quiet about tensors kept fresh: the build says so, once, in the run's log."""
-    _fitting(model, path, unused)
+    _fitting_file(model, path, unused)
 
 
 def fitting(model: nn.Module, saved: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -45,7 +45,7 @@ def fitting(model: nn.Module, saved: dict[str, torch.Tensor]) -> tuple[dict[str,
     return {key: tensor for key, tensor in saved.items() if key not in fresh}, fresh
 
 
-def _fitting(model: nn.Module, path: str, unused: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], list[str]]:
+def _fitting_file(model: nn.Module, path: str, unused: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], list[str]]:
     try:
         return fitting(model, {key: tensor for key, tensor in _read(path).items() if not key.startswith(unused)})
     except ValueError as e:

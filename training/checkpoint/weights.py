@@ -59,18 +59,13 @@ def best_weights(checkpoint: dict[str, Any]) -> str:
     return own or checkpoint.get("best_weights", "model")
 
 
-def chosen_weights(
-    checkpoint: dict[str, Any], path: Path, weights: str = "best"
-) -> tuple[str, dict[str, torch.Tensor]]:
-    """(model or ema, their state) from a checkpoint `read` returned; `weights`: one of WEIGHTS. Best
-    falls back to the model's where the checkpoint holds no EMA."""
+def chosen_weights(checkpoint: dict[str, Any], weights: str = "best") -> tuple[str, dict[str, torch.Tensor]]:
+    """(model or ema, their state) from a checkpoint `read` returned; `weights`: one of WEIGHTS. The
+    model's where the checkpoint holds no EMA."""
     chosen = best_weights(checkpoint) if weights == "best" else weights
-    if chosen == "ema":
-        if checkpoint.get("ema") is not None:
-            # AveragedModel's state: the averaged module's under module., and its update count
-            return "ema", {k.removeprefix("module."): v for k, v in checkpoint["ema"].items() if k != "n_averaged"}
-        if weights == "ema":
-            raise ConfigError(f"{path}: holds no EMA weights (trained without trainer.ema_decay); use --weights model")
+    if chosen == "ema" and checkpoint.get("ema") is not None:
+        # AveragedModel's state: the averaged module's under module., and its update count
+        return "ema", {k.removeprefix("module."): v for k, v in checkpoint["ema"].items() if k != "n_averaged"}
     return "model", checkpoint["model"]
 
 
@@ -120,7 +115,7 @@ def start_from(model: nn.Module, source: str) -> tuple[Path, str, list[str]]:
         checkpoint = read(path)
     except ConfigError as e:
         raise ConfigError(f"trainer.init_from: {e}") from None
-    chosen, state = chosen_weights(checkpoint, path)
+    chosen, state = chosen_weights(checkpoint)
     try:
         loaded, fresh = fitting(model, state)
     except ValueError as e:
